@@ -1,0 +1,112 @@
+"""Command line: ``pack-dataset`` and the ``shardpack`` group (pack, demo, ...)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from readers.manifest import FORMATS
+
+from .imaging import RESIZE_MODES, Recipe
+from .run import Options, PackError, pack
+from .scan import ScanError
+
+
+def _parse_color(ctx, param, value):
+    try:
+        rgb = tuple(int(v) for v in value.split(","))
+        assert len(rgb) == 3 and all(0 <= v <= 255 for v in rgb)
+        return rgb
+    except (ValueError, AssertionError):
+        raise click.BadParameter(f"{value!r}: give R,G,B with each 0..255, e.g. 255,255,255") from None
+
+
+def pack_options(f):
+    options = [
+        click.argument("src", type=click.Path(exists=True, file_okay=False)),
+        click.option("--format", "fmt", type=click.Choice(FORMATS), required=True, help="Output format."),
+        click.option("--size", type=click.IntRange(1, 16384), required=True, help="Output side N in pixels."),
+        click.option("-o", "--out", type=click.Path(), default=None,
+                     help="Output directory [default: ./<SRC name>-<N>.<format>]."),
+        click.option("--workers", type=click.IntRange(1), default=None,
+                     help="Decode processes [default: the usable CPUs]."),
+        click.option("--resize", type=click.Choice(RESIZE_MODES), default="center-crop", show_default=True,
+                     help="center-crop: torchvision Resize(N)+CenterCrop(N); squash: Resize((N, N))."),
+        click.option("--shard-size", type=click.IntRange(1 << 20), default=None,
+                     help="wds: bytes per tar shard [default: 1 GiB]."),
+        click.option("--background", default="255,255,255", callback=_parse_color, show_default=True,
+                     help="R,G,B that transparent pixels are composited onto."),
+        click.option("--draft", is_flag=True, help="Let the JPEG decoder downscale (faster, not bit-exact)."),
+        click.option("--allow-truncated", is_flag=True,
+                     help="Keep truncated images, the missing part filled in (recorded in the manifest)."),
+        click.option("--strict", is_flag=True, help="Fail (no output) on any file that would be skipped."),
+        click.option("--overwrite", is_flag=True, help="Replace an existing OUT (kept until the new one is complete)."),
+        click.option("--resume", is_flag=True, help="Continue an interrupted run into the same OUT."),
+        click.option("--no-space-check", is_flag=True, help="Skip the free-space check."),
+        click.option("--quiet", is_flag=True, help="No progress bar."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def run_pack(src, fmt, size, out, workers, resize, shard_size, background, draft, allow_truncated,
+             strict, overwrite, resume, no_space_check, quiet):
+    """Shared body of ``pack-dataset`` and ``shardpack pack``."""
+    try:
+        recipe = Recipe(size=size, resize=resize, background=background, draft=draft,
+                        allow_truncated=allow_truncated)
+        opts = Options(fmt=fmt, workers=workers, shard_size=shard_size, overwrite=overwrite,
+                       resume=resume, strict=strict, space_check=not no_space_check, progress=not quiet)
+        report = pack(src, out, recipe, opts)
+    except (ScanError, PackError) as err:
+        raise click.ClickException(str(err)) from None
+    except KeyboardInterrupt:
+        click.echo("\ninterrupted; progress is saved: rerun the same command with --resume to continue",
+                   err=True)
+        sys.exit(130)
+    click.echo(summary(report))
+    return report
+
+
+def summary(report) -> str:
+    lines = [f"packed {report.count} images of {report.classes} classes into {report.out}",
+             f"  {report.bytes / 1e6:.1f} MB written in {report.seconds:.1f} s "
+             f"({report.images_per_s:.0f} images/s, {report.workers} workers)"]
+    if report.skipped or report.ignored:
+        lines.append(f"  skipped {len(report.skipped)} unusable files and {len(report.ignored)} "
+                     f"non-image files; see {report.out}/skipped.json")
+        for row in report.skipped[:10]:
+            lines.append(f"    {row['kind']}: {row['reason']}")
+        if len(report.skipped) > 10:
+            lines.append(f"    ... and {len(report.skipped) - 10} more")
+    return "\n".join(lines)
+
+
+@click.command(name="pack-dataset")
+@pack_options
+def pack_dataset(**kwargs):
+    """Pack the ImageFolder tree SRC (SRC/<class>/<image>) into pre-resized uint8 shards."""
+    run_pack(**kwargs)
+
+
+@click.group()
+def main():
+    """shardpack: pack image folders into pre-resized uint8 shards, and check them."""
+
+
+@main.command(name="pack")
+@pack_options
+def pack_command(**kwargs):
+    """Same as pack-dataset."""
+    run_pack(**kwargs)
+
+
+@main.command()
+@click.option("--workdir", type=click.Path(file_okay=False), default="demo-out", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="lmdb", show_default=True)
+def demo(workdir, fmt):
+    """Make a small sample ImageFolder tree with Pillow, pack it, and read it back."""
+    from .demo import run_demo
+    run_demo(workdir, fmt)

@@ -1,0 +1,477 @@
+"""The packing run: scan, decode in K processes, write in sample order, checkpoint, finish.
+
+Shape of the pipeline (why): decode is the cost (~4 ms per ImageNet JPEG), so K worker processes
+decode chunks of files and put the pixels straight where they belong, so no pixel array is ever
+pickled back to the main process:
+- in-place formats (npy, hdf5): into the preallocated output file at the sample's scan position;
+- streamed formats (lmdb, wds): into a slot of a shared-memory ring, which the main process
+  writes out in sample order and then reuses.
+Only small tuples (status, source mode and size, checksum) travel back. Results are consumed in
+scan order, so the committed prefix ``done`` is exact: a checkpoint (every few seconds) makes the
+writer durable up to it and records it in ``progress.json``; ``--resume`` restarts from there.
+With K = 1 everything runs in the main process (no pool, no copies).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import time
+from collections import deque
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing import get_context, shared_memory
+from pathlib import Path
+
+import numpy as np
+import xxhash
+
+from readers.manifest import (COLUMNS, FORMAT_VERSION, FORMATS, INDEX_DIR, MANIFEST, PATHS_BLOB,
+                              SKIPPED, SOURCE_MODES, partial_dir, write_json_atomic)
+from readers.system import usable_cpus
+
+from .imaging import DecodeError, Recipe, decode
+from .scan import Listing, scan
+from .writers import writer_class
+
+CHECKPOINT_SECONDS = 2.0
+IO_ERRNOS = {errno.ENOENT, errno.EIO, errno.ENOTCONN, errno.ESTALE, errno.EACCES, errno.ENXIO,
+             errno.ENODEV, errno.EHOSTDOWN}
+OK, SKIP = 1, 2
+
+
+class PackError(RuntimeError):
+    """A run that cannot start or cannot finish; the message says why and what to do."""
+
+
+class StrictError(PackError):
+    """--strict met a file it would have skipped."""
+
+
+@dataclass(frozen=True)
+class Options:
+    """How to run (not what the pixels are: see imaging.Recipe)."""
+
+    fmt: str
+    workers: int | None = None
+    shard_size: int | None = None
+    overwrite: bool = False
+    resume: bool = False
+    strict: bool = False
+    space_check: bool = True
+    max_io_errors: int = 20
+    progress: bool = True
+
+
+@dataclass
+class Report:
+    out: Path
+    count: int
+    scanned: int
+    skipped: list = field(default_factory=list)
+    ignored: list = field(default_factory=list)
+    classes: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    workers: int = 1
+
+    @property
+    def images_per_s(self) -> float:
+        return self.scanned / self.seconds if self.seconds else 0.0
+
+
+def default_out(src: str | os.PathLike, fmt: str, size: int) -> Path:
+    """``./<SRC folder name>-<N>.<format>`` in the current directory (never beside SRC)."""
+    return Path.cwd() / f"{Path(src).resolve().name}-{size}.{fmt}"
+
+
+# ---------------------------------------------------------------- worker side
+
+_ctx: dict = {}
+
+
+def _init(root: str, recipe: Recipe, sink, in_worker: bool = True):
+    """Set up a decode process: where to read from, how to make pixels, where to put them."""
+    if in_worker:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C
+    kind = sink[0]
+    if kind == "file":
+        _, path, offset, shape = sink
+        target = np.memmap(path, np.uint8, "r+", offset=offset, shape=shape)
+    elif kind == "shm":
+        _, name, shape = sink
+        shm = shared_memory.SharedMemory(name=name)  # the main process creates and unlinks it
+        _ctx["shm"] = shm
+        target = np.ndarray(shape, np.uint8, buffer=shm.buf)
+    else:
+        target = sink[1]
+    _ctx.update(root=root, recipe=recipe, target=target)
+
+
+def _work(tasks):
+    """Decode ``tasks`` [(scan index, relative path, target row)] into the target rows.
+
+    Returns [(index, OK, mode code, w, h, checksum, 0)] or [(index, SKIP, kind, 0, 0, reason, errno)].
+    """
+    root, recipe, target = _ctx["root"], _ctx["recipe"], _ctx["target"]
+    out = []
+    for index, rel, row in tasks:
+        path = os.path.join(root, rel)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as err:
+            out.append((index, SKIP, "io", 0, 0, f"{rel}: cannot read: {err.strerror or err}", err.errno or 0))
+            continue
+        try:
+            pixels, mode, (w, h) = decode(data, recipe, rel)
+        except DecodeError as err:
+            out.append((index, SKIP, err.kind, 0, 0, err.reason, 0))
+            continue
+        dst = target[row]
+        dst[...] = pixels
+        code = SOURCE_MODES.index(mode) if mode in SOURCE_MODES else len(SOURCE_MODES) - 1
+        out.append((index, OK, code, w, h, xxhash.xxh3_64_intdigest(dst), 0))
+    return out
+
+
+# ---------------------------------------------------------------- main side
+
+class _State:
+    """Per-scanned-file results, memory-mapped in the partial directory so a resume finds them."""
+
+    def __init__(self, run_dir: Path, n: int):
+        run_dir.mkdir(exist_ok=True)
+
+        def arr(name, dtype, shape):
+            p = run_dir / f"{name}.npy"
+            mode = "r+" if p.exists() else "w+"
+            return np.lib.format.open_memmap(p, mode=mode, dtype=dtype, shape=shape)
+
+        self.status = arr("status", np.uint8, (n,))
+        self.checksum = arr("checksum", np.uint64, (n,))
+        self.size = arr("source_size", np.int32, (n, 2))
+        self.mode = arr("source_mode", np.uint8, (n,))
+        self.skips_path = run_dir / "skipped.jsonl"
+
+    def flush(self):
+        for a in (self.status, self.checksum, self.size, self.mode):
+            a.flush()
+
+    def skips(self, below: int) -> list[dict]:
+        if not self.skips_path.exists():
+            return []
+        rows = [json.loads(line) for line in self.skips_path.read_text().splitlines() if line]
+        return [r for r in rows if r["index"] < below]
+
+
+def _fingerprint(listing: Listing) -> str:
+    h = hashlib.sha256()
+    for p in listing.paths:
+        h.update(os.fsencode(p) + b"\0")
+    h.update(listing.labels.tobytes())
+    return h.hexdigest()
+
+
+def _plan(listing: Listing, recipe: Recipe, opts: Options) -> dict:
+    return {"format": opts.fmt, "recipe": recipe.describe(), "shard_size": opts.shard_size,
+            "files": len(listing), "listing_sha256": _fingerprint(listing)}
+
+
+def _check_resume(tmp: Path, plan: dict) -> dict:
+    """Load the interrupted run's progress; refuse, naming the difference, if anything changed."""
+    try:
+        old = json.loads((tmp / "plan.json").read_text())
+        progress = json.loads((tmp / "progress.json").read_text())
+    except (OSError, ValueError) as err:
+        raise PackError(f"{tmp}: cannot resume, its state is unreadable ({err}); start over with --overwrite") from None
+    diffs = []
+    for key in plan:
+        if key == "recipe":
+            diffs += [f"{k}: {old[key].get(k)!r} -> {v!r}" for k, v in plan[key].items() if old[key].get(k) != v]
+        elif old.get(key) != plan[key]:
+            what = "the source listing (files added, removed or renamed)" if key == "listing_sha256" else key
+            diffs.append(what if key == "listing_sha256" else f"{key}: {old.get(key)!r} -> {plan[key]!r}")
+    if diffs:
+        raise PackError(f"--resume refused: changed since the interrupted run in {tmp}: " + "; ".join(diffs))
+    return progress
+
+
+def _estimate_bytes(n: int, recipe: Recipe) -> int:
+    h, w, c = recipe.shape()
+    return n * (h * w * c + 4096)  # per-sample overhead: tar headers, LMDB pages, index columns
+
+
+def _library_versions() -> dict:
+    from importlib import metadata
+    out = {"python": sys.version.split()[0]}
+    for dist in ("shardpack", "pillow", "numpy", "lmdb", "h5py", "webdataset", "xxhash"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def pack(src: str | os.PathLike, out: str | os.PathLike | None, recipe: Recipe, opts: Options,
+         listing: Listing | None = None) -> Report:
+    """Pack the ImageFolder tree ``src`` into ``out`` (see the README for the layout).
+
+    Returns a Report. Raises ScanError for an unusable SRC and PackError when OUT exists (without
+    ``overwrite``), an interrupted run exists (without ``resume``), space is short, ``strict`` meets
+    a skipped file, the source vanishes (``max_io_errors`` consecutive I/O errors) or nothing is
+    usable. OUT only ever appears complete: everything is written to a hidden partial directory
+    that is renamed into place last.
+    """
+    if opts.fmt not in FORMATS:
+        raise PackError(f"unknown format {opts.fmt!r}; choose one of {', '.join(FORMATS)}")
+    t0 = time.perf_counter()
+    listing = listing or scan(src)
+    out = Path(out).expanduser() if out else default_out(src, opts.fmt, recipe.size)
+    out = out.absolute()
+    tmp = partial_dir(out)
+    if out.exists() and not opts.overwrite and not opts.resume:
+        raise PackError(f"{out} already exists; pass --overwrite to replace it")
+    plan = _plan(listing, recipe, opts)
+    progress = {"done": 0, "written": 0, "writer": {}}
+    if tmp.exists():
+        if opts.resume:
+            progress = _check_resume(tmp, plan)
+        elif opts.overwrite:
+            shutil.rmtree(tmp)
+        else:
+            raise PackError(f"an interrupted run left {tmp}; pass --resume to continue it "
+                            f"or --overwrite to start over")
+    elif opts.resume:
+        raise PackError(f"--resume: no interrupted run to resume at {tmp}")
+    n = len(listing)
+    if opts.space_check and not tmp.exists():
+        need = _estimate_bytes(n, recipe)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(out.parent).free
+        if need > free:
+            raise PackError(f"{out.parent}: about {need / 1e9:.2f} GB needed for {n} samples but only "
+                            f"{free / 1e9:.2f} GB free; free space or pass --no-space-check")
+    tmp.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(tmp / "plan.json", plan)
+
+    workers = max(1, opts.workers or usable_cpus())
+    shape = recipe.shape()
+    writer = writer_class(opts.fmt)(tmp, n, shape, listing.labels,
+                                    {"shard_size": opts.shard_size, "attrs": {"classes": listing.classes}})
+    state = _State(tmp / "run", n)
+    start = int(progress["done"])
+    if start:
+        writer.resume(progress.get("writer", {}))
+    skipped = state.skips(start)
+    _rewrite_skips(state, skipped)
+    try:
+        _decode_all(listing, recipe, opts, writer, state, start, int(progress["written"]), workers, tmp)
+    except BaseException as err:
+        writer.close()
+        if isinstance(err, StrictError):
+            shutil.rmtree(tmp, ignore_errors=True)  # --strict: no OUT, nothing to resume
+        raise
+
+    kept = np.flatnonzero(np.asarray(state.status) == OK)
+    skipped = state.skips(n)
+    if len(kept) == 0:
+        raise PackError(f"{listing.root}: none of the {n} files could be used; see {state.skips_path}")
+    extras = writer.finish(kept)
+    writer.close()
+    seconds = time.perf_counter() - t0
+    _write_index(tmp, listing, state, kept)
+    report_rows = skipped + [{"path": p, "kind": "not-an-image", "reason": f"{p}: not an image extension"}
+                             for p in listing.ignored]
+    write_json_atomic(tmp / SKIPPED, report_rows)
+    manifest = {
+        "format_version": FORMAT_VERSION, "format": opts.fmt, "count": int(len(kept)),
+        "shape": list(shape) if shape else None, "dtype": "uint8", "layout": "HWC",
+        "classes": listing.classes, "class_to_idx": listing.class_to_idx,
+        "pixels": {**recipe.describe(), "versions": _library_versions()},
+        "checksum": "xxh3_64 of each sample's HWC uint8 bytes (index/checksums.npy)",
+        "source_modes": list(SOURCE_MODES), "scanned": n, "skipped": len(skipped),
+        "not_images": len(listing.ignored), **{k: v for k, v in extras.items() if k != "files"},
+        "files": {**extras["files"], **_index_files(tmp)},
+        "run": {"source_root": str(Path(listing.root).absolute()), "seconds": round(seconds, 3),
+                "workers": workers, "host": socket.gethostname(),
+                "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resumed_at": start or None},
+    }
+    shutil.rmtree(tmp / "run")
+    (tmp / "plan.json").unlink()
+    (tmp / "progress.json").unlink(missing_ok=True)
+    write_json_atomic(tmp / MANIFEST, manifest)  # last: its presence means complete
+    _replace(tmp, out)
+    total = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    return Report(out, int(len(kept)), n, skipped, listing.ignored, len(listing.classes), total,
+                  seconds, workers)
+
+
+def _rewrite_skips(state: _State, rows: list[dict]) -> None:
+    with open(state.skips_path, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+
+
+def _decode_all(listing, recipe, opts, writer, state, start, written, workers, tmp):
+    """Decode files start..n-1 in order with ``workers`` processes, checkpointing as it goes."""
+    n = len(listing)
+    paths, labels = listing.paths, listing.labels
+    chunk = max(1, min(16, (n - start) // (workers * 8) or 1))
+    window = 3 * workers  # tasks in flight
+    streamed = not writer.in_place
+    sample_bytes = int(np.prod(recipe.shape()))
+    shm = None
+    if streamed:
+        rows = window * chunk
+        if workers > 1:
+            shm = shared_memory.SharedMemory(create=True, size=rows * sample_bytes)
+            sink = ("shm", shm.name, (rows, *recipe.shape()))
+        else:
+            sink = ("local", np.empty((rows, *recipe.shape()), np.uint8))
+        free_rows = deque(range(rows))
+    else:
+        sink = ("file", *writer.sink())
+    progress_bar = _progress(n, start, opts.progress)
+    skip_log = open(state.skips_path, "a")
+    done, last_checkpoint, streak_start, streak = start, time.monotonic(), start, 0
+
+    def checkpoint(upto):
+        skip_log.flush()
+        state.flush()
+        writer.flush()
+        write_json_atomic(tmp / "progress.json", {"done": upto, "written": written, "writer": writer.state()})
+
+    def tasks():
+        for a in range(start, n, chunk):
+            yield list(range(a, min(n, a + chunk)))
+
+    def handle(results, rows_of):
+        nonlocal done, written, streak, streak_start
+        for index, status, a, w, h, b, err in results:
+            if status == OK:
+                state.status[index], state.mode[index] = OK, a
+                state.size[index], state.checksum[index] = (w, h), b
+                if streamed:
+                    writer.write(written, target[rows_of[index]], int(labels[index]))
+                written += 1
+                streak = 0
+            else:
+                state.status[index] = SKIP
+                row = {"index": int(index), "path": paths[index], "kind": a, "reason": b}
+                if opts.strict:
+                    raise StrictError(f"--strict: {b} (no output written)")
+                if a == "io" and err in IO_ERRNOS:
+                    if streak == 0:
+                        streak_start = index
+                    streak += 1
+                    if streak >= opts.max_io_errors:
+                        checkpoint(streak_start)  # re-read the whole streak on resume
+                        raise PackError(
+                            f"{streak} files in a row could not be read (last: {b}); the source "
+                            f"{listing.root} looks gone. Fix it and rerun with --resume")
+                else:
+                    streak = 0
+                skip_log.write(json.dumps(row) + "\n")
+            done = index + 1
+        progress_bar.update(len(results))
+
+    pool = None
+    try:
+        if workers == 1:
+            _init(str(listing.root), recipe, sink, in_worker=False)
+            target = _ctx["target"]
+            for idx in tasks():
+                rows_of = {i: k for k, i in enumerate(idx)} if streamed else {}
+                task = [(i, paths[i], rows_of.get(i, i)) for i in idx]
+                handle(_work(task), rows_of)
+                if time.monotonic() - last_checkpoint > CHECKPOINT_SECONDS and streak == 0:
+                    checkpoint(done)
+                    last_checkpoint = time.monotonic()
+        else:
+            if shm is not None:
+                target = np.ndarray((window * chunk, *recipe.shape()), np.uint8, buffer=shm.buf)
+            ctx = get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
+            pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init,
+                                       initargs=(str(listing.root), recipe, sink))
+            inflight: deque = deque()
+            it = tasks()
+
+            def submit():
+                idx = next(it, None)
+                if idx is None:
+                    return False
+                rows_of = {i: free_rows.popleft() for i in idx} if streamed else {}
+                task = [(i, paths[i], rows_of.get(i, i)) for i in idx]
+                inflight.append((pool.submit(_work, task), rows_of))
+                return True
+
+            while len(inflight) < window and submit():
+                pass
+            while inflight:
+                fut, rows_of = inflight.popleft()
+                handle(fut.result(), rows_of)
+                if streamed:
+                    free_rows.extend(rows_of.values())
+                submit()
+                if time.monotonic() - last_checkpoint > CHECKPOINT_SECONDS and streak == 0:
+                    checkpoint(done)
+                    last_checkpoint = time.monotonic()
+        checkpoint(done)
+    except KeyboardInterrupt:
+        if streak == 0:
+            checkpoint(done)
+        raise
+    finally:
+        progress_bar.close()
+        skip_log.close()
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        if shm is not None:
+            del target
+            _ctx.clear()
+            shm.close()
+            shm.unlink()
+
+
+def _progress(n, start, enabled):
+    from tqdm import tqdm
+    return tqdm(total=n, initial=start, unit="img", disable=not enabled, smoothing=0.1,
+                dynamic_ncols=True, desc="packing")
+
+
+def _write_index(tmp: Path, listing: Listing, state: _State, kept: np.ndarray) -> None:
+    d = tmp / INDEX_DIR
+    d.mkdir(exist_ok=True)
+    encoded = [os.fsencode(listing.paths[i]) for i in kept]
+    offsets = np.zeros(len(encoded) + 1, np.int64)
+    np.cumsum([len(b) for b in encoded], out=offsets[1:])
+    (d / PATHS_BLOB).write_bytes(b"".join(encoded))
+    columns = {"labels": listing.labels[kept], "path_offsets": offsets,
+               "checksums": np.asarray(state.checksum)[kept],
+               "source_size": np.asarray(state.size)[kept], "source_mode": np.asarray(state.mode)[kept]}
+    for name, values in columns.items():
+        np.save(d / COLUMNS[name], values)
+
+
+def _index_files(tmp: Path) -> dict:
+    d = tmp / INDEX_DIR
+    return {f"{INDEX_DIR}/{f.name}": f.stat().st_size for f in sorted(d.iterdir())}
+
+
+def _replace(tmp: Path, out: Path) -> None:
+    """Rename the finished partial directory to OUT; an existing OUT (``--overwrite``) is moved
+    aside first and deleted only once the new one is in place."""
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        out.rename(old)
+    tmp.rename(out)
+    if old is not None:
+        shutil.rmtree(old) if old.is_dir() else old.unlink()

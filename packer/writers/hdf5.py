@@ -1,0 +1,62 @@
+"""Writer of the ``hdf5`` format: ``images.h5`` with datasets ``images`` (count, H, W, 3) uint8,
+contiguous, uncompressed, allocated at creation, and ``labels`` int64.
+
+Workers fill ``images`` in place through a memmap at its byte offset (h5py never runs in them).
+HDF5 cannot shrink a contiguous dataset, so when files were skipped the kept rows are copied
+into a new file of the exact count (the only case that needs the space twice).
+"""
+
+from __future__ import annotations
+
+import json
+
+import h5py
+import numpy as np
+
+from readers.formats.hdf5 import dataset_offset
+from readers.manifest import HDF5_FILE
+
+from .base import Writer, fsync_path
+
+
+def _create(path, count, shape):
+    with h5py.File(path, "w", libver="earliest") as f:
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)  # the offset must exist before workers write
+        dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+        f.create_dataset("images", shape=(count, *shape), dtype=np.uint8, dcpl=dcpl)
+    return dataset_offset(path)[0]
+
+
+class Hdf5Writer(Writer):
+    in_place = True
+
+    def __init__(self, tmp, n, shape, labels, options):
+        super().__init__(tmp, n, shape, labels, options)
+        self.path = self.tmp / HDF5_FILE
+        self.offset = dataset_offset(self.path)[0] if self.path.exists() else _create(self.path, n, self.shape)
+
+    def sink(self):
+        return str(self.path), self.offset, (self.n, *self.shape)
+
+    def flush(self):
+        fsync_path(self.path)
+
+    def finish(self, kept):
+        count = len(kept)
+        if count < self.n:
+            final = self.tmp / (HDF5_FILE + ".compact")
+            offset = _create(final, count, self.shape)
+            src = np.memmap(self.path, np.uint8, "r", offset=self.offset, shape=(self.n, *self.shape))
+            dst = np.memmap(final, np.uint8, "r+", offset=offset, shape=(count, *self.shape))
+            step = max(1, (64 << 20) // max(1, src[0].nbytes))
+            for start in range(0, count, step):
+                dst[start:start + step] = src[kept[start:start + step]]
+            dst.flush()
+            del src, dst
+            final.replace(self.path)
+        with h5py.File(self.path, "r+") as f:
+            f.create_dataset("labels", data=self.labels[kept])
+            f.attrs["shardpack"] = json.dumps(self.options.get("attrs", {}))
+        fsync_path(self.path)
+        return {"files": {HDF5_FILE: self.path.stat().st_size}}

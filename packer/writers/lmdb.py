@@ -1,0 +1,80 @@
+"""Writer of the ``lmdb`` format: OUT is one LMDB environment; key ``sample_key(i)`` -> the
+raw H*W*3 uint8 bytes (HWC) of sample i, written in order in batched transactions.
+
+The map size is computed from the data (each value needs whole overflow pages) with headroom,
+and grown before any put that could overflow it, so MDB_MAP_FULL cannot happen.
+"""
+
+from __future__ import annotations
+
+import lmdb
+import numpy as np
+
+from readers.manifest import sample_key
+
+from .base import Writer
+
+PAGE = 4096
+TXN_SAMPLES = 256  # samples per write transaction: bounds the dirty pages held in memory
+
+
+def _pages(nbytes: int) -> int:
+    return -(-(nbytes + 16) // PAGE) + 1  # overflow pages + share of a leaf/branch page
+
+
+class LmdbWriter(Writer):
+    def __init__(self, tmp, n, shape, labels, options):
+        super().__init__(tmp, n, shape, labels, options)
+        sample = int(np.prod(self.shape))
+        self.map_size = max(1 << 24, int(n * _pages(sample) * PAGE * 1.05) + (16 << 20))
+        self.env = lmdb.open(str(self.tmp), subdir=True, map_size=self.map_size, sync=False,
+                             metasync=False, readahead=False, meminit=False, max_dbs=0)
+        self.txn = None
+        self.pending = 0  # pages put in the open transaction
+        self.used = self._used()
+
+    def _used(self) -> int:
+        return (self.env.info()["last_pgno"] + 1) * PAGE
+
+    def write(self, index, pixels, label):
+        need = _pages(pixels.nbytes) * PAGE
+        if self.used + self.pending + need + (8 << 20) > self.map_size:
+            self._commit()
+            self.map_size = int((self.used + need + (8 << 20)) * 1.5)
+            self.env.set_mapsize(self.map_size)
+        if self.txn is None:
+            self.txn = self.env.begin(write=True)
+        self.txn.put(sample_key(index).encode(), pixels.data, overwrite=True)
+        self.pending += need
+        if self.pending >= TXN_SAMPLES * need:
+            self._commit()
+
+    def _commit(self):
+        if self.txn is not None:
+            self.txn.commit()
+            self.txn = None
+            self.pending = 0
+            self.used = self._used()
+
+    def flush(self):
+        self._commit()
+        self.env.sync(True)
+
+    def finish(self, kept):
+        self.flush()
+        with self.env.begin() as txn:
+            entries = txn.stat()["entries"]
+        if entries != len(kept):
+            raise RuntimeError(f"{self.tmp}: LMDB holds {entries} records, expected {len(kept)}")
+        self.close()
+        # lock.mdb's size is not part of the content; data.mdb is checked by verify, not by size.
+        return {"files": {"data.mdb": (self.tmp / "data.mdb").stat().st_size,
+                          "lock.mdb": (self.tmp / "lock.mdb").stat().st_size}}
+
+    def close(self):
+        if self.txn is not None:
+            self.txn.abort()
+            self.txn = None
+        if self.env is not None:
+            self.env.close()
+            self.env = None

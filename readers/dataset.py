@@ -1,0 +1,121 @@
+"""ShardDataset: a map-style torch Dataset over any shardpack output."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from .formats import reader_for
+from .manifest import Index, load_manifest
+
+
+class ShardDataset(Dataset):
+    """Random access to a packed output, in any of the four formats (found from its manifest).
+
+    ``ds[i]`` returns ``(img, label)``: ``img`` a ``torch.uint8`` tensor of shape (3, H, W) (CHW,
+    as torchvision.transforms.v2 expects; a view of HWC memory, i.e. channels_last strides, so call
+    ``.contiguous()`` if you need standard strides) and ``label`` an int. ``transform`` is applied
+    to img and ``target_transform`` to label, as in torchvision.datasets.ImageFolder.
+
+    Attributes follow ImageFolder: ``classes`` (sorted class names), ``class_to_idx``,
+    ``targets`` (numpy int64 array, memory-mapped), ``samples`` (a lazy read-only sequence of
+    ``(source path, label)``). ``shapes`` is an int32 (count, 3) array of (H, W, 3) per sample.
+
+    Nothing is copied into memory at construction; file handles open on first use in the
+    process that reads and are dropped when the dataset is pickled, so DataLoader workers work
+    under fork, spawn and forkserver.
+
+    Raises ShardFormatError (a ValueError) naming the path when the output is incomplete, of an
+    unknown version or damaged.
+    """
+
+    def __init__(self, path: str | os.PathLike, transform=None, target_transform=None):
+        self.root = Path(path).expanduser()
+        self.manifest = load_manifest(self.root)
+        self.classes: list[str] = list(self.manifest["classes"])
+        self.class_to_idx: dict[str, int] = dict(self.manifest["class_to_idx"])
+        self.index = Index(self.root, self.manifest)
+        self.reader = reader_for(self.root, self.manifest)
+        self.transform = transform
+        self.target_transform = target_transform
+
+    def __len__(self) -> int:
+        return self.index.count
+
+    @property
+    def targets(self) -> np.ndarray:
+        return self.index.labels
+
+    @property
+    def shapes(self) -> np.ndarray:
+        return self.index.shapes
+
+    @property
+    def samples(self) -> Sequence:
+        return _Samples(self)
+
+    def source_path(self, i: int) -> str:
+        """Path of sample i's source file relative to the packed folder, as it was on disk."""
+        return self.index.path(self._check(i))
+
+    def _check(self, i) -> int:
+        i = int(i)
+        n = self.index.count
+        if not -n <= i < n:
+            raise IndexError(f"index {i} out of range for {n} samples in {self.root}")
+        return i % n
+
+    def _finish(self, img: torch.Tensor, label: int):
+        if self.transform is not None:
+            img = self.transform(img)
+        if self.target_transform is not None:
+            label = self.target_transform(label)
+        return img, label
+
+    def __getitem__(self, i):
+        i = self._check(i)
+        h, w, c = (int(v) for v in self.index.shapes[i])
+        hwc = torch.empty((h, w, c), dtype=torch.uint8)
+        self.reader.read_into(i, hwc.numpy())
+        return self._finish(hwc.permute(2, 0, 1), int(self.index.labels[i]))
+
+    def __getitems__(self, indices):
+        """Read a batch at once (the DataLoader calls this with a whole batch of indices) and
+        return a list of ``(img, label)`` as ``__getitem__`` would, so the default collate works.
+        For fixed-shape outputs the images are views of one (B, H, W, 3) buffer filled in one call.
+        """
+        idx = np.fromiter((self._check(i) for i in indices), np.int64, len(indices))
+        if self.reader.shape is None:
+            return [self[i] for i in idx]
+        batch = torch.empty((len(idx), *self.reader.shape), dtype=torch.uint8)
+        self.reader.read_batch_into(idx, batch.numpy())
+        chw = batch.permute(0, 3, 1, 2)
+        labels = self.index.labels[idx]
+        return [self._finish(chw[k], int(labels[k])) for k in range(len(idx))]
+
+    def __repr__(self):
+        m = self.manifest
+        return (f"ShardDataset({str(self.root)!r}: {m['format']}, {len(self)} samples, "
+                f"{len(self.classes)} classes, shape {m.get('shape') or 'variable'})")
+
+
+class _Samples(Sequence):
+    """ImageFolder's ``samples`` without the list: ``(path, label)`` built on access."""
+
+    def __init__(self, ds: ShardDataset):
+        self._ds = ds
+        self._root = ds.manifest.get("run", {}).get("source_root", "")
+
+    def __len__(self):
+        return len(self._ds)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        i = self._ds._check(i)
+        return os.path.join(self._root, self._ds.index.path(i)), int(self._ds.index.labels[i])
