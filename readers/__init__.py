@@ -1,9 +1,16 @@
 """shardpack readers: random access to packed datasets. Owns the on-disk format; never imports
-``packer``."""
+``packer``. ``ShardDataset`` (and with it torch) is imported on first use, so the packer's decode
+workers, which only need the format definitions, start without loading torch."""
 
-from .dataset import ShardDataset
 from .manifest import FORMAT_VERSION, FORMATS, ShardFormatError, load_manifest
 from .system import usable_cpus
 
 __all__ = ["ShardDataset", "ShardFormatError", "load_manifest", "usable_cpus", "FORMATS",
            "FORMAT_VERSION"]
+
+
+def __getattr__(name):
+    if name == "ShardDataset":
+        from .dataset import ShardDataset
+        return ShardDataset
+    raise AttributeError(f"module 'readers' has no attribute {name!r}")

@@ -4,6 +4,8 @@ once per process."""
 
 from __future__ import annotations
 
+import os
+
 import lmdb
 import numpy as np
 
@@ -11,12 +13,34 @@ from ..manifest import ShardFormatError, sample_key
 from .base import Reader
 
 
+_ENVS: dict = {}  # path -> Environment: py-lmdb allows one open per environment per process
+
+
+def _environment(path: str) -> lmdb.Environment:
+    env = _ENVS.get(path)
+    if env is None:
+        env = _ENVS[path] = lmdb.open(path, subdir=True, readonly=True, lock=False,
+                                      readahead=False, meminit=False, max_readers=1)
+    return env
+
+
+def _close_inherited():
+    """In a forked child, close the parent's environments (read-only, lock-free: this only
+    unmaps the child's copy) so that the child opens its own and py-lmdb's one-open guard
+    does not refuse it."""
+    for env in _ENVS.values():
+        env.close()
+    _ENVS.clear()
+
+
+os.register_at_fork(after_in_child=_close_inherited)
+
+
 class LmdbReader(Reader):
     _handles = ("_env",)
 
     def _open(self):
-        self._env = lmdb.open(str(self.root), subdir=True, readonly=True, lock=False,
-                              readahead=False, meminit=False, max_readers=1)
+        self._env = _environment(str(self.root.resolve()))
 
     def read_into(self, i, out):
         self._ensure_open()

@@ -1,0 +1,142 @@
+"""Round trip per format against the torchvision reference; formats and worker counts agree."""
+
+import filecmp
+import os
+
+import lmdb
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from packer.cli import pack_dataset
+from packer.run import PackError
+from readers import ShardDataset
+from readers.manifest import sample_key
+from helpers import all_samples, pack_quiet
+from reference import mean_abs_diff, open_rgb, resize_center_crop, squash
+
+FORMATS = ["npy", "hdf5", "lmdb", "wds"]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_round_trip_matches_resize_center_crop(tree, tmp_path, fmt):
+    report = pack_quiet(tree, tmp_path / f"out.{fmt}", fmt, size=32)
+    assert report.count == 18 and report.skipped == []
+    ds = ShardDataset(tmp_path / f"out.{fmt}")
+    assert len(ds) == 18
+    assert ds.classes == ["cat", "dog", "emu"]
+    assert ds.class_to_idx == {"cat": 0, "dog": 1, "emu": 2}
+    assert ds.targets.dtype == np.int64 and ds.targets.tolist() == [0] * 6 + [1] * 6 + [2] * 6
+    for i in range(len(ds)):
+        img, label = ds[i]
+        assert img.shape == (3, 32, 32) and str(img.dtype) == "torch.uint8"
+        ref = resize_center_crop(open_rgb(tree / ds.source_path(i)), 32)
+        assert mean_abs_diff(img.permute(1, 2, 0).numpy(), ref) <= 2
+        assert label == ds.class_to_idx[ds.source_path(i).split("/")[0]]
+    assert ds.samples[7] == (str(tree / "dog" / "img001.jpg"), 1)
+    assert len(ds.samples) == 18
+
+
+def test_squash_matches_resize_to_square(tree, tmp_path):
+    pack_quiet(tree, tmp_path / "sq", "npy", size=24, resize="squash")
+    ds = ShardDataset(tmp_path / "sq")
+    for i in range(len(ds)):
+        ref = squash(open_rgb(tree / ds.source_path(i)), 24)
+        assert mean_abs_diff(ds[i][0].permute(1, 2, 0).numpy(), ref) <= 2
+    assert ds.manifest["pixels"]["resize"] == "squash"
+
+
+def test_four_formats_and_worker_counts_identical(tree, tmp_path):
+    outs = {}
+    for fmt in FORMATS:
+        for k in (1, 2):
+            out = tmp_path / f"{fmt}-{k}"
+            pack_quiet(tree, out, fmt, size=16, workers=k, shard_size=1 << 20)
+            outs[fmt, k] = out
+    # LMDB content by key/value (before a reader holds the environment open in this process)
+    with lmdb.open(str(outs["lmdb", 1]), readonly=True, lock=False) as a, \
+            lmdb.open(str(outs["lmdb", 2]), readonly=True, lock=False) as b:
+        with a.begin() as ta, b.begin() as tb:
+            assert list(ta.cursor()) == list(tb.cursor())
+            assert ta.stat()["entries"] == 18
+    ref_imgs, ref_labels = all_samples(ShardDataset(outs["npy", 1]))
+    for key, out in outs.items():
+        ds = ShardDataset(out)
+        imgs, labels = all_samples(ds)
+        assert np.array_equal(labels, ref_labels), key
+        assert all(np.array_equal(a, b) for a, b in zip(imgs, ref_imgs)), key
+        assert np.array_equal(ds.index.checksums, ShardDataset(outs["npy", 1]).index.checksums)
+    assert filecmp.cmp(outs["npy", 1] / "images.npy", outs["npy", 2] / "images.npy", shallow=False)
+    assert filecmp.cmp(outs["hdf5", 1] / "images.h5", outs["hdf5", 2] / "images.h5", shallow=False)
+    assert filecmp.cmp(outs["wds", 1] / "shard-000000.tar", outs["wds", 2] / "shard-000000.tar", shallow=False)
+
+
+def test_stock_readers_open_the_files(tree, tmp_path):
+    import h5py
+    import webdataset as wds
+
+    pack_quiet(tree, tmp_path / "n", "npy", size=16)
+    pack_quiet(tree, tmp_path / "h", "hdf5", size=16)
+    pack_quiet(tree, tmp_path / "w", "wds", size=16)
+    pack_quiet(tree, tmp_path / "l", "lmdb", size=16)
+    ref, labels = all_samples(ShardDataset(tmp_path / "n"))
+    arr = np.load(tmp_path / "n" / "images.npy", mmap_mode="r")
+    assert arr.shape == (18, 16, 16, 3) and np.array_equal(arr[5], ref[5])
+    assert np.array_equal(np.load(tmp_path / "n" / "labels.npy"), labels)
+    with h5py.File(tmp_path / "h" / "images.h5", "r") as f:
+        assert f["images"].chunks is None and f["images"].compression is None
+        assert np.array_equal(f["images"][17], ref[17])
+        assert np.array_equal(f["labels"][:], labels)
+    samples = list(wds.WebDataset(str(tmp_path / "w" / "shard-000000.tar"), shardshuffle=False).decode())
+    assert [s["cls"] for s in samples] == labels.tolist()
+    assert all(np.array_equal(s["npy"], r) for s, r in zip(samples, ref))
+    with lmdb.open(str(tmp_path / "l"), readonly=True, lock=False) as env, env.begin() as txn:
+        assert np.array_equal(np.frombuffer(txn.get(sample_key(3).encode()), np.uint8).reshape(16, 16, 3), ref[3])
+
+
+def test_wds_splits_into_size_limited_shards(tree, tmp_path):
+    pack_quiet(tree, tmp_path / "w", "wds", size=64, shard_size=1 << 20)  # 18 x 12 KB
+    names = sorted(p.name for p in (tmp_path / "w").glob("shard-*.tar"))
+    assert names == ["shard-000000.tar"]
+    pack_quiet(tree, tmp_path / "w2", "wds", size=300, shard_size=1 << 20)  # 18 x 270 KB -> 3/shard
+    ds = ShardDataset(tmp_path / "w2")
+    shards = sorted(p for p in (tmp_path / "w2").glob("shard-*.tar"))
+    assert len(shards) == ds.manifest["shards"] == 6
+    assert all(p.stat().st_size <= 1 << 20 for p in shards)
+    ref = ShardDataset(tmp_path / "w2")[17][0]
+    assert ref.shape == (3, 300, 300)
+
+
+def test_default_output_name_in_cwd_and_refusal_of_existing(tree, chdir_tmp):
+    runner = CliRunner()
+    args = [str(tree), "--format", "npy", "--size", "16", "--quiet"]
+    result = runner.invoke(pack_dataset, args)
+    assert result.exit_code == 0, result.output
+    out = chdir_tmp / "src-16.npy"
+    assert (out / "manifest.json").is_file()
+    assert "packed 18 images of 3 classes" in result.output
+    before = (out / "images.npy").read_bytes()
+    result = runner.invoke(pack_dataset, args)
+    assert result.exit_code != 0 and "already exists" in result.output and "--overwrite" in result.output
+    assert (out / "images.npy").read_bytes() == before
+    result = runner.invoke(pack_dataset, args + ["--overwrite", "--resize", "squash"])
+    assert result.exit_code == 0, result.output
+    assert ShardDataset(out).manifest["pixels"]["resize"] == "squash"
+    assert not any(p.name.startswith(".") for p in chdir_tmp.iterdir())  # no partial or old copy left
+
+
+def test_pack_api_refuses_existing_out(tree, tmp_path):
+    pack_quiet(tree, tmp_path / "o", "lmdb", size=8)
+    with pytest.raises(PackError, match="already exists"):
+        pack_quiet(tree, tmp_path / "o", "lmdb", size=8)
+
+
+def test_split_root_is_refused_by_the_cli(tmp_path):
+    from conftest import make_tree
+    make_tree(tmp_path / "imagenet" / "train", {"a": 1})
+    make_tree(tmp_path / "imagenet" / "val", {"a": 1})
+    result = CliRunner().invoke(pack_dataset, [str(tmp_path / "imagenet"), "--format", "npy", "--size", "8",
+                                               "-o", str(tmp_path / "o")])
+    assert result.exit_code != 0
+    assert "imagenet/train" in result.output
+    assert not (tmp_path / "o").exists()
