@@ -110,3 +110,36 @@ def demo(workdir, fmt):
     """Make a small sample ImageFolder tree with Pillow, pack it, and read it back."""
     from .demo import run_demo
     run_demo(workdir, fmt)
+
+
+@main.command()
+@click.argument("out", type=click.Path(exists=True, file_okay=False))
+def info(out):
+    """Describe the packed output OUT: count, classes, shape, size, how the pixels were made."""
+    from readers.manifest import ShardFormatError
+    from readers.verify import describe
+    try:
+        click.echo(describe(out))
+    except ShardFormatError as err:
+        raise click.ClickException(str(err)) from None
+
+
+@main.command()
+@click.argument("out", type=click.Path(exists=True, file_okay=False))
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def verify(out, quiet):
+    """Reread every sample of OUT and compare it with the checksums written at pack time.
+
+    Exit status 1 when any sample differs, naming each by index and source path."""
+    from readers.manifest import ShardFormatError
+    from readers.verify import verify as run_verify
+    try:
+        result = run_verify(out, progress=not quiet)
+    except ShardFormatError as err:
+        raise click.ClickException(str(err)) from None
+    for m in result.mismatches:
+        click.echo(f"MISMATCH sample {m.index} ({m.path}): {m.problem}")
+    if not result.ok:
+        click.echo(f"{out}: {len(result.mismatches)} of {result.count} samples differ", err=True)
+        sys.exit(1)
+    click.echo(f"{out}: all {result.count} samples match their checksums")

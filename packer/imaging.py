@@ -16,9 +16,10 @@ from struct import error as struct_error  # Pillow raises it on some corrupt hea
 from dataclasses import asdict, dataclass
 
 import numpy as np
-from PIL import Image, ImageFile, ImageOps
+from PIL import Image, ImageCms, ImageFile, ImageOps
 
 RESIZE_MODES = ("center-crop", "squash")
+_SRGB = ImageCms.createProfile("sRGB")
 FILTER = Image.Resampling.BILINEAR
 
 
@@ -63,7 +64,8 @@ class Recipe:
         d.update(filter="bilinear", antialias=True, decoder="pillow",
                  reference="torchvision Resize(N)+CenterCrop(N) on PIL" if self.resize == "center-crop"
                  else "torchvision Resize((N, N)) on PIL",
-                 orientation="EXIF applied", cmyk="Pillow convert('RGB'), ICC profile not applied",
+                 orientation="EXIF applied",
+                 cmyk="embedded ICC profile -> sRGB with ImageCms when present, else Pillow convert('RGB')",
                  high_bit_depth="16-bit: value/257 rounded; I: as 16-bit, clipped; F: [0,1]*255")
         return d
 
@@ -102,6 +104,12 @@ def to_rgb(img: Image.Image, background=(255, 255, 255)) -> Image.Image:
         else:
             a8 = (np.clip(a.astype(np.int64), 0, 65535) * 2 + 257) // 514  # round(v / 257)
         return Image.fromarray(a8.astype(np.uint8), "L").convert("RGB")
+    if mode == "CMYK" and img.info.get("icc_profile"):
+        try:  # colour-managed, as a viewer shows it; Pillow's own conversion ignores the profile
+            profile = ImageCms.ImageCmsProfile(io.BytesIO(img.info["icc_profile"]))
+            return ImageCms.profileToProfile(img, profile, _SRGB, outputMode="RGB")
+        except (ImageCms.PyCMSError, OSError, ValueError):
+            return img.convert("RGB")
     if mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in img.info:
         rgba = img.convert("RGBA")
         canvas = Image.new("RGBA", rgba.size, (*background, 255))
@@ -137,6 +145,9 @@ def decode(data: bytes, recipe: Recipe, name: str = "<bytes>"):
         raise
     except Image.DecompressionBombError as err:
         raise DecodeError("bomb", f"{name}: {err}") from None
+    except Image.UnidentifiedImageError:
+        what = "empty file (0 bytes)" if not data else f"not an image Pillow can identify ({len(data)} bytes)"
+        raise DecodeError("undecodable", f"{name}: {what}") from None
     except (OSError, SyntaxError, ValueError, TypeError, IndexError, KeyError,
             struct_error, ZeroDivisionError, EOFError, MemoryError) as err:
         raise DecodeError("undecodable", f"{name}: {type(err).__name__}: {err}") from None

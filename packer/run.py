@@ -40,7 +40,6 @@ from .imaging import DecodeError, Recipe, decode
 from .scan import Listing, scan
 from .writers import writer_class
 
-CHECKPOINT_SECONDS = 2.0
 IO_ERRNOS = {errno.ENOENT, errno.EIO, errno.ENOTCONN, errno.ESTALE, errno.EACCES, errno.ENXIO,
              errno.ENODEV, errno.EHOSTDOWN}
 OK, SKIP = 1, 2
@@ -67,6 +66,7 @@ class Options:
     space_check: bool = True
     max_io_errors: int = 20
     progress: bool = True
+    checkpoint_seconds: float = 2.0
 
 
 @dataclass
@@ -263,8 +263,14 @@ def pack(src: str | os.PathLike, out: str | os.PathLike | None, recipe: Recipe, 
 
     workers = max(1, opts.workers or usable_cpus())
     shape = recipe.shape()
-    writer = writer_class(opts.fmt)(tmp, n, shape, listing.labels,
-                                    {"shard_size": opts.shard_size, "attrs": {"classes": listing.classes}})
+    try:
+        writer = writer_class(opts.fmt)(tmp, n, shape, listing.labels,
+                                        {"shard_size": opts.shard_size, "attrs": {"classes": listing.classes}})
+    except OSError as err:
+        if err.errno == errno.ENOSPC:
+            raise PackError(f"{tmp}: cannot reserve the output's space ({err}); free space at "
+                            f"{out.parent} or choose another -o") from None
+        raise
     state = _State(tmp / "run", n)
     start = int(progress["done"])
     if start:
@@ -391,7 +397,7 @@ def _decode_all(listing, recipe, opts, writer, state, start, written, workers, t
                 rows_of = {i: k for k, i in enumerate(idx)} if streamed else {}
                 task = [(i, paths[i], rows_of.get(i, i)) for i in idx]
                 handle(_work(task), rows_of)
-                if time.monotonic() - last_checkpoint > CHECKPOINT_SECONDS and streak == 0:
+                if time.monotonic() - last_checkpoint > opts.checkpoint_seconds and streak == 0:
                     checkpoint(done)
                     last_checkpoint = time.monotonic()
         else:
@@ -420,13 +426,18 @@ def _decode_all(listing, recipe, opts, writer, state, start, written, workers, t
                 if streamed:
                     free_rows.extend(rows_of.values())
                 submit()
-                if time.monotonic() - last_checkpoint > CHECKPOINT_SECONDS and streak == 0:
+                if time.monotonic() - last_checkpoint > opts.checkpoint_seconds and streak == 0:
                     checkpoint(done)
                     last_checkpoint = time.monotonic()
         checkpoint(done)
     except KeyboardInterrupt:
         if streak == 0:
             checkpoint(done)
+        raise
+    except OSError as err:
+        if err.errno == errno.ENOSPC:
+            raise PackError(f"{tmp}: disk full after {done} of {n} files ({err}); free space, then "
+                            "rerun with --resume (it continues from the last checkpoint)") from None
         raise
     finally:
         progress_bar.close()

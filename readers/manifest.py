@@ -52,7 +52,6 @@ NPY_LABELS = "labels.npy"  # the same column as index/labels.npy, beside images.
 HDF5_FILE = "images.h5"
 WDS_SHARD = "shard-{:06d}.tar"
 WDS_OFFSETS = "wds_offsets.npy"  # int64 (count, 2): shard number, byte offset of the pixel data
-LMDB_FILES = ("data.mdb", "lock.mdb")
 
 
 class ShardFormatError(ValueError):
@@ -105,7 +104,7 @@ def load_manifest(root: str | os.PathLike) -> dict:
         f = root / name
         if not f.is_file():
             raise ShardFormatError(f"{root}: {name} is missing (listed in {MANIFEST})")
-        if name not in LMDB_FILES and f.stat().st_size != size:
+        if f.stat().st_size != size:
             raise ShardFormatError(
                 f"{f}: {f.stat().st_size} bytes, the manifest records {size}; the output is damaged"
             )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -51,6 +52,22 @@ def fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def reserve(path: Path, offset: int, nbytes: int) -> None:
+    """Allocate the disk blocks of a preallocated output now (posix_fallocate), so a full disk
+    fails here with ENOSPC, not later as SIGBUS in a worker writing through a memmap."""
+    if not hasattr(os, "posix_fallocate") or nbytes <= 0:
+        return
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, offset, nbytes)
+    except OSError as err:
+        if err.errno in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            return  # filesystem cannot reserve (e.g. some FUSE/9p): blocks come on write
+        raise
     finally:
         os.close(fd)
 

@@ -16,7 +16,7 @@ import numpy as np
 from readers.formats.hdf5 import dataset_offset
 from readers.manifest import HDF5_FILE
 
-from .base import Writer, fsync_path
+from .base import Writer, fsync_path, reserve
 
 
 def _create(path, count, shape):
@@ -25,7 +25,9 @@ def _create(path, count, shape):
         dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)  # the offset must exist before workers write
         dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
         f.create_dataset("images", shape=(count, *shape), dtype=np.uint8, dcpl=dcpl)
-    return dataset_offset(path)[0]
+    offset = dataset_offset(path)[0]
+    reserve(path, offset, count * int(np.prod(shape)))
+    return offset
 
 
 class Hdf5Writer(Writer):

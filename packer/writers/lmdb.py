@@ -67,9 +67,8 @@ class LmdbWriter(Writer):
         if entries != len(kept):
             raise RuntimeError(f"{self.tmp}: LMDB holds {entries} records, expected {len(kept)}")
         self.close()
-        # lock.mdb's size is not part of the content; data.mdb is checked by verify, not by size.
-        return {"files": {"data.mdb": (self.tmp / "data.mdb").stat().st_size,
-                          "lock.mdb": (self.tmp / "lock.mdb").stat().st_size}}
+        # lock.mdb holds no data (readers open without locking): not listed
+        return {"files": {"data.mdb": (self.tmp / "data.mdb").stat().st_size}}
 
     def close(self):
         if self.txn is not None:

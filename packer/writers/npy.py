@@ -12,7 +12,7 @@ import numpy as np
 
 from readers.manifest import NPY_IMAGES, NPY_LABELS
 
-from .base import Writer, compact_rows, fsync_path
+from .base import Writer, compact_rows, fsync_path, reserve
 
 
 class NpyWriter(Writer):
@@ -24,6 +24,8 @@ class NpyWriter(Writer):
         if not self.path.exists():  # resume: keep what is there
             mm = np.lib.format.open_memmap(self.path, mode="w+", dtype=np.uint8, shape=(n, *self.shape))
             del mm
+            self.offset = _header_length(self.path)
+            reserve(self.path, self.offset, n * int(np.prod(self.shape)))
         self.offset = _header_length(self.path)
 
     def sink(self):

@@ -1,0 +1,163 @@
+"""Packing speed, measured in one run: images/s with 1 and 2 processes per format against the bare
+decode+resize rate of one core, plus the resize/decoder options, and FFCV's writer where installed.
+
+    .venv/bin/python scripts/bench_pack.py [--src ../shared/data/imagenet-sample/train] [--min-images 3000]
+
+The sample is repeated (symlinks in a temporary tree) to reach --min-images. Everything is
+reported as ratios of rates measured in this run, so a busy machine shifts all numbers alike.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import click
+import numpy as np
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from packer import Options, Recipe, pack  # noqa: E402
+from packer.imaging import crop_box, decode  # noqa: E402
+from packer.scan import scan  # noqa: E402
+from readers import FORMATS  # noqa: E402
+
+DEFAULT_SRC = Path(__file__).resolve().parents[2] / "shared" / "data" / "imagenet-sample" / "train"
+
+
+def repeated_tree(src: Path, dst: Path, min_images: int) -> int:
+    """dst/<class>/<r>_<file> symlinks to src's files, repeated until >= min_images."""
+    files = [(c, f) for c in sorted(os.listdir(src)) for f in sorted(os.listdir(src / c))]
+    reps = -(-min_images // len(files))
+    for c, f in files:
+        (dst / c).mkdir(parents=True, exist_ok=True)
+        for r in range(reps):
+            os.symlink(src / c / f, dst / c / f"{r}_{f}")
+    return reps * len(files)
+
+
+def rate(fn, items) -> float:
+    t = time.perf_counter()
+    for x in items:
+        fn(x)
+    return len(items) / (time.perf_counter() - t)
+
+
+def resize_options(datas, size):
+    """Per-core images/s and worst per-image mean |difference| vs the faithful default."""
+    from reference import mean_abs_diff
+    faithful = Recipe(size)
+    refs = [decode(d, faithful)[0] for d in datas]
+
+    def variant(name, fn):
+        outs = [fn(d) for d in datas[:200]]
+        diff = max(mean_abs_diff(o, r) for o, r in zip(outs, refs))
+        return name, rate(fn, datas), diff
+
+    def box_resize(d, **kw):
+        img = Image.open(io.BytesIO(d)).convert("RGB")
+        return np.asarray(img.resize((size, size), Image.Resampling.BILINEAR,
+                                     box=crop_box(*img.size, size, "center-crop"), **kw))
+
+    def decode_only(d):
+        img = Image.open(io.BytesIO(d))
+        img.load()
+        return refs[0]
+
+    rows = [
+        variant("decode only (Pillow)", decode_only),
+        variant("default: decode + resize(box) [faithful]", lambda d: decode(d, faithful)[0]),
+        variant("resize(box, reducing_gap=2.0)", lambda d: box_resize(d, reducing_gap=2.0)),
+        variant("resize(box, reducing_gap=3.0)", lambda d: box_resize(d, reducing_gap=3.0)),
+        variant("--draft (JPEG DCT scaling, 2x margin)", lambda d: decode(d, Recipe(size, draft=True))[0]),
+    ]
+    for mod in ("simplejpeg", "turbojpeg"):
+        try:
+            __import__(mod)
+            rows.append((f"{mod} installed: not wired in", float("nan"), float("nan")))
+        except ImportError:
+            rows.append((f"{mod}: not installed (optional)", float("nan"), float("nan")))
+    return rows
+
+
+def ffcv_rate(src: Path, n: int, workers: int) -> float | None:
+    """FFCV DatasetWriter RGBImageField(write_mode='raw', max_resolution=256), images/s, or None."""
+    ffcv_python = os.environ.get("FFCV_PYTHON")
+    if not ffcv_python:
+        return None
+    import subprocess
+    code = f"""
+import time, os, sys
+from pathlib import Path
+from PIL import Image
+from ffcv.writer import DatasetWriter
+from ffcv.fields import RGBImageField, IntField
+src = Path({str(src)!r})
+classes = sorted(os.listdir(src))
+files = [(src / c / f, i) for i, c in enumerate(classes) for f in sorted(os.listdir(src / c))]
+class DS:
+    def __len__(self): return len(files)
+    def __getitem__(self, i):
+        p, y = files[i]
+        return Image.open(p).convert('RGB'), y
+w = DatasetWriter('/tmp/ffcv-bench.beton', {{'image': RGBImageField(write_mode='raw', max_resolution=256),
+                                          'label': IntField()}}, num_workers={workers})
+t = time.perf_counter(); w.from_indexed_dataset(DS()); print(len(files) / (time.perf_counter() - t))
+"""
+    out = subprocess.run([ffcv_python, "-c", code], capture_output=True, text=True)
+    if out.returncode != 0:
+        print("FFCV failed:", out.stderr[-500:], file=sys.stderr)
+        return None
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+@click.command()
+@click.option("--src", type=click.Path(exists=True, file_okay=False, path_type=Path), default=DEFAULT_SRC)
+@click.option("--min-images", default=3000, show_default=True)
+@click.option("--size", default=256, show_default=True)
+@click.option("--formats", default=",".join(FORMATS), show_default=True)
+def main(src, min_images, size, formats):
+    tmp = Path(tempfile.mkdtemp(prefix="bench-pack-"))
+    try:
+        n = repeated_tree(src, tmp / "src", min_images)
+        listing = scan(tmp / "src")
+        datas = [open(tmp / "src" / p, "rb").read() for p in listing.paths[: len(os.listdir(src))]]
+        print(f"# {n} images ({len(datas)} distinct real ImageNet JPEGs repeated), size {size}, "
+              f"{os.cpu_count()} CPUs\n")
+        rows = resize_options(datas, size)
+        bare = rows[1][1]
+        print("| per-core step | images/s | max per-image mean abs diff vs default |\n|---|---:|---:|")
+        for name, r, d in rows:
+            print(f"| {name} | {r:.0f} | {d:.3f} |")
+        print(f"\n| format | K=1 images/s | K=1 / bare | K=2 images/s | K=2 / K=1 |\n|---|---:|---:|---:|---:|")
+        k2_rates = []
+        for fmt in formats.split(","):
+            r = {}
+            for k in (1, 2):
+                out = tmp / f"out-{fmt}-{k}"
+                rep = pack(tmp / "src", out, Recipe(size), Options(fmt=fmt, workers=k, progress=False),
+                           listing=listing)
+                r[k] = rep.images_per_s
+                shutil.rmtree(out)
+            k2_rates.append(r[2])
+            print(f"| {fmt} | {r[1]:.0f} | {r[1] / bare:.2f} | {r[2]:.0f} | {r[2] / r[1]:.2f} |")
+        f = ffcv_rate(tmp / "src", n, 2)
+        if f:
+            print(f"\nFFCV DatasetWriter (raw, max_resolution={size}, 2 workers): {f:.0f} images/s; "
+                  f"shardpack K=2 / FFCV = {min(k2_rates) / f:.2f} (worst format) .. {max(k2_rates) / f:.2f}")
+            print("(FFCV caps the longer side at 256 without cropping: similar, not equal work)")
+        else:
+            print("\nFFCV: not measured (set FFCV_PYTHON to a python with ffcv installed)")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
