@@ -188,7 +188,8 @@ def _check_resume(tmp: Path, plan: dict) -> dict:
     """Load the interrupted run's progress; refuse, naming the difference, if anything changed."""
     try:
         old = json.loads((tmp / "plan.json").read_text())
-        progress = json.loads((tmp / "progress.json").read_text())
+        p = tmp / "progress.json"  # absent when stopped before the first checkpoint
+        progress = json.loads(p.read_text()) if p.exists() else {"done": 0, "written": 0, "writer": {}}
     except (OSError, ValueError) as err:
         raise PackError(f"{tmp}: cannot resume, its state is unreadable ({err}); start over with --overwrite") from None
     diffs = []

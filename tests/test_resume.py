@@ -1,0 +1,245 @@
+"""Crash safety and resume, the source vanishing, space checks, verify and damaged outputs."""
+
+import filecmp
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from conftest import make_tree
+from helpers import all_samples, pack_quiet
+from packer.cli import main as shardpack
+from packer.run import PackError
+from packer.scan import scan
+from readers import ShardDataset, ShardFormatError
+from readers.manifest import partial_dir
+
+FORMATS = ["npy", "hdf5", "lmdb", "wds"]
+ROOT = Path(__file__).resolve().parents[1]
+
+RUNNER = """
+import sys
+from packer import Options, Recipe, pack
+src, out, fmt, workers, resume = sys.argv[1:6]
+pack(src, out, Recipe(48), Options(fmt=fmt, workers=int(workers), resume=resume == "1", progress=False,
+                                   checkpoint_seconds=0.02, shard_size=1 << 20))
+"""
+
+
+@pytest.fixture(scope="module")
+def big_tree(tmp_path_factory):
+    """400 JPEGs large enough that a pack takes a couple of seconds."""
+    root = tmp_path_factory.mktemp("big") / "src"
+    return make_tree(root, {"a": 140, "b": 130, "c": 130}, sizes=[(480, 360), (360, 480), (500, 375)])
+
+
+def start(src, out, fmt, workers, resume):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.Popen([sys.executable, "-c", RUNNER, str(src), str(out), fmt, str(workers),
+                             "1" if resume else "0"], env=env, cwd=ROOT, stderr=subprocess.PIPE)
+
+
+def done_fraction(out, n):
+    status = partial_dir(out) / "run" / "status.npy"
+    try:
+        return np.count_nonzero(np.load(status, mmap_mode="r")) / n
+    except (OSError, ValueError):
+        return 0.0
+
+
+def same_content(a: Path, b: Path, fmt: str):
+    da, db = ShardDataset(a), ShardDataset(b)
+    ia, la = all_samples(da)
+    ib, lb = all_samples(db)
+    assert np.array_equal(la, lb) and len(ia) == len(ib)
+    assert all(np.array_equal(x, y) for x, y in zip(ia, ib))
+    assert np.array_equal(da.index.checksums, db.index.checksums)
+    assert [da.source_path(i) for i in range(len(da))] == [db.source_path(i) for i in range(len(db))]
+    data = {"npy": ["images.npy"], "hdf5": ["images.h5"], "wds": sorted(p.name for p in a.glob("shard-*"))}
+    for name in data.get(fmt, []):
+        assert filecmp.cmp(a / name, b / name, shallow=False), name
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_sigkill_at_30_60_90_percent_then_resume_is_identical(big_tree, tmp_path, fmt):
+    n = len(scan(big_tree))
+    ref = tmp_path / "ref"
+    pack_quiet(big_tree, ref, fmt, size=48, shard_size=1 << 20)
+    out = tmp_path / "out"
+    workers = 2 if fmt in ("lmdb", "wds") else 1  # the shared-memory ring and the in-place path
+    killed_at = []
+    for k, target in enumerate((0.3, 0.6, 0.9)):
+        proc = start(big_tree, out, fmt, workers, resume=k > 0)
+        deadline = time.monotonic() + 60
+        while done_fraction(out, n) < target and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        killed_at.append(done_fraction(out, n))
+        assert not out.exists() or (out / "manifest.json").exists()  # never a half-written OUT
+    assert killed_at[0] < 1.0, "the run finished before it could be killed"
+    if not out.exists():
+        proc = start(big_tree, out, fmt, workers, resume=True)
+        assert proc.wait(timeout=120) == 0, proc.stderr.read().decode()[-2000:]
+    same_content(ref, out, fmt)
+    assert not partial_dir(out).exists()
+
+
+def test_resume_refuses_changed_settings_or_listing(tree, tmp_path):
+    out = tmp_path / "out"
+    proc = start(tree, out, "npy", 1, resume=False)
+    proc.wait()  # completes; make an interrupted state by hand from a fresh partial
+    shutil.rmtree(out)
+    tmp = partial_dir(out)
+    # a run interrupted by KeyboardInterrupt inside pack leaves plan.json + progress.json
+    from packer import Options, Recipe, pack
+    import packer.run as run
+
+    real = run._decode_all
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    run._decode_all = interrupt
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            pack(tree, out, Recipe(32), Options(fmt="npy", workers=1, progress=False))
+    finally:
+        run._decode_all = real
+    assert (tmp / "plan.json").exists() and not out.exists()
+    with pytest.raises(PackError, match="--resume to continue"):
+        pack_quiet(tree, out, "npy", size=32)
+    with pytest.raises(PackError, match=r"size: 32 -> 16"):
+        pack_quiet(tree, out, "npy", size=16, resume=True)
+    (tree / "dog" / "img000.jpg").unlink()
+    with pytest.raises(PackError, match="source listing"):
+        pack_quiet(tree, out, "npy", size=32, resume=True)
+
+
+def test_vanished_source_stops_and_resumes(tree, tmp_path):
+    for i in range(30):
+        shutil.copy(tree / "cat" / "img000.jpg", tree / "cat" / f"z{i:03d}.jpg")
+    listing = scan(tree)
+    ref = tmp_path / "ref"
+    pack_quiet(tree, ref, "wds", size=16)
+    hidden = tmp_path / "hidden"
+    shutil.move(tree / "cat", hidden)  # the mount went away after the scan
+    from packer import Options, Recipe, pack
+    with pytest.raises(PackError, match="look.*gone.*--resume"):
+        pack(tree, tmp_path / "out", Recipe(16), Options(fmt="wds", workers=1, progress=False), listing=listing)
+    assert not (tmp_path / "out").exists()
+    shutil.move(hidden, tree / "cat")
+    pack(tree, tmp_path / "out", Recipe(16), Options(fmt="wds", workers=1, progress=False, resume=True),
+         listing=listing)
+    same_content(ref, tmp_path / "out", "wds")
+    assert json.loads((tmp_path / "out" / "skipped.json").read_text()) == []
+
+
+def test_a_single_missing_file_is_only_skipped(tree, tmp_path):
+    listing = scan(tree)
+    (tree / "dog" / "img002.jpg").unlink()
+    from packer import Options, Recipe, pack
+    report = pack(tree, tmp_path / "o", Recipe(16), Options(fmt="npy", progress=False), listing=listing)
+    assert [(r["path"], r["kind"]) for r in report.skipped] == [("dog/img002.jpg", "io")]
+    assert "No such file" in report.skipped[0]["reason"]
+    assert report.count == 17
+
+
+def test_space_check_names_both_numbers(tree, tmp_path, monkeypatch):
+    import packer.run as run
+    monkeypatch.setattr(run.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10, 10, 1000))
+    with pytest.raises(PackError, match=r"about 0\.\d+ GB needed for 18 samples but only 0\.00 GB free"):
+        pack_quiet(tree, tmp_path / "o", "lmdb", size=64)
+    assert not (tmp_path / "o").exists()
+    pack_quiet(tree, tmp_path / "o", "lmdb", size=64, space_check=False)
+    assert len(ShardDataset(tmp_path / "o")) == 18
+
+
+def flip_one_byte(path: Path, offset: int):
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_verify_catches_a_single_flipped_byte(tree, tmp_path, fmt):
+    out = tmp_path / fmt
+    pack_quiet(tree, out, fmt, size=16)
+    runner = CliRunner()
+    ok = runner.invoke(shardpack, ["verify", str(out), "--quiet"])
+    assert ok.exit_code == 0 and "all 18 samples match" in ok.output
+    ds = ShardDataset(out)
+    pixels = ds[11][0].permute(1, 2, 0).contiguous().numpy().tobytes()
+    target = {"npy": out / "images.npy", "hdf5": out / "images.h5", "lmdb": out / "data.mdb",
+              "wds": out / "shard-000000.tar"}[fmt]
+    offset = target.read_bytes().find(pixels)
+    assert offset > 0
+    flip_one_byte(target, offset + 100)
+    bad = runner.invoke(shardpack, ["verify", str(out), "--quiet"])
+    assert bad.exit_code == 1
+    assert f"MISMATCH sample 11 ({ds.source_path(11)})" in bad.output
+    assert bad.output.count("MISMATCH") == 1
+
+
+def test_info_describes_the_output(tree, tmp_path):
+    pack_quiet(tree, tmp_path / "o", "hdf5", size=16)
+    result = CliRunner().invoke(shardpack, ["info", str(tmp_path / "o")])
+    assert result.exit_code == 0
+    assert "samples     18 of 18" in result.output and "classes     3: cat, dog, emu" in result.output
+    assert "(16, 16, 3) uint8 HWC" in result.output and "center-crop 16 px" in result.output
+
+
+@pytest.mark.parametrize("damage", ["no-manifest", "version", "missing-shard", "short-file", "partial-only"])
+def test_readers_refuse_damaged_outputs_by_name(tree, tmp_path, damage):
+    out = tmp_path / "o"
+    pack_quiet(tree, out, "wds" if damage == "missing-shard" else "npy", size=16)
+    if damage == "no-manifest":
+        (out / "manifest.json").unlink()
+        match = "no manifest.json"
+    elif damage == "version":
+        m = json.loads((out / "manifest.json").read_text())
+        m["format_version"] = 99
+        (out / "manifest.json").write_text(json.dumps(m))
+        match = "format version 99"
+    elif damage == "missing-shard":
+        (out / "shard-000000.tar").unlink()
+        match = "shard-000000.tar is missing"
+    elif damage == "short-file":
+        with open(out / "images.npy", "r+b") as f:
+            f.truncate(1000)
+        match = r"images.npy: 1000 bytes, the manifest records"
+    else:
+        out.rename(partial_dir(out))
+        match = "interrupted run"
+    with pytest.raises(ShardFormatError, match=match):
+        ShardDataset(out)
+
+
+def test_ctrl_c_stops_cleanly_and_says_how_to_resume(big_tree, tmp_path):
+    out = tmp_path / "out"
+    n = len(scan(big_tree))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-c", "from packer.cli import pack_dataset; pack_dataset()", str(big_tree),
+           "--format", "lmdb", "--size", "48", "-o", str(out), "--workers", "2", "--quiet"]
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while done_fraction(out, n) < 0.3 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err.decode()[-2000:]
+    assert "--resume" in err.decode() and "Traceback" not in err.decode()
+    assert not out.exists() and (partial_dir(out) / "progress.json").exists()
+    resumed = subprocess.run(cmd + ["--resume"], env=env, capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert len(ShardDataset(out)) == n
+    result = CliRunner().invoke(shardpack, ["verify", str(out), "--quiet"])
+    assert result.exit_code == 0, result.output
