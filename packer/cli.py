@@ -8,7 +8,7 @@ import click
 
 from readers.manifest import FORMATS
 
-from .imaging import RESIZE_MODES, Recipe
+from .imaging import DECODERS, RESIZE_MODES, Recipe
 from .run import Options, PackError, pack
 from .scan import ScanError
 
@@ -38,6 +38,8 @@ def pack_options(f):
         click.option("--background", default="255,255,255", callback=_parse_color, show_default=True,
                      help="R,G,B that transparent pixels are composited onto."),
         click.option("--draft", is_flag=True, help="Let the JPEG decoder downscale (faster, not bit-exact)."),
+        click.option("--decoder", type=click.Choice(DECODERS), default="pillow", show_default=True,
+                     help="simplejpeg (pip install 'shardpack[fast]'): same pixels, faster JPEG decoding."),
         click.option("--allow-truncated", is_flag=True,
                      help="Keep truncated images, the missing part filled in (recorded in the manifest)."),
         click.option("--strict", is_flag=True, help="Fail (no output) on any file that would be skipped."),
@@ -51,16 +53,16 @@ def pack_options(f):
     return f
 
 
-def run_pack(src, fmt, size, out, workers, resize, shard_size, background, draft, allow_truncated,
-             strict, overwrite, resume, no_space_check, quiet):
+def run_pack(src, fmt, size, out, workers, resize, shard_size, background, draft, decoder,
+             allow_truncated, strict, overwrite, resume, no_space_check, quiet):
     """Shared body of ``pack-dataset`` and ``shardpack pack``."""
     try:
         recipe = Recipe(size=size, resize=resize, background=background, draft=draft,
-                        allow_truncated=allow_truncated)
+                        allow_truncated=allow_truncated, decoder=decoder)
         opts = Options(fmt=fmt, workers=workers, shard_size=shard_size, overwrite=overwrite,
                        resume=resume, strict=strict, space_check=not no_space_check, progress=not quiet)
         report = pack(src, out, recipe, opts)
-    except (ScanError, PackError) as err:
+    except (ScanError, PackError, ValueError, ImportError) as err:
         raise click.ClickException(str(err)) from None
     except KeyboardInterrupt:
         click.echo("\ninterrupted; progress is saved: rerun the same command with --resume to continue",

@@ -215,3 +215,12 @@ def test_real_odd_images_every_format(tmp_path):
             for o in range(3, 9):
                 assert mean_abs_diff(imgs[idx[f"Landscape_{o}.jpg"]], base) < 6, o
         assert all(np.array_equal(a, b) for a, b in zip(imgs, ref)), fmt
+
+
+def test_simplejpeg_decoder_gives_the_same_pixels_and_skips(odd_tree, tmp_path):
+    pytest.importorskip("simplejpeg")
+    a = pack_quiet(odd_tree, tmp_path / "pil", "npy", size=24)
+    b = pack_quiet(odd_tree, tmp_path / "sj", "npy", size=24, decoder="simplejpeg")
+    assert [r["path"] for r in a.skipped] == [r["path"] for r in b.skipped]
+    assert (tmp_path / "pil" / "images.npy").read_bytes() == (tmp_path / "sj" / "images.npy").read_bytes()
+    assert ShardDataset(tmp_path / "sj").manifest["pixels"]["decoder"] == "simplejpeg"
