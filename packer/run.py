@@ -4,8 +4,8 @@ Shape of the pipeline (why): decode is the cost (~4 ms per ImageNet JPEG), so K 
 decode chunks of files and put the pixels straight where they belong, so no pixel array is ever
 pickled back to the main process:
 - in-place formats (npy, hdf5): into the preallocated output file at the sample's scan position;
-- streamed formats (lmdb, wds): into a slot of a shared-memory ring, which the main process
-  writes out in sample order and then reuses.
+- streamed formats (lmdb, wds): into a slot of a small ring buffer (a memory-mapped file shared
+  through the page cache), which the main process writes out in sample order and then reuses.
 Only small tuples (status, source mode and size, checksum) travel back. Results are consumed in
 scan order, so the committed prefix ``done`` is exact: a checkpoint (every few seconds) makes the
 writer durable up to it and records it in ``progress.json``; ``--resume`` restarts from there.
@@ -26,7 +26,7 @@ import time
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from multiprocessing import get_context, shared_memory
+from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +39,7 @@ from readers.system import usable_cpus
 from .imaging import DecodeError, Recipe, decode
 from .scan import Listing, scan
 from .writers import writer_class
+from .writers.base import npy_data_offset
 
 IO_ERRNOS = {errno.ENOENT, errno.EIO, errno.ENOTCONN, errno.ESTALE, errno.EACCES, errno.ENXIO,
              errno.ENODEV, errno.EHOSTDOWN}
@@ -104,11 +105,6 @@ def _init(root: str, recipe: Recipe, sink, in_worker: bool = True):
     if kind == "file":
         _, path, offset, shape = sink
         target = np.memmap(path, np.uint8, "r+", offset=offset, shape=shape)
-    elif kind == "shm":
-        _, name, shape = sink
-        shm = shared_memory.SharedMemory(name=name)  # the main process creates and unlinks it
-        _ctx["shm"] = shm
-        target = np.ndarray(shape, np.uint8, buffer=shm.buf)
     else:
         target = sink[1]
     _ctx.update(root=root, recipe=recipe, target=target)
@@ -333,13 +329,16 @@ def _decode_all(listing, recipe, opts, writer, state, start, written, workers, t
     chunk = max(1, min(16, (n - start) // (workers * 8) or 1))
     window = 3 * workers  # tasks in flight
     streamed = not writer.in_place
-    sample_bytes = int(np.prod(recipe.shape()))
-    shm = None
+    ring = None
     if streamed:
         rows = window * chunk
         if workers > 1:
-            shm = shared_memory.SharedMemory(create=True, size=rows * sample_bytes)
-            sink = ("shm", shm.name, (rows, *recipe.shape()))
+            # The ring is a small file in the partial directory, shared through the page cache:
+            # unlike /dev/shm (64 MB in Docker by default) it cannot run out, and it is reused, so
+            # write-back costs at most its own size every few seconds.
+            ring = tmp / "run" / "ring.bin"
+            np.lib.format.open_memmap(ring, mode="w+", dtype=np.uint8, shape=(rows, *recipe.shape()))
+            sink = ("file", str(ring), npy_data_offset(ring), (rows, *recipe.shape()))
         else:
             sink = ("local", np.empty((rows, *recipe.shape()), np.uint8))
         free_rows = deque(range(rows))
@@ -402,8 +401,8 @@ def _decode_all(listing, recipe, opts, writer, state, start, written, workers, t
                     checkpoint(done)
                     last_checkpoint = time.monotonic()
         else:
-            if shm is not None:
-                target = np.ndarray((window * chunk, *recipe.shape()), np.uint8, buffer=shm.buf)
+            if ring is not None:
+                target = np.load(ring, mmap_mode="r")
             ctx = get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
             pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init,
                                        initargs=(str(listing.root), recipe, sink))
@@ -445,11 +444,7 @@ def _decode_all(listing, recipe, opts, writer, state, start, written, workers, t
         skip_log.close()
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
-        if shm is not None:
-            del target
-            _ctx.clear()
-            shm.close()
-            shm.unlink()
+        _ctx.clear()
 
 
 def _progress(n, start, enabled):

@@ -56,6 +56,15 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+def npy_data_offset(path: Path) -> int:
+    """Byte offset of the array data in a .npy file (past its header)."""
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        read(f)
+        return f.tell()
+
+
 def reserve(path: Path, offset: int, nbytes: int) -> None:
     """Allocate the disk blocks of a preallocated output now (posix_fallocate), so a full disk
     fails here with ENOSPC, not later as SIGBUS in a worker writing through a memmap."""

@@ -12,7 +12,7 @@ import numpy as np
 
 from readers.manifest import NPY_IMAGES, NPY_LABELS
 
-from .base import Writer, compact_rows, fsync_path, reserve
+from .base import Writer, compact_rows, fsync_path, npy_data_offset, reserve
 
 
 class NpyWriter(Writer):
@@ -24,9 +24,9 @@ class NpyWriter(Writer):
         if not self.path.exists():  # resume: keep what is there
             mm = np.lib.format.open_memmap(self.path, mode="w+", dtype=np.uint8, shape=(n, *self.shape))
             del mm
-            self.offset = _header_length(self.path)
+            self.offset = npy_data_offset(self.path)
             reserve(self.path, self.offset, n * int(np.prod(self.shape)))
-        self.offset = _header_length(self.path)
+        self.offset = npy_data_offset(self.path)
 
     def sink(self):
         return str(self.path), self.offset, (self.n, *self.shape)
@@ -48,19 +48,6 @@ class NpyWriter(Writer):
         fsync_path(self.path)
         return {"files": {NPY_IMAGES: self.path.stat().st_size,
                           NPY_LABELS: (self.tmp / NPY_LABELS).stat().st_size}}
-
-
-def _header_length(path) -> int:
-    with open(path, "rb") as f:
-        version = np.lib.format.read_magic(f)
-        _read_header(f, version)
-        return f.tell()
-
-
-def _read_header(f, version):
-    if version == (1, 0):
-        return np.lib.format.read_array_header_1_0(f)
-    return np.lib.format.read_array_header_2_0(f)
 
 
 def _header(count: int, shape, length: int) -> bytes:
