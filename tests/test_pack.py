@@ -140,3 +140,23 @@ def test_split_root_is_refused_by_the_cli(tmp_path):
     assert result.exit_code != 0
     assert "imagenet/train" in result.output
     assert not (tmp_path / "o").exists()
+
+
+def test_lmdb_map_grows_instead_of_map_full(tree, tmp_path, monkeypatch):
+    """known-faults 'LMDB write / map size': an estimate that is far too small must not end in
+    MDB_MAP_FULL; the map grows and data.mdb stays close to the payload."""
+    import packer.writers.lmdb as lw
+    monkeypatch.setattr(lw, "initial_map_size", lambda n, sample_bytes: 1 << 20)  # 1 MiB for 0.9 MB
+    monkeypatch.setattr(lw, "TXN_SAMPLES", 4)
+    report = pack_quiet(tree, tmp_path / "l", "lmdb", size=128)
+    ds = ShardDataset(tmp_path / "l")
+    assert report.count == len(ds) == 18
+    ref = ShardDataset(pack_quiet(tree, tmp_path / "n", "npy", size=128).out)
+    assert all(torch_equal(ds[i][0], ref[i][0]) for i in range(18))
+    payload = 18 * 128 * 128 * 3
+    assert payload < (tmp_path / "l" / "data.mdb").stat().st_size < 2 * payload
+
+
+def torch_equal(a, b):
+    import torch
+    return torch.equal(a, b)

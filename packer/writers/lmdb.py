@@ -22,11 +22,15 @@ def _pages(nbytes: int) -> int:
     return -(-(nbytes + 16) // PAGE) + 1  # overflow pages + share of a leaf/branch page
 
 
+def initial_map_size(n: int, sample_bytes: int) -> int:
+    """Bytes to map for n samples: whole overflow pages per value, 5% + 16 MB for the B-tree."""
+    return int(n * _pages(sample_bytes) * PAGE * 1.05) + (16 << 20)
+
+
 class LmdbWriter(Writer):
     def __init__(self, tmp, n, shape, labels, options):
         super().__init__(tmp, n, shape, labels, options)
-        sample = int(np.prod(self.shape))
-        self.map_size = max(1 << 24, int(n * _pages(sample) * PAGE * 1.05) + (16 << 20))
+        self.map_size = initial_map_size(n, int(np.prod(self.shape)))
         self.env = lmdb.open(str(self.tmp), subdir=True, map_size=self.map_size, sync=False,
                              metasync=False, readahead=False, meminit=False, max_dbs=0)
         self.txn = None
