@@ -8,9 +8,11 @@ import click
 
 from readers.manifest import FORMATS
 
+from .config import effective_settings, load_config
 from .imaging import DECODERS, RESIZE_MODES, Recipe
-from .run import Options, PackError, pack
+from .run import Options, PackError, default_out
 from .scan import ScanError
+from .splits import describe, make_plan, pack_plan
 
 
 def _parse_color(ctx, param, value):
@@ -22,9 +24,28 @@ def _parse_color(ctx, param, value):
         raise click.BadParameter(f"{value!r}: give R,G,B with each 0..255, e.g. 255,255,255") from None
 
 
+def _parse_labels(ctx, param, value):
+    """('val=FILE', 'FILE') -> {'val': 'FILE', None: 'FILE'}."""
+    out = {}
+    for item in value:
+        split, sep, file = item.rpartition("=")
+        key = split if sep and split else None
+        if key in out:
+            raise click.BadParameter(f"{item!r}: labels for {key or 'SRC'} given twice")
+        out[key] = file
+    return out
+
+
+def _parse_splits(ctx, param, value):
+    return [s.strip() for s in value.split(",") if s.strip()] if value else None
+
+
 def pack_options(f):
     options = [
         click.argument("src", type=click.Path(exists=True, file_okay=False)),
+        click.option("--config", type=click.Path(exists=True, dir_okay=False), is_eager=True,
+                     callback=load_config, expose_value=True,
+                     help="TOML preset of these options (see configs/); flags typed here win."),
         click.option("--format", "fmt", type=click.Choice(FORMATS), required=True, help="Output format."),
         click.option("--size", type=click.IntRange(1, 16384), required=True, help="Output side N in pixels."),
         click.option("-o", "--out", type=click.Path(), default=None,
@@ -47,29 +68,53 @@ def pack_options(f):
         click.option("--resume", is_flag=True, help="Continue an interrupted run into the same OUT."),
         click.option("--no-space-check", is_flag=True, help="Skip the free-space check."),
         click.option("--quiet", is_flag=True, help="No progress bar."),
+        click.option("--splits", callback=_parse_splits, default=None,
+                     help="Pack only these split folders, e.g. train,val [default: all found]."),
+        click.option("--no-splits", is_flag=True,
+                     help="Read SRC as one ImageFolder even if its folders are named train, val, ..."),
+        click.option("--labels", "labels", multiple=True, callback=_parse_labels, metavar="[SPLIT=]FILE",
+                     help="Labels of a flat folder: CSV/TSV with a header (file, label columns) or "
+                          "ILSVRC2012 devkit ground truth (needs --id-map). Repeatable."),
+        click.option("--id-map", type=click.Path(exists=True, dir_okay=False), default=None,
+                     help="Lines 'ILSVRC2012_ID wnid' (from the devkit's meta.mat) for devkit labels."),
+        click.option("--classes-from", type=click.Path(exists=True), default=None,
+                     help="Class list (indices) from a packed OUT or a text file, one class per line."),
+        click.option("--dry-run", is_flag=True, help="Print the plan and stop."),
     ]
     for option in reversed(options):
         f = option(f)
     return f
 
 
-def run_pack(src, fmt, size, out, workers, resize, shard_size, background, draft, decoder,
-             allow_truncated, strict, overwrite, resume, no_space_check, quiet):
-    """Shared body of ``pack-dataset`` and ``shardpack pack``."""
+def run_pack(src, config, fmt, size, out, workers, resize, shard_size, background, draft, decoder,
+             allow_truncated, strict, overwrite, resume, no_space_check, quiet, splits, no_splits,
+             labels, id_map, classes_from, dry_run):
+    """Shared body of ``pack-dataset`` and ``shardpack pack``: scan, print the plan, pack."""
+    settings = effective_settings(click.get_current_context())
     try:
         recipe = Recipe(size=size, resize=resize, background=background, draft=draft,
                         allow_truncated=allow_truncated, decoder=decoder)
         opts = Options(fmt=fmt, workers=workers, shard_size=shard_size, overwrite=overwrite,
                        resume=resume, strict=strict, space_check=not no_space_check, progress=not quiet)
-        report = pack(src, out, recipe, opts)
+        plan = make_plan(src, splits=splits, no_splits=no_splits, labels=labels, id_map=id_map,
+                         classes_from=classes_from)
+        click.echo(describe(plan, out or default_out(src, fmt, size), recipe, opts))
+        if dry_run:
+            return None
+        unmatched = [p for p in plan.parts if p.labels and (p.labels.missing or p.labels.unlisted)]
+        if strict and unmatched:
+            raise PackError(f"--strict: the labels of {unmatched[0].split or src} do not match its "
+                            "files (see the plan above); no output written")
+        reports = pack_plan(plan, out, recipe, opts, extra={"settings": settings})
     except (ScanError, PackError, ValueError, ImportError) as err:
         raise click.ClickException(str(err)) from None
     except KeyboardInterrupt:
         click.echo("\ninterrupted; progress is saved: rerun the same command with --resume to continue",
                    err=True)
         sys.exit(130)
-    click.echo(summary(report))
-    return report
+    for report in reports:
+        click.echo(summary(report))
+    return reports
 
 
 def summary(report) -> str:

@@ -217,14 +217,15 @@ def _library_versions() -> dict:
 
 
 def pack(src: str | os.PathLike, out: str | os.PathLike | None, recipe: Recipe, opts: Options,
-         listing: Listing | None = None) -> Report:
+         listing: Listing | None = None, extra: dict | None = None) -> Report:
     """Pack the ImageFolder tree ``src`` into ``out`` (see the README for the layout).
 
     Returns a Report. Raises ScanError for an unusable SRC and PackError when OUT exists (without
     ``overwrite``), an interrupted run exists (without ``resume``), space is short, ``strict`` meets
     a skipped file, the source vanishes (``max_io_errors`` consecutive I/O errors) or nothing is
     usable. OUT only ever appears complete: everything is written to a hidden partial directory
-    that is renamed into place last.
+    that is renamed into place last. ``listing`` replaces the scan of ``src`` (packer.splits
+    builds it); ``extra`` adds top-level manifest keys (e.g. "split", "settings").
     """
     if opts.fmt not in FORMATS:
         raise PackError(f"unknown format {opts.fmt!r}; choose one of {', '.join(FORMATS)}")
@@ -306,6 +307,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike | None, recipe: Recipe, 
                 "workers": workers, "host": socket.gethostname(),
                 "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "resumed_at": start or None},
     }
+    manifest.update(extra or {})
     shutil.rmtree(tmp / "run")
     (tmp / "plan.json").unlink()
     (tmp / "progress.json").unlink(missing_ok=True)

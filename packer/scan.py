@@ -39,11 +39,12 @@ class Listing:
         return len(self.paths)
 
 
-def find_classes(root: str | os.PathLike) -> tuple[list[str], dict[str, int]]:
+def find_classes(root: str | os.PathLike, splits_ok: bool = False) -> tuple[list[str], dict[str, int]]:
     """Sorted sub-directory names of ``root`` (hidden ones excluded) and their indices.
 
     Raises ScanError when root is not a directory, has no class folders, or has only split
-    folders (train/val/...), which would otherwise be packed as two "classes".
+    folders (train/val/...), which would otherwise be packed as two "classes" (unless
+    ``splits_ok``: ``pack-dataset --no-splits``; packer.splits packs such a root split by split).
     """
     root = Path(root)
     if not root.is_dir():
@@ -52,23 +53,23 @@ def find_classes(root: str | os.PathLike) -> tuple[list[str], dict[str, int]]:
         classes = sorted(e.name for e in it if e.is_dir() and not e.name.startswith("."))
     if not classes:
         raise ScanError(f"{root}: no class folders found (expected {root}/<class>/<image>)")
-    if all(c.lower() in SPLIT_NAMES for c in classes):
+    if not splits_ok and all(c.lower() in SPLIT_NAMES for c in classes):
         first = next((c for c in classes if c.lower() == "train"), classes[0])
         raise ScanError(
-            f"{root} holds split folders ({', '.join(classes)}), not classes; "
-            f"pack one split, e.g. {root / first}"
+            f"{root} holds split folders ({', '.join(classes)}), not classes; pack it with "
+            f"pack-dataset (each split into OUT/<split>/), or pack one split, e.g. {root / first}"
         )
     return classes, {c: i for i, c in enumerate(classes)}
 
 
-def scan(root: str | os.PathLike) -> Listing:
+def scan(root: str | os.PathLike, splits_ok: bool = False) -> Listing:
     """List the samples of the ImageFolder tree ``root`` in ImageFolder's order.
 
-    Only directory entries are read (no file is opened). Raises ScanError as find_classes does,
-    and when no image file is found at all.
+    Only directory entries are read (no file is opened). Raises ScanError as find_classes does
+    (``splits_ok`` passed on), and when no image file is found at all.
     """
     root = Path(root)
-    classes, class_to_idx = find_classes(root)
+    classes, class_to_idx = find_classes(root, splits_ok)
     paths: list[str] = []
     labels: list[int] = []
     ignored: list[str] = []

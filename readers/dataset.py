@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import Dataset
 
 from .formats import reader_for
-from .manifest import Index, load_manifest
+from .manifest import Index, load_manifest, split_root
 
 
 class ShardDataset(Dataset):
@@ -30,12 +30,18 @@ class ShardDataset(Dataset):
     process that reads and are dropped when the dataset is pickled, so DataLoader workers work
     under fork, spawn and forkserver.
 
+    ``path`` is an output directory; for a splits root (packed from SRC/train, SRC/val, ...) pass
+    ``split="val"`` or open ``path/val`` directly. All splits share one class list.
+
     Raises ShardFormatError (a ValueError) naming the path when the output is incomplete, of an
-    unknown version or damaged.
+    unknown version or damaged, when ``path`` is a splits root and ``split`` is missing or unknown
+    (the message lists the splits), and when ``split`` is given for a single dataset.
     """
 
-    def __init__(self, path: str | os.PathLike, transform=None, target_transform=None):
-        self.root = Path(path).expanduser()
+    def __init__(self, path: str | os.PathLike, transform=None, target_transform=None, *,
+                 split: str | None = None):
+        self.root = split_root(path, split)
+        self.split = split
         self.manifest = load_manifest(self.root)
         self.classes: list[str] = list(self.manifest["classes"])
         self.class_to_idx: dict[str, int] = dict(self.manifest["class_to_idx"])

@@ -13,6 +13,11 @@ An output OUT is a directory::
     OUT/skipped.json         files that could not be used, each with its path and reason
     OUT/<format data>        see readers/formats/<format>.py
 
+A dataset packed from split folders (SRC/train, SRC/val, ...) is a *splits root*: ``OUT/<split>/``
+is each a complete output as above, and ``OUT/manifest.json`` says ``"kind": "splits"`` and maps
+each split name to its folder (see SPLITS_KIND); all splits share one class list. It is written
+last too, so a splits root with that manifest has every split complete.
+
 Every column is a plain ``.npy`` opened with ``np.load(mmap_mode="r")``: a million-sample index
 opens in milliseconds and never becomes a Python list (no copy-on-read growth in workers).
 The packer writes everything under a hidden partial directory and renames it to OUT last, so a
@@ -53,6 +58,11 @@ HDF5_FILE = "images.h5"
 WDS_SHARD = "shard-{:06d}.tar"
 WDS_OFFSETS = "wds_offsets.npy"  # int64 (count, 2): shard number, byte offset of the pixel data
 
+# The top-level manifest of a splits root: {"kind": SPLITS_KIND, "format_version", "format",
+# "splits": {name: {"path": folder relative to OUT, "count": samples, ...}}, "classes",
+# "class_to_idx", "classes_from", "pixels", "settings", "run"}. A dataset manifest has no "kind".
+SPLITS_KIND = "splits"
+
 
 class ShardFormatError(ValueError):
     """An output directory that is missing, incomplete, of an unknown version or damaged."""
@@ -89,10 +99,9 @@ def load_manifest(root: str | os.PathLike) -> dict:
             f"{root}: no {MANIFEST}; this is not a complete shardpack output "
             "(a packing run writes it last)"
         )
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise ShardFormatError(f"{path}: unreadable manifest ({err})") from None
+    manifest = _read_json(path)
+    if manifest.get("kind") == SPLITS_KIND:
+        raise ShardFormatError(_splits_hint(root, manifest))
     version = manifest.get("format_version")
     if version != FORMAT_VERSION:
         raise ShardFormatError(
@@ -109,6 +118,58 @@ def load_manifest(root: str | os.PathLike) -> dict:
                 f"{f}: {f.stat().st_size} bytes, the manifest records {size}; the output is damaged"
             )
     return manifest
+
+
+def read_splits(root: str | os.PathLike) -> dict | None:
+    """The top-level manifest of the splits root ``root`` (see SPLITS_KIND), or None when root is
+    not one (a single dataset, or no manifest). Raises ShardFormatError for an unreadable
+    manifest or a split folder it lists that has no manifest of its own."""
+    root = Path(root).expanduser()
+    path = root / MANIFEST
+    if not path.is_file():
+        return None
+    top = _read_json(path)
+    if top.get("kind") != SPLITS_KIND:
+        return None
+    for name, entry in top.get("splits", {}).items():
+        if not (root / entry["path"] / MANIFEST).is_file():
+            raise ShardFormatError(f"{root}: split {name!r} ({entry['path']}/{MANIFEST}) is missing")
+    return top
+
+
+def split_root(root: str | os.PathLike, split: str | None = None) -> Path:
+    """The dataset directory for ``root`` and ``split``: ``root`` itself when split is None and
+    root is a single dataset, ``root/<split folder>`` when root is a splits root.
+
+    Raises ShardFormatError naming the splits when root is a splits root and split is None or
+    not one of them, and when split is given for a single dataset.
+    """
+    root = Path(root).expanduser()
+    top = read_splits(root)
+    if split is None:
+        if top is not None:
+            raise ShardFormatError(_splits_hint(root, top))
+        return root
+    if top is None:
+        load_manifest(root)  # raises its own clear error for a missing or incomplete root
+        raise ShardFormatError(f"{root} is a single dataset, not a splits root; open it without split=")
+    if split not in top["splits"]:
+        raise ShardFormatError(f"{root}: no split {split!r}; it holds {', '.join(top['splits'])}")
+    return root / top["splits"][split]["path"]
+
+
+def _splits_hint(root: Path, top: dict) -> str:
+    names = list(top.get("splits", {}))
+    first = names[0] if names else "train"
+    return (f"{root} holds the splits {', '.join(names)}, not one dataset: pass split=, e.g. "
+            f"ShardDataset({str(root)!r}, split={first!r}), or open {root / first}")
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ShardFormatError(f"{path}: unreadable manifest ({err})") from None
 
 
 def write_json_atomic(path: Path, obj) -> None:

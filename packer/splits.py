@@ -1,0 +1,311 @@
+"""Whole-dataset layouts on top of run.pack: split folders, flat folders with a labels file, the
+plan printed before packing, and the splits root (OUT/<split>/ plus a top-level manifest).
+
+A SRC whose sub-directories are all split names (scan.SPLIT_NAMES: train, val, valid, validation,
+test; any case) is packed split by split, each into a complete dataset ``OUT/<split>/`` with its own
+manifest, under one hidden ``.OUT.partial`` renamed to OUT when every split is done. One class list
+serves every split: ``--classes-from`` if given, else train's class folders (or, for a flat train,
+the sorted names in its labels), so an index means the same class in each split; a class in
+another split but not in that list is an error naming it, and a class absent from val keeps its
+index. A folder holding images but no class folders takes its labels from a file (packer.labels).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from readers.manifest import FORMAT_VERSION, MANIFEST, SKIPPED, SPLITS_KIND, partial_dir, write_json_atomic
+from readers.system import usable_cpus
+
+from .imaging import Recipe
+from .labels import LabelsReport, flat_listing, is_flat, read_classes
+from .run import Options, PackError, Report, _estimate_bytes, _replace, default_out, pack
+from .scan import SPLIT_NAMES, Listing, ScanError, find_classes, scan
+
+
+@dataclass
+class Part:
+    """One dataset to write: a split (``split`` None for a plain SRC), its samples and, for a flat
+    folder, where its labels came from."""
+
+    split: str | None
+    listing: Listing
+    labels: LabelsReport | None = None
+
+
+@dataclass
+class Plan:
+    """What a run will write: ``parts`` in packing order (train first), the shared class list and
+    where it came from."""
+
+    src: Path
+    parts: list[Part]
+    classes: list[str]
+    classes_from: str
+
+    @property
+    def is_splits(self) -> bool:
+        return self.parts[0].split is not None
+
+
+def find_splits(src: str | os.PathLike) -> list[str] | None:
+    """The split folder names of ``src`` in SPLIT_NAMES order when every non-hidden sub-directory
+    is one (any case), else None."""
+    with os.scandir(src) as it:
+        dirs = [e.name for e in it if e.is_dir() and not e.name.startswith(".")]
+    if not dirs or not all(d.lower() in SPLIT_NAMES for d in dirs):
+        return None
+    return sorted(dirs, key=lambda d: (SPLIT_NAMES.index(d.lower()), d))
+
+
+def make_plan(src: str | os.PathLike, *, splits: list[str] | None = None, no_splits: bool = False,
+              labels: dict[str | None, str] | None = None, id_map: str | None = None,
+              classes_from: str | None = None) -> Plan:
+    """Scan SRC into a Plan (no file is opened but labels files).
+
+    ``splits`` picks some of the split folders; ``no_splits`` reads SRC as one ImageFolder even if
+    its folders are named like splits. ``labels`` maps a split name (None: SRC itself, or the one
+    flat split) to a labels file; a flat split without one uses a file found beside it (see
+    find_labels_file). Raises ScanError (LabelsError) naming the folder, file or class at fault.
+    """
+    src = Path(src)
+    labels = dict(labels or {})
+    found = None if no_splits else find_splits(src)
+    if no_splits and (splits or any(k is not None for k in labels)):
+        raise ScanError("--no-splits reads SRC as one ImageFolder: it cannot go with --splits or "
+                        "--labels SPLIT=FILE")
+    if found is None:
+        if splits:
+            raise ScanError(f"--splits {','.join(splits)}: {src} has no split folders "
+                            f"({', '.join(SPLIT_NAMES)})")
+        named = [k for k in labels if k is not None]
+        if named:
+            raise ScanError(f"--labels {named[0]}=...: {src} has no split folders")
+        names: list[str | None] = [None]
+    else:
+        names = _pick(src, found, splits)
+        if None in labels:
+            flat = [s for s in names if is_flat(src / s)]
+            if len(flat) != 1:
+                raise ScanError(f"--labels FILE without a split name needs exactly one flat split "
+                                f"folder in {src}, found {len(flat)}; write --labels SPLIT=FILE")
+            labels[flat[0]] = labels.pop(None)
+        unknown = [k for k in labels if k not in names]
+        if unknown:
+            raise ScanError(f"--labels {unknown[0]}=...: not a split being packed ({', '.join(names)})")
+
+    classes, origin = None, None
+    if classes_from:
+        classes, origin = read_classes(classes_from), f"--classes-from {classes_from}"
+    elif found is not None:
+        train = next((s for s in found if s.lower() == "train"), None)
+        if train is not None and not is_flat(src / train):
+            classes, origin = find_classes(src / train, splits_ok=True)[0], f"{train}/ class folders"
+    parts = []
+    for name in names:
+        folder = src if name is None else src / name
+        report = None
+        if is_flat(folder):
+            file, was_found = labels.get(name), False
+            if file is None:
+                file, was_found = find_labels_file(src, name), True
+            if file is None:
+                flag = f"--labels {name}=FILE" if name else "--labels FILE"
+                raise ScanError(f"{folder} holds images but no class folders; give their labels "
+                                f"with {flag} (CSV/TSV or ILSVRC2012 devkit ground truth)")
+            listing, report = flat_listing(folder, file, classes, id_map, origin or "its labels")
+            report.found = was_found
+            if classes is None:
+                classes, origin = listing.classes, f"the labels in {file}"
+        else:
+            if name in labels:
+                raise ScanError(f"--labels {name}=...: {folder} has class folders, which give its "
+                                "labels; --labels is for flat folders")
+            listing = scan(folder, splits_ok=True)
+            if classes is None:
+                classes, origin = listing.classes, ("class folders" if name is None
+                                                    else f"{name}/ class folders")
+            else:
+                listing = relabel(listing, classes, origin)
+        parts.append(Part(name, listing, report))
+    return Plan(src, parts, classes, origin)
+
+
+def _pick(src: Path, found: list[str], wanted: list[str] | None) -> list[str]:
+    if not wanted:
+        return found
+    by_lower = {f.lower(): f for f in found}
+    missing = [w for w in wanted if w not in found and w.lower() not in by_lower]
+    if missing:
+        raise ScanError(f"--splits: {src} has no split {', '.join(missing)} (it has {', '.join(found)})")
+    picked = {w if w in found else by_lower[w.lower()] for w in wanted}
+    return [f for f in found if f in picked]
+
+
+def relabel(listing: Listing, classes: list[str], origin: str) -> Listing:
+    """``listing`` with its labels re-indexed into ``classes``. Raises ScanError naming the
+    classes of ``listing`` that ``classes`` lacks."""
+    idx = {c: i for i, c in enumerate(classes)}
+    extra = [c for c in listing.classes if c not in idx]
+    if extra:
+        raise ScanError(f"{listing.root}: classes not in the class list of {origin}: "
+                        f"{', '.join(extra[:10])}" + (f" and {len(extra) - 10} more" if len(extra) > 10 else ""))
+    lut = np.asarray([idx[c] for c in listing.classes], np.int64)
+    return replace(listing, classes=list(classes), class_to_idx=idx, labels=lut[listing.labels])
+
+
+def find_labels_file(src: Path, split: str | None) -> Path | None:
+    """A labels file for a flat folder when exactly one of the usual names exists: for split S,
+    SRC/LOC_S_solution.csv (Kaggle), SRC/S.csv|tsv, SRC/S_labels.csv|tsv, SRC/S/labels.csv|tsv;
+    for a flat SRC, SRC/labels.csv|tsv. Raises ScanError when several exist."""
+    if split is None:
+        names = [src / "labels.csv", src / "labels.tsv"]
+    else:
+        names = [src / f"LOC_{split}_solution.csv"] + [
+            p for ext in ("csv", "tsv") for p in (src / f"{split}.{ext}", src / f"{split}_labels.{ext}",
+                                                  src / split / f"labels.{ext}")]
+    hits = [p for p in names if p.is_file()]
+    if len(hits) > 1:
+        raise ScanError(f"several labels files for {src / split if split else src}: "
+                        f"{', '.join(map(str, hits))}; pick one with --labels")
+    return hits[0] if hits else None
+
+
+# ---------------------------------------------------------------- the plan, in words
+
+def describe(plan: Plan, out: Path, recipe: Recipe, opts: Options) -> str:
+    """The plan as printed before decoding: splits, classes, images per split, labels reports,
+    output size estimate, free space, workers."""
+    cls = plan.classes
+    shown = ", ".join(cls[:3]) + (f", ..., {cls[-1]}" if len(cls) > 4 else "".join(f", {c}" for c in cls[3:]))
+    lines = [f"plan: {plan.src} -> {out}",
+             ("  splits: " + ", ".join(p.split for p in plan.parts)) if plan.is_splits
+             else "  one dataset (no split folders)",
+             f"  classes: {len(cls)} from {plan.classes_from}: {shown}"]
+    total = 0
+    for part in plan.parts:
+        n = len(part.listing)
+        total += n
+        present = len(np.unique(part.listing.labels))
+        lines.append(f"  {part.split or 'images'}: {n} images in {present} classes"
+                     + (f" ({len(cls) - present} of the classes have none)" if present < len(cls) else ""))
+        if part.labels:
+            r = part.labels
+            lines.append(f"    labels: {r.file} ({r.format}{', found beside SRC' if r.found else ''})")
+            for what, names in (("listed but missing", r.missing), ("present but unlisted, not packed", r.unlisted)):
+                if names:
+                    lines.append(f"    {len(names)} {what}: {', '.join(names[:10])}"
+                                 + (f" and {len(names) - 10} more" if len(names) > 10 else ""))
+    need = _estimate_bytes(total, recipe)
+    lines.append(f"  output: about {_gb(need)} for {total} images ({opts.fmt}, "
+                 f"{recipe.size}x{recipe.size}x3 uint8, {recipe.resize})")
+    lines.append(f"  free space: {_gb(_free(out))} at {_existing(out)}")
+    lines.append(f"  workers: {max(1, opts.workers or usable_cpus())}")
+    return "\n".join(lines)
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def _existing(path: Path) -> Path:
+    path = Path(path).absolute()
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def _free(path: Path) -> int:
+    return shutil.disk_usage(_existing(path)).free
+
+
+# ---------------------------------------------------------------- the run
+
+def pack_plan(plan: Plan, out: str | os.PathLike | None, recipe: Recipe, opts: Options,
+              extra: dict | None = None) -> list[Report]:
+    """Write ``plan``: one dataset at OUT, or a splits root OUT/<split>/ (see the module docstring).
+
+    ``extra`` adds manifest keys (e.g. "settings") to every dataset manifest and the top-level
+    one. Returns one Report per part. Raises PackError as run.pack does (OUT exists without
+    overwrite, an interrupted run without resume, space short, ...), and on ``resume`` when the
+    plan changed since the interrupted run.
+    """
+    extra = dict(extra or {})
+    if not plan.is_splits:
+        part = plan.parts[0]
+        more = {"labels": part.labels.describe()} if part.labels else {}
+        return [pack(plan.src, out, recipe, opts, listing=part.listing, extra={**extra, **more})]
+    out = (Path(out).expanduser() if out else default_out(plan.src, opts.fmt, recipe.size)).absolute()
+    tmp = partial_dir(out)
+    if out.exists() and not opts.overwrite and not opts.resume:
+        raise PackError(f"{out} already exists; pass --overwrite to replace it")
+    state = {"format": opts.fmt, "recipe": recipe.describe(), "shard_size": opts.shard_size,
+             "splits": {p.split: len(p.listing) for p in plan.parts}, "classes": plan.classes}
+    if tmp.exists():
+        if opts.resume:
+            _check_resume(tmp, state)
+        elif opts.overwrite:
+            shutil.rmtree(tmp)
+        else:
+            raise PackError(f"an interrupted run left {tmp}; pass --resume to continue it "
+                            "or --overwrite to start over")
+    elif opts.resume:
+        raise PackError(f"--resume: no interrupted run to resume at {tmp}")
+    if opts.space_check and not tmp.exists():
+        need = _estimate_bytes(sum(len(p.listing) for p in plan.parts), recipe)
+        if need > _free(out):
+            raise PackError(f"{_existing(out)}: about {need / 1e9:.2f} GB needed but only "
+                            f"{_free(out) / 1e9:.2f} GB free; free space or pass --no-space-check")
+    tmp.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(tmp / "plan.json", state)
+    t0 = time.perf_counter()
+    reports = []
+    for part in plan.parts:
+        d = tmp / part.split
+        more = {"split": part.split, **({"labels": part.labels.describe()} if part.labels else {})}
+        if (d / MANIFEST).is_file():  # finished before the interruption
+            reports.append(_report_of(d))
+            continue
+        sub = replace(opts, overwrite=False, resume=partial_dir(d).exists(), space_check=False)
+        reports.append(pack(plan.src / part.split, d, recipe, sub, listing=part.listing,
+                            extra={**extra, **more}))
+    top = {"kind": SPLITS_KIND, "format_version": FORMAT_VERSION, "format": opts.fmt,
+           "splits": {p.split: {"path": p.split, "count": r.count, "scanned": r.scanned,
+                                **({"labels": p.labels.describe()} if p.labels else {})}
+                      for p, r in zip(plan.parts, reports)},
+           "classes": plan.classes, "class_to_idx": {c: i for i, c in enumerate(plan.classes)},
+           "classes_from": plan.classes_from, "pixels": recipe.describe(), **extra,
+           "run": {"source_root": str(plan.src.absolute()), "seconds": round(time.perf_counter() - t0, 3),
+                   "host": socket.gethostname(), "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}}
+    (tmp / "plan.json").unlink()
+    write_json_atomic(tmp / MANIFEST, top)  # last: its presence means every split is complete
+    _replace(tmp, out)
+    for r in reports:
+        r.out = out / r.out.name
+    return reports
+
+
+def _check_resume(tmp: Path, state: dict) -> None:
+    try:
+        old = json.loads((tmp / "plan.json").read_text())
+    except (OSError, ValueError) as err:
+        raise PackError(f"{tmp}: cannot resume, its state is unreadable ({err}); start over with --overwrite") from None
+    diffs = [k for k in state if old.get(k) != state[k]]
+    if diffs:
+        raise PackError(f"--resume refused: {', '.join(diffs)} changed since the interrupted run in {tmp}")
+
+
+def _report_of(d: Path) -> Report:
+    m = json.loads((d / MANIFEST).read_text())
+    rows = json.loads((d / SKIPPED).read_text())
+    return Report(d, m["count"], m["scanned"], [r for r in rows if r["kind"] != "not-an-image"],
+                  [r["path"] for r in rows if r["kind"] == "not-an-image"], len(m["classes"]),
+                  sum(f.stat().st_size for f in d.rglob("*") if f.is_file()), 0.0, m["run"]["workers"])
