@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
@@ -98,7 +99,7 @@ def run_pack(src, config, fmt, size, out, workers, resize, shard_size, backgroun
                        resume=resume, strict=strict, space_check=not no_space_check, progress=not quiet)
         plan = make_plan(src, splits=splits, no_splits=no_splits, labels=labels, id_map=id_map,
                          classes_from=classes_from)
-        click.echo(describe(plan, out or default_out(src, fmt, size), recipe, opts))
+        click.echo(describe(plan, Path(out).expanduser() if out else default_out(src, fmt, size), recipe, opts))
         if dry_run:
             return None
         unmatched = [p for p in plan.parts if p.labels and (p.labels.missing or p.labels.unlisted)]

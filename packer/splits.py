@@ -98,17 +98,21 @@ def make_plan(src: str | os.PathLike, *, splits: list[str] | None = None, no_spl
                 raise ScanError(f"--labels FILE without a split name needs exactly one flat split "
                                 f"folder in {src}, found {len(flat)}; write --labels SPLIT=FILE")
             labels[flat[0]] = labels.pop(None)
-        unknown = [k for k in labels if k not in names]
+        unknown = [k for k in labels if k not in names and k != train]
         if unknown:
             raise ScanError(f"--labels {unknown[0]}=...: not a split being packed ({', '.join(names)})")
 
     classes, origin = None, None
+    train = next((s for s in found or [] if s.lower() == "train"), None)
     if classes_from:
         classes, origin = read_classes(classes_from), f"--classes-from {classes_from}"
-    elif found is not None:
-        train = next((s for s in found if s.lower() == "train"), None)
-        if train is not None and not is_flat(src / train):
-            classes, origin = find_classes(src / train, splits_ok=True)[0], f"{train}/ class folders"
+    elif train is not None and not is_flat(src / train):
+        classes, origin = find_classes(src / train, splits_ok=True)[0], f"{train}/ class folders"
+    elif train is not None:  # flat train: the sorted class names in its labels file
+        file = labels.get(train) or find_labels_file(src, train)
+        if file is not None:
+            classes = flat_listing(src / train, file, None, id_map)[0].classes
+            origin = f"the labels in {file}"
     parts = []
     for name in names:
         folder = src if name is None else src / name

@@ -131,17 +131,6 @@ def test_pack_api_refuses_existing_out(tree, tmp_path):
         pack_quiet(tree, tmp_path / "o", "lmdb", size=8)
 
 
-def test_split_root_is_refused_by_the_cli(tmp_path):
-    from conftest import make_tree
-    make_tree(tmp_path / "imagenet" / "train", {"a": 1})
-    make_tree(tmp_path / "imagenet" / "val", {"a": 1})
-    result = CliRunner().invoke(pack_dataset, [str(tmp_path / "imagenet"), "--format", "npy", "--size", "8",
-                                               "-o", str(tmp_path / "o")])
-    assert result.exit_code != 0
-    assert "imagenet/train" in result.output
-    assert not (tmp_path / "o").exists()
-
-
 def test_lmdb_map_grows_instead_of_map_full(tree, tmp_path, monkeypatch):
     """known-faults 'LMDB write / map size': an estimate that is far too small must not end in
     MDB_MAP_FULL; the map grows and data.mdb stays close to the payload."""

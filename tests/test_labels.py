@@ -1,0 +1,112 @@
+"""Labels files for flat folders: CSV/TSV, ILSVRC2012 devkit ground truth with an id map, class lists."""
+
+import pytest
+
+from conftest import noise_image
+from packer.labels import LabelsError, flat_listing, read_classes, read_id_map
+
+CLASSES = ["n01", "n02", "n03"]
+
+
+@pytest.fixture
+def flat(tmp_path):
+    d = tmp_path / "val"
+    d.mkdir()
+    for k in range(1, 5):
+        noise_image(16, 16, k).save(d / f"ILSVRC2012_val_{k:08d}.JPEG")
+    (d / "notes.txt").write_text("x")
+    return d
+
+
+def test_csv_with_wnids_and_tsv_with_indices(flat, tmp_path):
+    csv = tmp_path / "l.csv"
+    csv.write_text('Name,Class\n"ILSVRC2012_val_00000002.JPEG",n03\nILSVRC2012_val_00000001.JPEG,n01\n'
+                   "ILSVRC2012_val_00000004.JPEG,n03\n")
+    listing, report = flat_listing(flat, csv, CLASSES)
+    assert listing.paths == ["ILSVRC2012_val_00000001.JPEG", "ILSVRC2012_val_00000002.JPEG",
+                             "ILSVRC2012_val_00000004.JPEG"]
+    assert listing.labels.tolist() == [0, 2, 2] and listing.classes == CLASSES
+    assert report.format == "csv" and report.missing == []
+    assert report.unlisted == ["ILSVRC2012_val_00000003.JPEG"] and listing.ignored == ["notes.txt"]
+
+    tsv = tmp_path / "l.tsv"
+    tsv.write_text("image_id\tlabel\n" + "".join(f"ILSVRC2012_val_{k:08d}\t{k % 3}\n" for k in range(1, 6)))
+    listing, report = flat_listing(flat, tsv, CLASSES)
+    assert report.format == "tsv" and listing.labels.tolist() == [1, 2, 0, 1]
+    assert report.missing == ["ILSVRC2012_val_00000005"] and report.unlisted == []
+
+
+def test_without_a_class_list_names_are_sorted_and_indices_refused(flat, tmp_path):
+    f = tmp_path / "l.csv"
+    f.write_text("file,wnid\n" + "".join(f"ILSVRC2012_val_{k:08d}.JPEG,{w}\n" for k, w in
+                                          zip(range(1, 5), ["zz", "aa", "zz", "mm"])))
+    listing, _ = flat_listing(flat, f, None)
+    assert listing.classes == ["aa", "mm", "zz"] and listing.labels.tolist() == [2, 0, 2, 1]
+    f.write_text("file,label\nILSVRC2012_val_00000001.JPEG,4\n")
+    with pytest.raises(LabelsError, match="need a class list"):
+        flat_listing(flat, f, None)
+
+
+def test_bad_labels_are_named(flat, tmp_path):
+    f = tmp_path / "l.csv"
+    f.write_text("a,b\nx,y\n")
+    with pytest.raises(LabelsError, match=r"l\.csv: header 'a,b' needs a file column"):
+        flat_listing(flat, f, CLASSES)
+    f.write_text("file,label\nILSVRC2012_val_00000001.JPEG,n01\nILSVRC2012_val_00000002.JPEG,n77\n")
+    with pytest.raises(LabelsError, match=r"not in the class list of train: n77"):
+        flat_listing(flat, f, CLASSES)
+    f.write_text("file,label\nILSVRC2012_val_00000001.JPEG,3\n")
+    with pytest.raises(LabelsError, match=r"label 3 of ILSVRC2012_val_00000001.JPEG is outside 0..2"):
+        flat_listing(flat, f, CLASSES)
+    f.write_text("file,label\nILSVRC2012_val_00000001.JPEG,n01\nILSVRC2012_val_00000001,n02\n")
+    with pytest.raises(LabelsError, match="labelled twice"):
+        flat_listing(flat, f, CLASSES)
+    f.write_text("file,label\nother.JPEG,n01\n")
+    with pytest.raises(LabelsError, match="none of its 1 entries names a file"):
+        flat_listing(flat, f, CLASSES)
+
+
+def test_devkit_ground_truth_needs_the_id_map(flat, tmp_path):
+    gt = tmp_path / "ILSVRC2012_validation_ground_truth.txt"
+    gt.write_text("2\n3\n1\n3\n")
+    with pytest.raises(LabelsError, match=r"ILSVRC2012_IDs, not class indices; pass --id-map"):
+        flat_listing(flat, gt, CLASSES)
+    # devkit IDs follow meta.mat, not sorted wnids: here ID 1 is n03, 2 is n01, 3 is n02
+    id_map = tmp_path / "map.txt"
+    id_map.write_text("ILSVRC2012_ID WNID words\n1 n03 kit fox\n2 n01 tench\n3 n02 goldfish\n")
+    assert read_id_map(id_map) == {1: "n03", 2: "n01", 3: "n02"}
+    listing, report = flat_listing(flat, gt, CLASSES, id_map)
+    assert report.format == "ilsvrc2012-devkit"
+    assert listing.labels.tolist() == [0, 1, 2, 1]  # n01 n02 n03 n02
+    gt.write_text("2\n3\n1\n3\n2\n")  # line 5 names ILSVRC2012_val_00000005, absent here
+    listing, report = flat_listing(flat, gt, CLASSES, id_map)
+    assert report.missing == ["ILSVRC2012_val_00000005.JPEG"] and len(listing) == 4
+    gt.write_text("2\n9\n")
+    with pytest.raises(LabelsError, match=r"IDs \[9\] are not in the --id-map"):
+        flat_listing(flat, gt, CLASSES, id_map)
+
+
+def test_devkit_order_for_other_names_is_positional(tmp_path):
+    d = tmp_path / "flat"
+    d.mkdir()
+    for name in ("b.png", "a.png"):
+        noise_image(8, 8, 1).save(d / name)
+    gt, id_map = tmp_path / "gt.txt", tmp_path / "map.txt"
+    gt.write_text("1\n2\n")
+    id_map.write_text("1 n02\n2 n01\n")
+    listing, _ = flat_listing(d, gt, ["n01", "n02"], id_map)
+    assert listing.paths == ["a.png", "b.png"] and listing.labels.tolist() == [1, 0]
+    gt.write_text("1\n")
+    with pytest.raises(LabelsError, match="1 labels for 2 images"):
+        flat_listing(d, gt, ["n01", "n02"], id_map)
+
+
+def test_read_classes_from_text_files(tmp_path):
+    f = tmp_path / "c.txt"
+    f.write_text("n03\n# comment\nn01 tench\n\nn02\n")
+    assert read_classes(f) == ["n03", "n01", "n02"]
+    f.write_text("index,wnid,name\n0,n05,x\n1,n04,y\n")
+    assert read_classes(f) == ["n05", "n04"]
+    f.write_text("a\nb\na\n")
+    with pytest.raises(LabelsError, match="listed twice: a"):
+        read_classes(f)
