@@ -1,7 +1,10 @@
-"""shardpack packer: ImageFolder tree -> pre-resized uint8 shards. Public API: ``pack``."""
+"""shardpack packer: ImageFolder tree -> pre-resized uint8 shards. Public API: ``pack`` (one
+ImageFolder tree), ``make_plan`` + ``pack_plan`` (split folders, flat folders with labels files)."""
 
 from .imaging import Recipe
 from .run import Options, PackError, Report, pack
 from .scan import ScanError, scan
+from .splits import Plan, make_plan, pack_plan
 
-__all__ = ["pack", "Recipe", "Options", "Report", "PackError", "ScanError", "scan"]
+__all__ = ["pack", "Recipe", "Options", "Report", "PackError", "ScanError", "scan",
+           "Plan", "make_plan", "pack_plan"]

@@ -2,11 +2,11 @@
 ``packer``. ``ShardDataset`` (and with it torch) is imported on first use, so the packer's decode
 workers, which only need the format definitions, start without loading torch."""
 
-from .manifest import FORMAT_VERSION, FORMATS, ShardFormatError, load_manifest
+from .manifest import FORMAT_VERSION, FORMATS, ShardFormatError, load_manifest, read_splits, split_root
 from .system import usable_cpus
 
-__all__ = ["ShardDataset", "ShardFormatError", "load_manifest", "usable_cpus", "FORMATS",
-           "FORMAT_VERSION"]
+__all__ = ["ShardDataset", "ShardFormatError", "load_manifest", "read_splits", "split_root",
+           "usable_cpus", "FORMATS", "FORMAT_VERSION"]
 
 
 def __getattr__(name):

@@ -8,11 +8,10 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-
 import packer.splits
 from conftest import IMAGENET_SAMPLE, make_tree, need_shared, noise_image
 from helpers import all_samples, pack_quiet
-from packer import Options, Recipe
+from packer import Options, PackError, Recipe
 from packer.cli import pack_dataset
 from packer.scan import ScanError
 from packer.splits import make_plan, pack_plan
@@ -215,9 +214,9 @@ def test_interrupted_splits_run_resumes_without_redoing_finished_splits(tmp_path
     assert not out.exists() and (tmp_path / ".o.partial" / "train" / "manifest.json").is_file()
     train_mtime = (tmp_path / ".o.partial" / "train" / "manifest.json").stat().st_mtime_ns
     monkeypatch.setattr(packer.splits, "pack", real)
-    with pytest.raises(packer.run.PackError, match="interrupted run"):
+    with pytest.raises(PackError, match="interrupted run"):
         pack_plan(plan, out, Recipe(size=8), Options(fmt="lmdb", workers=1, progress=False))
-    with pytest.raises(packer.run.PackError, match="resume refused: recipe"):
+    with pytest.raises(PackError, match="resume refused: recipe"):
         pack_plan(plan, out, Recipe(size=9), Options(fmt="lmdb", workers=1, progress=False, resume=True))
     reports = pack_plan(plan, out, Recipe(size=8), Options(fmt="lmdb", workers=1, progress=False, resume=True))
     assert [r.count for r in reports] == [4, 2] and [r.out for r in reports] == [out / "train", out / "val"]
