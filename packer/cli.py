@@ -164,10 +164,11 @@ def demo(workdir, fmt):
 @click.argument("out", type=click.Path(exists=True, file_okay=False))
 def info(out):
     """Describe the packed output OUT: count, classes, shape, size, how the pixels were made."""
-    from readers.manifest import ShardFormatError
+    from readers.manifest import ShardFormatError, dataset_dirs
     from readers.verify import describe
     try:
-        click.echo(describe(out))
+        for split, root in dataset_dirs(out):  # a splits root: each split in turn
+            click.echo(describe(root) if split is None else f"split {split}: {describe(root)}")
     except ShardFormatError as err:
         raise click.ClickException(str(err)) from None
 
@@ -179,15 +180,20 @@ def verify(out, quiet):
     """Reread every sample of OUT and compare it with the checksums written at pack time.
 
     Exit status 1 when any sample differs, naming each by index and source path."""
-    from readers.manifest import ShardFormatError
+    from readers.manifest import ShardFormatError, dataset_dirs
     from readers.verify import verify as run_verify
-    try:
-        result = run_verify(out, progress=not quiet)
-    except ShardFormatError as err:
-        raise click.ClickException(str(err)) from None
-    for m in result.mismatches:
-        click.echo(f"MISMATCH sample {m.index} ({m.path}): {m.problem}")
-    if not result.ok:
-        click.echo(f"{out}: {len(result.mismatches)} of {result.count} samples differ", err=True)
+    failed = False
+    for _, root in dataset_dirs(out):  # a splits root: every split
+        try:
+            result = run_verify(root, progress=not quiet)
+        except ShardFormatError as err:
+            raise click.ClickException(str(err)) from None
+        for m in result.mismatches:
+            click.echo(f"MISMATCH sample {m.index} ({m.path}): {m.problem}")
+        if not result.ok:
+            click.echo(f"{root}: {len(result.mismatches)} of {result.count} samples differ", err=True)
+            failed = True
+        else:
+            click.echo(f"{root}: all {result.count} samples match their checksums")
+    if failed:
         sys.exit(1)
-    click.echo(f"{out}: all {result.count} samples match their checksums")

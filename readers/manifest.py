@@ -158,6 +158,17 @@ def split_root(root: str | os.PathLike, split: str | None = None) -> Path:
     return root / top["splits"][split]["path"]
 
 
+def dataset_dirs(root: str | os.PathLike) -> list[tuple[str | None, Path]]:
+    """``[(split name, dataset directory)]`` of a splits root, or ``[(None, root)]`` for anything
+    else (a single dataset, or a directory load_manifest will then explain). For commands that
+    accept OUT or OUT/<split> (info, verify)."""
+    root = Path(root).expanduser()
+    top = read_splits(root)
+    if top is None:
+        return [(None, root)]
+    return [(name, root / entry["path"]) for name, entry in top["splits"].items()]
+
+
 def _splits_hint(root: Path, top: dict) -> str:
     names = list(top.get("splits", {}))
     first = names[0] if names else "train"

@@ -283,3 +283,30 @@ def test_flat_train_gives_the_class_list_and_labels_without_split_name(tmp_path)
     (tmp_path / "v.csv").write_text("file,label\nv1.png,alpha\nv2.png,omega\n")
     with pytest.raises(ScanError, match="not in the class list of the labels in .*train.csv: omega"):
         make_plan(src, labels={"val": str(tmp_path / "v.csv")})
+
+
+def test_info_and_verify_accept_a_splits_root_or_one_split(tmp_path):
+    from packer.cli import main
+    src = tmp_path / "ds"
+    make_tree(src / "train", {"a": 2, "b": 1})
+    make_tree(src / "val", {"b": 2}, seed=4)
+    out = tmp_path / "o"
+    assert run_cli(src, "--format", "npy", "--size", "8", "--quiet", "-o", out).exit_code == 0
+    runner = CliRunner()
+    result = runner.invoke(main, ["info", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"split train: {out / 'train'}" in result.output and f"split val: {out / 'val'}" in result.output
+    assert "samples     2 of 2 files scanned" in result.output
+    result = runner.invoke(main, ["verify", "--quiet", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"{out / 'train'}: all 3 samples match" in result.output
+    assert f"{out / 'val'}: all 2 samples match" in result.output
+    images = out / "val" / "images.npy"
+    data = bytearray(images.read_bytes())
+    data[-1] ^= 0xFF  # last pixel byte of the last val sample
+    images.write_bytes(bytes(data))
+    result = runner.invoke(main, ["verify", "--quiet", str(out)])
+    assert result.exit_code == 1
+    assert "MISMATCH sample 1 (b/img001.jpg): pixel checksum differs" in result.output
+    result = runner.invoke(main, ["verify", "--quiet", str(out / "train")])
+    assert result.exit_code == 0 and "all 3 samples match" in result.output
