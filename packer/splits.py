@@ -79,6 +79,7 @@ def make_plan(src: str | os.PathLike, *, splits: list[str] | None = None, no_spl
     src = Path(src)
     labels = dict(labels or {})
     found = None if no_splits else find_splits(src)
+    train = next((s for s in found or [] if s.lower() == "train"), None)
     if no_splits and (splits or any(k is not None for k in labels)):
         raise ScanError("--no-splits reads SRC as one ImageFolder: it cannot go with --splits or "
                         "--labels SPLIT=FILE")
@@ -103,7 +104,6 @@ def make_plan(src: str | os.PathLike, *, splits: list[str] | None = None, no_spl
             raise ScanError(f"--labels {unknown[0]}=...: not a split being packed ({', '.join(names)})")
 
     classes, origin = None, None
-    train = next((s for s in found or [] if s.lower() == "train"), None)
     if classes_from:
         classes, origin = read_classes(classes_from), f"--classes-from {classes_from}"
     elif train is not None and not is_flat(src / train):

@@ -91,6 +91,8 @@ def test_splits_option_and_no_splits(tmp_path):
 
     result = run_cli(src, "--format", "npy", "--size", "8", "--no-splits", "--splits", "train")
     assert result.exit_code != 0 and "--no-splits" in result.output
+    result = run_cli(src, "--format", "npy", "--size", "8", "--splits", "val", "--labels", "test=x.csv")
+    assert result.exit_code != 0 and "--labels test=...: not a split being packed (Val)" in result.output
     result = run_cli(src, "--format", "npy", "--size", "8", "--splits", "test")
     assert result.exit_code != 0 and "no split test" in result.output and "train, Val" in result.output
     result = run_cli(src / "train", "--format", "npy", "--size", "8", "--splits", "train")
