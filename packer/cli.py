@@ -29,8 +29,9 @@ def _parse_labels(ctx, param, value):
     """('val=FILE', 'FILE') -> {'val': 'FILE', None: 'FILE'}."""
     out = {}
     for item in value:
-        split, sep, file = item.rpartition("=")
-        key = split if sep and split else None
+        split, sep, file = item.partition("=")
+        key = split if sep and split and "/" not in split and not Path(item).exists() else None
+        file = file if key else item
         if key in out:
             raise click.BadParameter(f"{item!r}: labels for {key or 'SRC'} given twice")
         out[key] = file

@@ -141,6 +141,10 @@ def test_flat_folder_without_labels_and_explicit_labels_option(tmp_path):
                      "-o", tmp_path / "o")
     assert result.exit_code == 0, result.output
     assert ShardDataset(tmp_path / "o", split="val").targets.tolist() == [1, 0]
+    odd = tmp_path / "a=b.tsv"  # a file name with '=' is a file, not SPLIT=FILE; the one flat split
+    odd.write_text("file\tlabel\nx.jpg\tb\ny.jpg\tb\n")
+    result = run_cli(src, "--format", "npy", "--size", "8", "--labels", odd, "--dry-run")
+    assert result.exit_code == 0 and "val: 2 images in 1 classes" in result.output, result.output
     result = run_cli(src, "--format", "npy", "--size", "8", "--labels", f"train={labels}", "--dry-run")
     assert result.exit_code != 0 and "has class folders" in result.output
 
@@ -263,6 +267,10 @@ def test_real_imagenet_sample_train_links_and_flat_val_with_csv(tmp_path):
         assert train.targets[j] == val.targets[i]
         assert train.index.checksums[j] == val.index.checksums[i]
         assert np.array_equal(train[j][0].numpy(), val[i][0].numpy())
+    # the sample's own classes.tsv (index, wnid, name, in_subset) gives all 1000 ImageNet indices
+    plan = make_plan(src, classes_from=str(sample.parent / "classes.tsv"))
+    assert len(plan.classes) == 1000 and set(wnids) <= set(plan.classes)
+    assert [plan.classes[k] for k in plan.parts[1].listing.labels] == [by_name[n] for n in names]
 
 
 def test_flat_train_gives_the_class_list_and_labels_without_split_name(tmp_path):
