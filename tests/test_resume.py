@@ -51,7 +51,7 @@ def done_fraction(out, n):
     status = partial_dir(out) / "run" / "status.npy"
     try:
         return np.count_nonzero(np.load(status, mmap_mode="r")) / n
-    except (OSError, ValueError):
+    except (OSError, ValueError, EOFError):  # not created yet, or created but still empty
         return 0.0
 
 
