@@ -69,3 +69,33 @@ def pad(img: Image.Image, size: int, fill=(255, 255, 255)) -> np.ndarray:
     top, left = (size - new_h) // 2, (size - new_w) // 2
     out[top:top + new_h, left:left + new_w] = small
     return out
+
+
+def random_resized_crop_params(height: int, width: int, generator, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
+    """torchvision RandomResizedCrop.get_params, from its documented definition: up to 10 tries
+    of an area fraction uniform in ``scale`` and a log-uniform aspect ratio in ``ratio``, sides
+    rounded, kept if inside the image, position uniform; else a central crop with the ratio
+    clamped. Random numbers from ``generator`` in torchvision's order. Returns (top, left, h, w)."""
+    import math
+
+    import torch
+
+    area = height * width
+    lo, hi = math.log(ratio[0]), math.log(ratio[1])
+    for _ in range(10):
+        target = area * torch.empty(1).uniform_(scale[0], scale[1], generator=generator).item()
+        aspect = math.exp(torch.empty(1).uniform_(lo, hi, generator=generator).item())
+        w = int(round(math.sqrt(target * aspect)))
+        h = int(round(math.sqrt(target / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            top = int(torch.randint(0, height - h + 1, size=(1,), generator=generator))
+            left = int(torch.randint(0, width - w + 1, size=(1,), generator=generator))
+            return top, left, h, w
+    in_ratio = width / height
+    if in_ratio < min(ratio):
+        w, h = width, int(round(width / min(ratio)))
+    elif in_ratio > max(ratio):
+        h, w = height, int(round(height * max(ratio)))
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
