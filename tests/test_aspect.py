@@ -216,3 +216,25 @@ def test_interrupted_variable_run_resumes_to_the_same_bytes(tree, tmp_path, monk
     data = {"npy": "images.npy", "hdf5": "images.h5", "wds": "shard-000000.tar", "lmdb": None}[fmt]
     if data:
         assert filecmp.cmp(tmp_path / "whole" / data, tmp_path / "cut" / data, shallow=False)
+
+
+def test_orientation_and_draft_keep_the_displayed_shape(tmp_path):
+    d = tmp_path / "src" / "a"
+    d.mkdir(parents=True)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90: stored 90x60, shown 60x90
+    noise_image(90, 60, 1).save(d / "rot.jpg", exif=exif.tobytes(), quality=95)
+    for k, (w, h) in enumerate([(800, 600), (601, 1203), (1000, 999)]):
+        noise_image(w, h, k + 2).save(d / f"big{k}.jpg", quality=95)
+    for mode in ("shorter-side", "longer-side"):
+        plain = ShardDataset(pack_quiet(tmp_path / "src", tmp_path / mode, "npy", size=64, resize=mode).out)
+        draft = ShardDataset(pack_quiet(tmp_path / "src", tmp_path / f"{mode}-d", "npy", size=64, resize=mode,
+                                        draft=True).out)
+        assert np.array_equal(plain.shapes, draft.shapes)  # --draft never changes a shape
+        ref = {"shorter-side": shorter_side, "longer-side": longer_side}[mode]
+        for i in range(4):
+            expect = ref(open_rgb(tmp_path / "src" / plain.source_path(i)), 64)
+            assert tuple(plain.shapes[i]) == expect.shape
+            assert mean_abs_diff(plain[i][0].permute(1, 2, 0).numpy(), expect) <= 2
+        rot = next(i for i in range(4) if plain.source_path(i).endswith("rot.jpg"))
+        assert plain.shapes[rot].tolist() == ([96, 64, 3] if mode == "shorter-side" else [64, 42, 3])
