@@ -238,3 +238,50 @@ def test_orientation_and_draft_keep_the_displayed_shape(tmp_path):
             assert mean_abs_diff(plain[i][0].permute(1, 2, 0).numpy(), expect) <= 2
         rot = next(i for i in range(4) if plain.source_path(i).endswith("rot.jpg"))
         assert plain.shapes[rot].tolist() == ([96, 64, 3] if mode == "shorter-side" else [64, 42, 3])
+
+
+KILLED_RUNNER = """
+import sys
+from packer import Options, Recipe, pack
+src, out, fmt, resume = sys.argv[1:5]
+pack(src, out, Recipe(48, "shorter-side"), Options(fmt=fmt, workers=2, resume=resume == "1", progress=False,
+                                                    checkpoint_seconds=0.02))
+"""
+
+
+@pytest.mark.parametrize("fmt", ["npy"])  # hdf5 shares RaggedWriter: see the resume test above
+def test_sigkill_mid_ragged_run_then_resume_is_identical(tmp_path, fmt):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from readers.manifest import partial_dir
+
+    src = make_tree(tmp_path / "src", {"a": 80, "b": 80}, sizes=[(480, 360), (360, 480), (500, 375), (640, 200)])
+    pack_quiet(src, tmp_path / "ref", fmt, size=48, resize="shorter-side")
+    out, root = tmp_path / "out", Path(__file__).resolve().parents[1]
+
+    def run(resume):
+        return subprocess.Popen([sys.executable, "-c", KILLED_RUNNER, str(src), str(out), fmt, "1" if resume else "0"],
+                                env=dict(os.environ, PYTHONPATH=str(root)), cwd=root, stderr=subprocess.PIPE)
+
+    proc, deadline = run(False), time.monotonic() + 60
+    status = partial_dir(out) / "run" / "status.npy"
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            if np.count_nonzero(np.load(status, mmap_mode="r")) >= 60:
+                break
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not out.exists(), "the run finished before it could be killed"
+    assert run(True).wait(timeout=120) == 0
+    a, b = ShardDataset(tmp_path / "ref"), ShardDataset(out)
+    assert np.array_equal(a.shapes, b.shapes) and np.array_equal(a.index.checksums, b.index.checksums)
+    data = {"npy": "images.npy", "hdf5": "images.h5"}[fmt]
+    assert filecmp.cmp(tmp_path / "ref" / data, out / data, shallow=False)

@@ -76,6 +76,8 @@ class RaggedWriter(Writer):
     def write(self, index, pixels, label):
         if index != self.count:
             raise RuntimeError(f"{self.data_path}: sample {index} arrived, expected {self.count}")
+        if index == 0:  # a fresh start may follow a run stopped before its first checkpoint
+            self.file.truncate(self.data_start)
         self.file.write(np.ascontiguousarray(pixels).data)
         self.shapes[index] = pixels.shape
         self.count += 1

@@ -7,13 +7,14 @@ from pathlib import Path
 
 import numpy as np
 
+from ..manifest import ShardFormatError
+
 
 def ragged_view(flat: np.ndarray, offsets: np.ndarray, i: int, out: np.ndarray, where) -> np.ndarray:
     """Sample i of a flat uint8 array with byte ``offsets`` (count + 1,), shaped as ``out``.
     Raises ShardFormatError naming ``where`` when its byte count differs from out's."""
     a, b = int(offsets[i]), int(offsets[i + 1])
     if b - a != out.nbytes:
-        from ..manifest import ShardFormatError
         raise ShardFormatError(f"{where}: sample {i} holds {b - a} bytes, its shape {out.shape} needs {out.nbytes}")
     return flat[a:b].reshape(out.shape)
 
