@@ -14,6 +14,7 @@ from .imaging import DECODERS, RESIZE_MODES, Recipe
 from .run import Options, PackError, default_out
 from .scan import ScanError
 from .splits import describe, make_plan, pack_plan
+from .sizing import IMAGENET_1K_TRAIN
 
 
 def _parse_color(ctx, param, value):
@@ -55,7 +56,13 @@ def pack_options(f):
         click.option("--workers", type=click.IntRange(1), default=None,
                      help="Decode processes [default: the usable CPUs]."),
         click.option("--resize", type=click.Choice(RESIZE_MODES), default="center-crop", show_default=True,
-                     help="center-crop: torchvision Resize(N)+CenterCrop(N); squash: Resize((N, N))."),
+                     help="center-crop: torchvision Resize(N)+CenterCrop(N); squash: Resize((N, N)); "
+                          "shorter-side: Resize(N), whole picture, shapes vary; longer-side: longer side "
+                          "capped at N, never upscaled, shapes vary; pad: longer side N, centred on an "
+                          "N x N canvas of --background."),
+        click.option("--max-pixels", type=click.IntRange(1), default=None,
+                     help="Most H*W of one sample; larger ones are scaled down, aspect kept "
+                          "[default: 4*N*N for shorter-side, N*N otherwise]."),
         click.option("--shard-size", type=click.IntRange(1 << 20), default=None,
                      help="wds: bytes per tar shard [default: 1 GiB]."),
         click.option("--background", default="255,255,255", callback=_parse_color, show_default=True,
@@ -88,14 +95,15 @@ def pack_options(f):
     return f
 
 
-def run_pack(src, config, fmt, size, out, workers, resize, shard_size, background, draft, decoder,
-             allow_truncated, strict, overwrite, resume, no_space_check, quiet, splits, no_splits,
-             labels, id_map, classes_from, dry_run):
-    """Shared body of ``pack-dataset`` and ``shardpack pack``: scan, print the plan, pack."""
+def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_size, background, draft,
+             decoder, allow_truncated, strict, overwrite, resume, no_space_check, quiet, splits,
+             no_splits, labels, id_map, classes_from, dry_run):
+    """Shared body of ``pack-dataset`` and ``shardpack pack``: scan, print the plan (with the
+    output size estimate), pack, print the summary."""
     settings = effective_settings(click.get_current_context())
     try:
         recipe = Recipe(size=size, resize=resize, background=background, draft=draft,
-                        allow_truncated=allow_truncated, decoder=decoder)
+                        allow_truncated=allow_truncated, decoder=decoder, max_pixels=max_pixels)
         opts = Options(fmt=fmt, workers=workers, shard_size=shard_size, overwrite=overwrite,
                        resume=resume, strict=strict, space_check=not no_space_check, progress=not quiet)
         plan = make_plan(src, splits=splits, no_splits=no_splits, labels=labels, id_map=id_map,
@@ -122,7 +130,10 @@ def run_pack(src, config, fmt, size, out, workers, resize, shard_size, backgroun
 def summary(report) -> str:
     lines = [f"packed {report.count} images of {report.classes} classes into {report.out}",
              f"  {report.bytes / 1e6:.1f} MB written in {report.seconds:.1f} s "
-             f"({report.images_per_s:.0f} images/s, {report.workers} workers)"]
+             f"({report.images_per_s:.0f} images/s, {report.workers} workers)",
+             f"  {report.bytes / max(1, report.count) / 1e3:.1f} KB per image on disk; ImageNet-1k "
+             f"({IMAGENET_1K_TRAIN:,} images) would take about "
+             f"{report.bytes / max(1, report.count) * IMAGENET_1K_TRAIN / 1e9:.0f} GB"]
     if report.skipped or report.ignored:
         lines.append(f"  skipped {len(report.skipped)} unusable files and {len(report.ignored)} "
                      f"non-image files; see {report.out}/skipped.json")

@@ -6,11 +6,17 @@ image (Pillow BILINEAR with antialiasing, crop offsets rounded as torchvision ro
 computed as one ``Image.resize(box=...)`` over the crop's footprint in source coordinates: the
 same sample positions and filter support, without building the full resized image (a 3000x2
 panorama would otherwise become 384000x256 first).
+
+The aspect-keeping modes resize the whole picture (``scaled_size`` gives its size):
+``shorter-side`` (shorter side N, samples vary in shape), ``longer-side`` (longer side capped
+at N, never upscaled, samples vary in shape) and ``pad`` (longer side N, centred on an N x N
+canvas of ``background``). Variable-shape samples are bounded by ``Recipe.max_pixels``.
 """
 
 from __future__ import annotations
 
 import io
+import math
 import warnings
 from struct import error as struct_error  # Pillow raises it on some corrupt headers
 from dataclasses import asdict, dataclass
@@ -18,7 +24,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from PIL import Image, ImageCms, ImageFile
 
-RESIZE_MODES = ("center-crop", "squash")
+RESIZE_MODES = ("center-crop", "squash", "shorter-side", "longer-side", "pad")
+VARIABLE_MODES = ("shorter-side", "longer-side")  # samples differ in shape
+SHORTER_SIDE_BOUND = 4  # default max_pixels of shorter-side: 4 N^2 keeps up to 4:1 pictures whole
 # simplejpeg (libjpeg-turbo, optional extra): decodes RGB and grayscale JPEGs bit-identically to
 # Pillow on the ImageNet sample, ~1.3x faster; every other file still goes through Pillow.
 DECODERS = ("pillow", "simplejpeg")
@@ -27,6 +35,16 @@ _TRANSPOSE = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180,
               6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE, 8: Image.Transpose.ROTATE_90}
 _SRGB = ImageCms.createProfile("sRGB")
 FILTER = Image.Resampling.BILINEAR
+# What each mode's pixels equal (antialiased BILINEAR on the PIL image, as torchvision does it).
+REFERENCES = {
+    "center-crop": "torchvision Resize(N)+CenterCrop(N) on PIL",
+    "squash": "torchvision Resize((N, N)) on PIL",
+    "shorter-side": "torchvision Resize(N) on PIL: shorter side N, longer int(N*long/short)",
+    "longer-side": "torchvision Resize(None, max_size=N) on PIL (shorter int(N*short/long)) when the "
+                   "longer side exceeds N, else unchanged; FFCV's max_resolution",
+    "pad": "torchvision Resize(None, max_size=N)+CenterCrop(N) on PIL (image at ((N-w)//2, (N-h)//2)), "
+           "the border filled with `background` instead of 0; img2dataset's resize_mode=border",
+}
 
 
 class DecodeError(Exception):
@@ -46,6 +64,10 @@ class Recipe:
     composited onto. draft: let Pillow's JPEG decoder downscale by 1/2, 1/4 or 1/8 in the DCT
     while keeping at least 2x the needed resolution (faster, not bit-exact). allow_truncated:
     accept truncated files, the missing part filled in by Pillow (off: they are skipped).
+    max_pixels: the most H*W of one variable-shape sample; a larger one is scaled down, aspect
+    kept (default 4 N^2 for shorter-side, N^2 for the others, where every sample is within N^2).
+    Raises ValueError for an unknown mode, a size outside 1..16384 or a max_pixels below N^2 in a
+    fixed-shape mode.
     """
 
     size: int
@@ -54,6 +76,7 @@ class Recipe:
     draft: bool = False
     allow_truncated: bool = False
     decoder: str = "pillow"
+    max_pixels: int | None = None
 
     def __post_init__(self):
         if self.resize not in RESIZE_MODES:
@@ -64,17 +87,40 @@ class Recipe:
             import simplejpeg  # noqa: F401  (fail here, with the name, when the extra is missing)
         if not 1 <= self.size <= 16384:
             raise ValueError(f"size {self.size} is out of range 1..16384")
+        square = self.size * self.size
+        bound = self.max_pixels
+        if bound is not None and bound < 1:
+            raise ValueError(f"max_pixels {bound} must be at least 1")
+        if self.resize not in VARIABLE_MODES:
+            if bound is not None and bound < square:
+                raise ValueError(f"max_pixels {bound} is below {self.size}x{self.size} = {square}, the size "
+                                 f"of every {self.resize} sample; use shorter-side or longer-side")
+            bound = square
+        elif bound is None:
+            bound = square * (SHORTER_SIDE_BOUND if self.resize == "shorter-side" else 1)
+        object.__setattr__(self, "max_pixels", int(bound))
 
     def shape(self) -> tuple[int, int, int] | None:
-        """(H, W, 3) of every sample, or None when samples differ in shape."""
+        """(H, W, 3) of every sample, or None when samples differ in shape (VARIABLE_MODES)."""
+        return None if self.resize in VARIABLE_MODES else (self.size, self.size, 3)
+
+    def output_shape(self, w: int, h: int) -> tuple[int, int, int]:
+        """(H, W, 3) of the sample made from a w x h picture (as displayed, EXIF orientation
+        applied)."""
+        if self.resize in VARIABLE_MODES:
+            out_w, out_h = scaled_size(w, h, self.size, self.resize, self.max_pixels)
+            return (out_h, out_w, 3)
         return (self.size, self.size, 3)
+
+    def max_sample_bytes(self) -> int:
+        """The most bytes one sample can take: max_pixels * 3 (N*N*3 in fixed-shape modes)."""
+        return self.max_pixels * 3
 
     def describe(self) -> dict:
         d = asdict(self)
         d["background"] = list(self.background)
-        d.update(filter="bilinear", antialias=True,
-                 reference="torchvision Resize(N)+CenterCrop(N) on PIL" if self.resize == "center-crop"
-                 else "torchvision Resize((N, N)) on PIL",
+        d.update(filter="bilinear", antialias=True, reference=REFERENCES[self.resize],
+                 variable_shape=self.shape() is None,
                  orientation="EXIF applied",
                  cmyk="embedded ICC profile -> sRGB with ImageCms when present, else Pillow convert('RGB')",
                  high_bit_depth="16-bit: value/257 rounded; I: as 16-bit, clipped; F: [0,1]*255")
@@ -95,6 +141,32 @@ def crop_box(w: int, h: int, size: int, mode: str) -> tuple[float, float, float,
     left = int(round((new_w - size) / 2.0))
     sx, sy = w / new_w, h / new_h
     return (left * sx, top * sy, (left + size) * sx, (top + size) * sy)
+
+
+def scaled_size(w: int, h: int, size: int, mode: str, max_pixels: int | None = None) -> tuple[int, int]:
+    """(width, height) a whole w x h picture is resized to in the aspect-keeping modes.
+
+    shorter-side: shorter side ``size``, longer ``int(size * long / short)`` (torchvision
+    Resize(size)); longer-side: when the longer side exceeds ``size``, longer ``size`` and shorter
+    ``int(size * short / long)`` (torchvision Resize(None, max_size=size); FFCV truncates too),
+    else unchanged; pad: longer side ``size`` always. Sides are at least 1. When the result has
+    more than ``max_pixels`` pixels both sides are scaled by sqrt(max_pixels / pixels), rounded
+    down, so W*H <= max_pixels. Raises ValueError for another mode.
+    """
+    short, long = (w, h) if w <= h else (h, w)
+    if mode == "shorter-side":
+        new_short, new_long = size, int(size * long / short)
+    elif mode == "longer-side" and long <= size:
+        new_short, new_long = short, long
+    elif mode in ("longer-side", "pad"):
+        new_short, new_long = max(1, int(size * short / long)), size
+    else:
+        raise ValueError(f"{mode!r} does not keep the aspect ratio")
+    if max_pixels is not None and new_short * new_long > max_pixels:
+        s = math.sqrt(max_pixels / (new_short * new_long))
+        new_short = max(1, int(new_short * s))
+        new_long = max(1, min(int(new_long * s), max_pixels // new_short))
+    return (new_short, new_long) if w <= h else (new_long, new_short)
 
 
 def to_rgb(img: Image.Image, background=(255, 255, 255)) -> Image.Image:
@@ -133,7 +205,7 @@ def decode(data: bytes, recipe: Recipe, name: str = "<bytes>"):
     """Make one sample from a file's bytes.
 
     Returns ``(pixels, source_mode, (source_w, source_h))`` with pixels a C-contiguous uint8
-    array of shape ``recipe.shape()`` (HWC, RGB). Raises DecodeError (kind 'bomb' above
+    array of shape ``recipe.output_shape(w, h)`` (HWC, RGB; w x h the source as displayed). Raises DecodeError (kind 'bomb' above
     Pillow's ``Image.MAX_IMAGE_PIXELS``, else 'undecodable') naming ``name`` and the reason.
     """
     try:
@@ -157,9 +229,8 @@ def decode(data: bytes, recipe: Recipe, name: str = "<bytes>"):
             orientation = img.getexif().get(0x0112, 1)
             if orientation in _TRANSPOSE:  # EXIF orientation, as ImageOps.exif_transpose applies it
                 img = img.transpose(_TRANSPOSE[orientation])
-            img = to_rgb(img, recipe.background)
-            box = crop_box(*img.size, recipe.size, recipe.resize)
-            out = img.resize((recipe.size, recipe.size), FILTER, box=box)
+            shown = (h, w) if orientation in (5, 6, 7, 8) else (w, h)  # as displayed, before any draft
+            out = _resize(to_rgb(img, recipe.background), recipe, *shown)
     except DecodeError:
         raise
     except Image.DecompressionBombError as err:
@@ -173,12 +244,31 @@ def decode(data: bytes, recipe: Recipe, name: str = "<bytes>"):
     return np.asarray(out), source_mode, source_size
 
 
+def _resize(img: Image.Image, recipe: Recipe, w: int, h: int) -> Image.Image:
+    """Resize the RGB picture ``img`` as ``recipe`` says. w x h: its displayed size before any
+    draft reduction, which alone decides the output shape (so --draft never changes shapes)."""
+    n = recipe.size
+    if recipe.resize in ("center-crop", "squash"):
+        return img.resize((n, n), FILTER, box=crop_box(*img.size, n, recipe.resize))
+    new_w, new_h = scaled_size(w, h, n, recipe.resize, recipe.max_pixels)
+    out = img if img.size == (new_w, new_h) else img.resize((new_w, new_h), FILTER)
+    if recipe.resize != "pad":
+        return out
+    canvas = Image.new("RGB", (n, n), tuple(recipe.background))
+    canvas.paste(out, ((n - new_w) // 2, (n - new_h) // 2))
+    return canvas
+
+
 def _draft_target(img: Image.Image, recipe: Recipe) -> tuple[int, int]:
     """Smallest decode size that keeps 2x the pixels the resize will sample (orientation-safe:
     both sides get the same margin)."""
     w, h = img.size
-    x0, y0, x1, y1 = crop_box(w, h, recipe.size, recipe.resize)
-    scale = min((x1 - x0), (y1 - y0)) / recipe.size  # source pixels per output pixel
+    if recipe.resize in ("center-crop", "squash"):
+        x0, y0, x1, y1 = crop_box(w, h, recipe.size, recipe.resize)
+        scale = min((x1 - x0), (y1 - y0)) / recipe.size  # source pixels per output pixel
+    else:
+        out = sorted(scaled_size(w, h, recipe.size, recipe.resize, recipe.max_pixels))
+        scale = min(min(w, h) / out[0], max(w, h) / out[1])
     factor = max(1.0, scale / 2.0)
     return max(1, int(w / factor)), max(1, int(h / factor))
 

@@ -4,8 +4,10 @@ Shape of the pipeline (why): decode is the cost (~4 ms per ImageNet JPEG), so K 
 decode chunks of files and put the pixels straight where they belong, so no pixel array is ever
 pickled back to the main process:
 - in-place formats (npy, hdf5): into the preallocated output file at the sample's scan position;
-- streamed formats (lmdb, wds): into a slot of a small ring buffer (a memory-mapped file shared
-  through the page cache), which the main process writes out in sample order and then reuses.
+- streamed formats (lmdb, wds, and npy/hdf5 when samples differ in shape): into a slot of a
+  small ring buffer (a memory-mapped file shared through the page cache), which the main process
+  writes out in sample order and then reuses. A slot holds the largest possible sample
+  (``Recipe.max_sample_bytes()``, bounded by --max-pixels).
 Only small tuples (status, source mode and size, checksum) travel back. Results are consumed in
 scan order, so the committed prefix ``done`` is exact: a checkpoint (every few seconds) makes the
 writer durable up to it and records it in ``progress.json``; ``--resume`` restarts from there.
@@ -38,6 +40,7 @@ from readers.system import usable_cpus
 
 from .imaging import DecodeError, Recipe, decode
 from .scan import Listing, scan
+from .sizing import estimate_size
 from .writers import writer_class
 from .writers.base import npy_data_offset
 
@@ -113,9 +116,11 @@ def _init(root: str, recipe: Recipe, sink, in_worker: bool = True):
 def _work(tasks):
     """Decode ``tasks`` [(scan index, relative path, target row)] into the target rows.
 
-    Returns [(index, OK, mode code, w, h, checksum, 0)] or [(index, SKIP, kind, 0, 0, reason, errno)].
+    Returns [(index, OK, mode code, w, h, checksum, (H, W) of the sample)] or
+    [(index, SKIP, kind, 0, 0, reason, errno)]. Variable-shape samples fill the front of their row.
     """
     root, recipe, target = _ctx["root"], _ctx["recipe"], _ctx["target"]
+    fixed = recipe.shape() is not None
     out = []
     for index, rel, row in tasks:
         path = os.path.join(root, rel)
@@ -130,10 +135,10 @@ def _work(tasks):
         except DecodeError as err:
             out.append((index, SKIP, err.kind, 0, 0, err.reason, 0))
             continue
-        dst = target[row]
+        dst = target[row] if fixed else target[row, :pixels.nbytes].reshape(pixels.shape)
         dst[...] = pixels
         code = SOURCE_MODES.index(mode) if mode in SOURCE_MODES else len(SOURCE_MODES) - 1
-        out.append((index, OK, code, w, h, xxhash.xxh3_64_intdigest(dst), 0))
+        out.append((index, OK, code, w, h, xxhash.xxh3_64_intdigest(dst), pixels.shape[:2]))
     return out
 
 
@@ -154,10 +159,11 @@ class _State:
         self.checksum = arr("checksum", np.uint64, (n,))
         self.size = arr("source_size", np.int32, (n, 2))
         self.mode = arr("source_mode", np.uint8, (n,))
+        self.shape = arr("shape", np.int32, (n, 2))  # (H, W) of each sample
         self.skips_path = run_dir / "skipped.jsonl"
 
     def flush(self):
-        for a in (self.status, self.checksum, self.size, self.mode):
+        for a in (self.status, self.checksum, self.size, self.mode, self.shape):
             a.flush()
 
     def skips(self, below: int) -> list[dict]:
@@ -200,9 +206,9 @@ def _check_resume(tmp: Path, plan: dict) -> dict:
     return progress
 
 
-def _estimate_bytes(n: int, recipe: Recipe) -> int:
-    h, w, c = recipe.shape()
-    return n * (h * w * c + 4096)  # per-sample overhead: tar headers, LMDB pages, index columns
+def _estimate_bytes(listing: Listing, recipe: Recipe) -> int:
+    per_sample = estimate_size(listing, recipe).sample_bytes
+    return int(len(listing) * (per_sample + 4096))  # overhead: tar headers, LMDB pages, index columns
 
 
 def _library_versions() -> dict:
@@ -250,7 +256,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike | None, recipe: Recipe, 
         raise PackError(f"--resume: no interrupted run to resume at {tmp}")
     n = len(listing)
     if opts.space_check and not tmp.exists():
-        need = _estimate_bytes(n, recipe)
+        need = _estimate_bytes(listing, recipe)
         out.parent.mkdir(parents=True, exist_ok=True)
         free = shutil.disk_usage(out.parent).free
         if need > free:
@@ -262,7 +268,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike | None, recipe: Recipe, 
     workers = max(1, opts.workers or usable_cpus())
     shape = recipe.shape()
     try:
-        writer = writer_class(opts.fmt)(tmp, n, shape, listing.labels,
+        writer = writer_class(opts.fmt, shape is None)(tmp, n, shape, listing.labels,
                                         {"shard_size": opts.shard_size, "attrs": {"classes": listing.classes}})
     except OSError as err:
         if err.errno == errno.ENOSPC:
@@ -290,7 +296,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike | None, recipe: Recipe, 
     extras = writer.finish(kept)
     writer.close()
     seconds = time.perf_counter() - t0
-    _write_index(tmp, listing, state, kept)
+    _write_index(tmp, listing, state, kept, variable=shape is None)
     report_rows = skipped + [{"path": p, "kind": "not-an-image", "reason": f"{p}: not an image extension"}
                              for p in listing.ignored]
     write_json_atomic(tmp / SKIPPED, report_rows)
@@ -331,6 +337,7 @@ def _decode_all(listing, recipe, opts, writer, state, start, written, workers, t
     chunk = max(1, min(16, (n - start) // (workers * 8) or 1))
     window = 3 * workers  # tasks in flight
     streamed = not writer.in_place
+    row_shape = recipe.shape() or (recipe.max_sample_bytes(),)  # variable: flat rows, max size
     ring = None
     if streamed:
         rows = window * chunk
@@ -339,10 +346,10 @@ def _decode_all(listing, recipe, opts, writer, state, start, written, workers, t
             # unlike /dev/shm (64 MB in Docker by default) it cannot run out, and it is reused, so
             # write-back costs at most its own size every few seconds.
             ring = tmp / "run" / "ring.bin"
-            np.lib.format.open_memmap(ring, mode="w+", dtype=np.uint8, shape=(rows, *recipe.shape()))
-            sink = ("file", str(ring), npy_data_offset(ring), (rows, *recipe.shape()))
+            np.lib.format.open_memmap(ring, mode="w+", dtype=np.uint8, shape=(rows, *row_shape))
+            sink = ("file", str(ring), npy_data_offset(ring), (rows, *row_shape))
         else:
-            sink = ("local", np.empty((rows, *recipe.shape()), np.uint8))
+            sink = ("local", np.empty((rows, *row_shape), np.uint8))
         free_rows = deque(range(rows))
     else:
         sink = ("file", *writer.sink())
@@ -365,9 +372,12 @@ def _decode_all(listing, recipe, opts, writer, state, start, written, workers, t
         for index, status, a, w, h, b, err in results:
             if status == OK:
                 state.status[index], state.mode[index] = OK, a
-                state.size[index], state.checksum[index] = (w, h), b
+                state.size[index], state.checksum[index], state.shape[index] = (w, h), b, err
                 if streamed:
-                    writer.write(written, target[rows_of[index]], int(labels[index]))
+                    pixels = target[rows_of[index]]
+                    if len(row_shape) == 1:  # variable shapes: the sample fills the front of its row
+                        pixels = pixels[:err[0] * err[1] * 3].reshape(*err, 3)
+                    writer.write(written, pixels, int(labels[index]))
                 written += 1
                 streak = 0
             else:
@@ -455,7 +465,7 @@ def _progress(n, start, enabled):
                 dynamic_ncols=True, desc="packing")
 
 
-def _write_index(tmp: Path, listing: Listing, state: _State, kept: np.ndarray) -> None:
+def _write_index(tmp: Path, listing: Listing, state: _State, kept: np.ndarray, variable: bool) -> None:
     d = tmp / INDEX_DIR
     d.mkdir(exist_ok=True)
     encoded = [os.fsencode(listing.paths[i]) for i in kept]
@@ -465,6 +475,9 @@ def _write_index(tmp: Path, listing: Listing, state: _State, kept: np.ndarray) -
     columns = {"labels": listing.labels[kept], "path_offsets": offsets,
                "checksums": np.asarray(state.checksum)[kept],
                "source_size": np.asarray(state.size)[kept], "source_mode": np.asarray(state.mode)[kept]}
+    if variable:
+        hw = np.asarray(state.shape)[kept]
+        columns["shapes"] = np.concatenate([hw, np.full((len(kept), 1), 3, np.int32)], axis=1)
     for name, values in columns.items():
         np.save(d / COLUMNS[name], values)
 

@@ -29,6 +29,7 @@ from .imaging import Recipe
 from .labels import LabelsReport, flat_listing, is_flat, read_classes
 from .run import Options, PackError, Report, _estimate_bytes, _replace, default_out, pack
 from .scan import SPLIT_NAMES, Listing, ScanError, find_classes, scan
+from .sizing import estimate_size
 
 
 @dataclass
@@ -208,9 +209,9 @@ def describe(plan: Plan, out: Path, recipe: Recipe, opts: Options) -> str:
                 if names:
                     lines.append(f"    {len(names)} {what}: {', '.join(names[:10])}"
                                  + (f" and {len(names) - 10} more" if len(names) > 10 else ""))
-    need = _estimate_bytes(total, recipe)
-    lines.append(f"  output: about {_gb(need)} for {total} images ({opts.fmt}, "
-                 f"{recipe.size}x{recipe.size}x3 uint8, {recipe.resize})")
+    need = sum(_estimate_bytes(part.listing, recipe) for part in plan.parts)
+    lines.append(f"  output: about {_gb(need)} for {total} images in {opts.fmt}; "
+                 + estimate_size(plan.parts[0].listing, recipe).describe(recipe))
     lines.append(f"  free space: {_gb(_free(out))} at {_existing(out)}")
     lines.append(f"  workers: {max(1, opts.workers or usable_cpus())}")
     return "\n".join(lines)
@@ -264,7 +265,7 @@ def pack_plan(plan: Plan, out: str | os.PathLike | None, recipe: Recipe, opts: O
     elif opts.resume:
         raise PackError(f"--resume: no interrupted run to resume at {tmp}")
     if opts.space_check and not tmp.exists():
-        need = _estimate_bytes(sum(len(p.listing) for p in plan.parts), recipe)
+        need = sum(_estimate_bytes(p.listing, recipe) for p in plan.parts)
         if need > _free(out):
             raise PackError(f"{_existing(out)}: about {need / 1e9:.2f} GB needed but only "
                             f"{_free(out) / 1e9:.2f} GB free; free space or pass --no-space-check")

@@ -10,6 +10,8 @@ An output OUT is a directory::
     OUT/index/source_size.npy int32 (count, 2)      (width, height) of the source as stored
     OUT/index/source_mode.npy uint8 (count,)        index into manifest["source_modes"]
     OUT/index/shapes.npy     int32 (count, 3)       (H, W, 3) of each sample, variable-shape outputs only
+                                                    (manifest "shape" is null; the npy and hdf5 data
+                                                    are then flat: see readers/formats/)
     OUT/skipped.json         files that could not be used, each with its path and reason
     OUT/<format data>        see readers/formats/<format>.py
 
@@ -54,6 +56,7 @@ SOURCE_MODES = ("1", "L", "P", "RGB", "RGBA", "CMYK", "YCbCr", "LAB", "HSV", "I"
 # Per-format data files, fixed names so reader and writer agree.
 NPY_IMAGES = "images.npy"
 NPY_LABELS = "labels.npy"  # the same column as index/labels.npy, beside images.npy for np.load users
+NPY_OFFSETS = "offsets.npy"  # variable shapes: int64 (count + 1,) byte ranges in the flat images.npy
 HDF5_FILE = "images.h5"
 WDS_SHARD = "shard-{:06d}.tar"
 WDS_OFFSETS = "wds_offsets.npy"  # int64 (count, 2): shard number, byte offset of the pixel data

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import io
 import os
 from pathlib import Path
 
@@ -13,13 +14,15 @@ class Writer:
     """Base of the four writers.
 
     ``tmp``: the run's partial directory (renamed to OUT at the end). ``n``: files scanned.
-    ``shape``: (H, W, 3) of every sample. ``labels``: int64 (n,) in scan order.
+    ``shape``: (H, W, 3) of every sample, or None when samples differ in shape (then ``write``
+    gets each sample's own (H_i, W_i, 3)). ``labels``: int64 (n,) in scan order.
     """
 
     in_place = False
 
     def __init__(self, tmp: Path, n: int, shape, labels: np.ndarray, options: dict):
-        self.tmp, self.n, self.shape, self.labels, self.options = Path(tmp), n, tuple(shape), labels, options
+        self.tmp, self.n, self.labels, self.options = Path(tmp), n, labels, options
+        self.shape = tuple(shape) if shape is not None else None
 
     def sink(self):
         """For in-place writers: (path, byte offset, shape) of the (n, H, W, 3) array workers fill."""
@@ -46,6 +49,82 @@ class Writer:
 
     def close(self) -> None:
         """Release handles (also after a failure)."""
+
+
+class RaggedWriter(Writer):
+    """Base of the variable-shape npy and hdf5 writers: samples arrive in order and are appended
+    to one flat data file (``data_path``, pixels from byte ``data_start``); their shapes go to a
+    memmap in the partial directory so that a resumed run still knows them. Subclasses set
+    ``data_path`` and ``data_start`` and call ``_open_data()``, and implement ``finish``.
+    """
+
+    data_path: Path
+    data_start = 0
+
+    def __init__(self, tmp, n, shape, labels, options):
+        super().__init__(tmp, n, shape, labels, options)
+        part = self.tmp / "shapes.partial.npy"
+        self.shapes = np.lib.format.open_memmap(part, mode="r+" if part.exists() else "w+",
+                                                dtype=np.int32, shape=(n, 3))
+        self.count = self.nbytes = 0
+        self.file = None
+
+    def _open_data(self):
+        self.file = open(self.data_path, "r+b")
+        self.file.seek(self.data_start)
+
+    def write(self, index, pixels, label):
+        if index != self.count:
+            raise RuntimeError(f"{self.data_path}: sample {index} arrived, expected {self.count}")
+        if index == 0:  # a fresh start may follow a run stopped before its first checkpoint
+            self.file.truncate(self.data_start)
+        self.file.write(np.ascontiguousarray(pixels).data)
+        self.shapes[index] = pixels.shape
+        self.count += 1
+        self.nbytes += pixels.nbytes
+
+    def flush(self):
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.shapes.flush()
+
+    def state(self):
+        return {"count": self.count, "bytes": self.nbytes}
+
+    def resume(self, state):
+        self.count, self.nbytes = int(state.get("count", 0)), int(state.get("bytes", 0))
+        self.file.truncate(self.data_start + self.nbytes)  # drop what came after the checkpoint
+        self.file.seek(self.data_start + self.nbytes)
+
+    def offsets(self) -> np.ndarray:
+        """int64 (count + 1,): sample i's pixels are bytes offsets[i]:offsets[i+1] of the flat data."""
+        out = np.zeros(self.count + 1, np.int64)
+        np.cumsum(np.prod(self.shapes[:self.count].astype(np.int64), axis=1), out=out[1:])
+        return out
+
+    def _finish_data(self, kept) -> tuple[np.ndarray, np.ndarray]:
+        """Close the data file and the shapes memmap; return (offsets, shapes) of the kept samples."""
+        if self.count != len(kept):
+            raise RuntimeError(f"{self.data_path}: {self.count} samples written, expected {len(kept)}")
+        self.flush()
+        self.file.close()
+        self.file = None
+        offsets, shapes = self.offsets(), np.array(self.shapes[:self.count])
+        del self.shapes
+        os.remove(self.tmp / "shapes.partial.npy")
+        return offsets, shapes
+
+    def close(self):
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+
+def npy_header(shape) -> bytes:
+    """The .npy (version 1.0) header of a C-order uint8 array of ``shape``."""
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": "|u1", "fortran_order": False, "shape": tuple(shape)})
+    return buf.getvalue()
 
 
 def fsync_path(path: Path) -> None:

@@ -4,11 +4,18 @@ contiguous, uncompressed, allocated at creation, and ``labels`` int64.
 Workers fill ``images`` in place through a memmap at its byte offset (h5py never runs in them).
 HDF5 cannot shrink a contiguous dataset, so when files were skipped the kept rows are copied
 into a new file of the exact count (the only case that needs the space twice).
+
+Variable shapes (RaggedHdf5Writer): ``images`` is one flat contiguous uint8 dataset of every
+sample's HWC bytes in order, with ``offsets`` int64 (count + 1,) and ``shapes`` int32 (count, 3).
+A contiguous dataset's size is fixed at creation, so the samples are appended to
+``images.raw`` while packing and copied into ``images.h5`` once at the end.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 
 import h5py
 import numpy as np
@@ -16,10 +23,12 @@ import numpy as np
 from readers.formats.hdf5 import dataset_offset
 from readers.manifest import HDF5_FILE
 
-from .base import Writer, fsync_path, reserve
+from .base import RaggedWriter, Writer, fsync_path, reserve
 
 
 def _create(path, count, shape):
+    """Make ``path`` with a contiguous, allocated, unfilled ``images`` (count, *shape) uint8;
+    return the byte offset of its data."""
     with h5py.File(path, "w", libver="earliest") as f:
         dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
         dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)  # the offset must exist before workers write
@@ -28,6 +37,30 @@ def _create(path, count, shape):
     offset = dataset_offset(path)[0]
     reserve(path, offset, count * int(np.prod(shape)))
     return offset
+
+
+class RaggedHdf5Writer(RaggedWriter):
+    def __init__(self, tmp, n, shape, labels, options):
+        super().__init__(tmp, n, shape, labels, options)
+        self.path = self.tmp / HDF5_FILE
+        self.data_path = self.tmp / "images.raw"
+        self.data_path.touch()
+        self._open_data()
+
+    def finish(self, kept):
+        offsets, shapes = self._finish_data(kept)
+        offset = _create(self.path, self.nbytes, ())
+        with open(self.data_path, "rb") as src, open(self.path, "r+b") as dst:
+            dst.seek(offset)
+            shutil.copyfileobj(src, dst, 16 << 20)
+        os.remove(self.data_path)
+        with h5py.File(self.path, "r+") as f:
+            f.create_dataset("offsets", data=offsets)
+            f.create_dataset("shapes", data=shapes)
+            f.create_dataset("labels", data=self.labels[kept])
+            f.attrs["shardpack"] = json.dumps(self.options.get("attrs", {}))
+        fsync_path(self.path)
+        return {"files": {HDF5_FILE: self.path.stat().st_size}}
 
 
 class Hdf5Writer(Writer):

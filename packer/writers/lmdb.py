@@ -1,5 +1,7 @@
 """Writer of the ``lmdb`` format: OUT is one LMDB environment; key ``sample_key(i)`` -> the
-raw H*W*3 uint8 bytes (HWC) of sample i, written in order in batched transactions.
+raw H*W*3 uint8 bytes (HWC) of sample i, written in order in batched transactions. When samples
+differ in shape each value is instead the sample in .npy format (header with its shape, then the
+bytes), so ``np.load(io.BytesIO(value))`` reads it.
 
 The map size is computed from the data (each value needs whole overflow pages) with headroom,
 and grown before any put that could overflow it, so MDB_MAP_FULL cannot happen.
@@ -12,7 +14,7 @@ import numpy as np
 
 from readers.manifest import sample_key
 
-from .base import Writer
+from .base import Writer, npy_header
 
 PAGE = 4096
 TXN_SAMPLES = 256  # samples per write transaction: bounds the dirty pages held in memory
@@ -30,7 +32,8 @@ def initial_map_size(n: int, sample_bytes: int) -> int:
 class LmdbWriter(Writer):
     def __init__(self, tmp, n, shape, labels, options):
         super().__init__(tmp, n, shape, labels, options)
-        self.map_size = initial_map_size(n, int(np.prod(self.shape)))
+        sample = int(np.prod(self.shape)) if self.shape else PAGE  # variable: grown as records come
+        self.map_size = initial_map_size(n, sample)
         self.env = lmdb.open(str(self.tmp), subdir=True, map_size=self.map_size, sync=False,
                              metasync=False, readahead=False, meminit=False, max_dbs=0)
         self.txn = None
@@ -41,14 +44,19 @@ class LmdbWriter(Writer):
         return (self.env.info()["last_pgno"] + 1) * PAGE
 
     def write(self, index, pixels, label):
-        need = _pages(pixels.nbytes) * PAGE
+        if self.shape:
+            value, nbytes = pixels.data, pixels.nbytes
+        else:
+            value = npy_header(pixels.shape) + pixels.tobytes()
+            nbytes = len(value)
+        need = _pages(nbytes) * PAGE
         if self.used + self.pending + need + (8 << 20) > self.map_size:
             self._commit()
             self.map_size = int((self.used + need + (8 << 20)) * 1.5)
             self.env.set_mapsize(self.map_size)
         if self.txn is None:
             self.txn = self.env.begin(write=True)
-        self.txn.put(sample_key(index).encode(), pixels.data, overwrite=True)
+        self.txn.put(sample_key(index).encode(), value, overwrite=True)
         self.pending += need
         if self.pending >= TXN_SAMPLES * need:
             self._commit()

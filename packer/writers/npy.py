@@ -2,6 +2,10 @@
 
 The array is preallocated for every scanned file (a sparse file) and filled in place by the
 decode workers; skipped files' rows are squeezed out at the end and the header rewritten.
+
+Variable shapes (RaggedNpyWriter): ``images.npy`` is one flat uint8 array of every sample's HWC
+bytes in order, appended by the main process behind a fixed-length header that is rewritten at
+the end, plus ``offsets.npy`` int64 (count + 1,); the shapes are ``index/shapes.npy``.
 """
 
 from __future__ import annotations
@@ -10,9 +14,11 @@ import struct
 
 import numpy as np
 
-from readers.manifest import NPY_IMAGES, NPY_LABELS
+from readers.manifest import NPY_IMAGES, NPY_LABELS, NPY_OFFSETS
 
-from .base import Writer, compact_rows, fsync_path, npy_data_offset, reserve
+from .base import RaggedWriter, Writer, compact_rows, fsync_path, npy_data_offset, reserve
+
+RAGGED_HEADER = 128  # bytes before the flat data: room for any (nbytes,) shape, 64-aligned
 
 
 class NpyWriter(Writer):
@@ -48,6 +54,24 @@ class NpyWriter(Writer):
         fsync_path(self.path)
         return {"files": {NPY_IMAGES: self.path.stat().st_size,
                           NPY_LABELS: (self.tmp / NPY_LABELS).stat().st_size}}
+
+
+class RaggedNpyWriter(RaggedWriter):
+    def __init__(self, tmp, n, shape, labels, options):
+        super().__init__(tmp, n, shape, labels, options)
+        self.data_path, self.data_start = self.tmp / NPY_IMAGES, RAGGED_HEADER
+        if not self.data_path.exists():
+            self.data_path.write_bytes(_header(0, (), RAGGED_HEADER))
+        self._open_data()
+
+    def finish(self, kept):
+        offsets, _ = self._finish_data(kept)
+        with open(self.data_path, "r+b") as f:
+            f.write(_header(self.nbytes, (), RAGGED_HEADER))
+        fsync_path(self.data_path)
+        np.save(self.tmp / NPY_OFFSETS, offsets)
+        np.save(self.tmp / NPY_LABELS, self.labels[kept])
+        return {"files": {name: (self.tmp / name).stat().st_size for name in (NPY_IMAGES, NPY_OFFSETS, NPY_LABELS)}}
 
 
 def _header(count: int, shape, length: int) -> bytes:

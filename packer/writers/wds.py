@@ -3,7 +3,8 @@
 sample, in order, so that stock ``webdataset.WebDataset(urls).decode()`` reads them. A new shard
 starts before one would exceed ``shard_size`` bytes. ``wds_offsets.npy`` records (shard, byte
 offset of the pixels) per sample for random access. Members carry mtime 0 and no owner, so the
-tars are byte-identical for identical content.
+tars are byte-identical for identical content. Variable shapes need nothing more: each
+member's .npy header carries its sample's shape.
 """
 
 from __future__ import annotations
@@ -16,15 +17,9 @@ import numpy as np
 
 from readers.manifest import WDS_OFFSETS, WDS_SHARD, sample_key
 
-from .base import Writer
+from .base import Writer, npy_header
 
 DEFAULT_SHARD_SIZE = 1 << 30
-
-
-def _npy_header(shape) -> bytes:
-    buf = io.BytesIO()
-    np.lib.format.write_array_header_1_0(buf, {"descr": "|u1", "fortran_order": False, "shape": tuple(shape)})
-    return buf.getvalue()
 
 
 def _info(name: str, size: int) -> tarfile.TarInfo:
@@ -40,7 +35,7 @@ class WdsWriter(Writer):
         self.offsets = np.lib.format.open_memmap(self.tmp / (WDS_OFFSETS + ".partial"),
                                                  mode="r+" if (self.tmp / (WDS_OFFSETS + ".partial")).exists() else "w+",
                                                  dtype=np.int64, shape=(n, 2))
-        self.header = _npy_header(self.shape)
+        self.header = npy_header(self.shape) if self.shape else None
         self.shard, self.file, self.tar, self.in_shard = -1, None, None, 0
 
     def _open_shard(self, shard: int, offset: int = 0):
@@ -60,16 +55,17 @@ class WdsWriter(Writer):
 
     def write(self, index, pixels, label):
         key = sample_key(index)
-        size = len(self.header) + pixels.nbytes
+        header = self.header or npy_header(pixels.shape)
+        size = len(header) + pixels.nbytes
         cls = str(int(label)).encode()
         need = 3 * 512 + size + 1024 + 10240  # headers, padding, end blocks
         if self.tar is None or (self.in_shard and self.tar.offset + need > self.shard_size):
             self._open_shard(self.shard + 1)
         info = _info(f"{key}.npy", size)
         start = self.tar.offset + len(info.tobuf(self.tar.format, self.tar.encoding, self.tar.errors))
-        self.tar.addfile(info, io.BytesIO(self.header + pixels.tobytes()))
+        self.tar.addfile(info, io.BytesIO(header + pixels.tobytes()))
         self.tar.addfile(_info(f"{key}.cls", len(cls)), io.BytesIO(cls))
-        self.offsets[index] = (self.shard, start + len(self.header))
+        self.offsets[index] = (self.shard, start + len(header))
         self.in_shard += 1
 
     def flush(self):

@@ -7,10 +7,23 @@ from pathlib import Path
 
 import numpy as np
 
+from ..manifest import ShardFormatError
+
+
+def ragged_view(flat: np.ndarray, offsets: np.ndarray, i: int, out: np.ndarray, where) -> np.ndarray:
+    """Sample i of a flat uint8 array with byte ``offsets`` (count + 1,), shaped as ``out``.
+    Raises ShardFormatError naming ``where`` when its byte count differs from out's."""
+    a, b = int(offsets[i]), int(offsets[i + 1])
+    if b - a != out.nbytes:
+        raise ShardFormatError(f"{where}: sample {i} holds {b - a} bytes, its shape {out.shape} needs {out.nbytes}")
+    return flat[a:b].reshape(out.shape)
+
 
 class Reader:
     """Base of the four readers. Subclasses implement ``_open()`` (set handles on self) and
-    ``read_into(i, out)``; ``read_batch_into`` defaults to a loop.
+    ``read_into(i, out)``; ``read_batch_into`` defaults to a loop. ``shape`` is the (H, W, 3) of
+    every sample, or None for variable-shape outputs (then ``out`` has the shape from
+    ``index/shapes.npy``).
 
     Handles are keyed to the pid that opened them: a forked child that inherited an opened reader
     reopens its own instead of touching the parent's (LMDB and HDF5 handles are not fork-safe).

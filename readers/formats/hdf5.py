@@ -1,7 +1,11 @@
 """Reader of the ``hdf5`` format: ``images.h5`` with a contiguous, uncompressed ``images``
 dataset (count, N, N, 3) uint8 and ``labels``. h5py is used once per process, only to find where
 the dataset's bytes start; the pixels are then read through a read-only ``np.memmap`` at that
-offset, so no h5py handle is ever shared between processes (h5py is not fork-safe)."""
+offset, so no h5py handle is ever shared between processes (h5py is not fork-safe).
+
+Variable shapes (manifest ``shape`` null): ``images`` is one flat contiguous uint8 dataset,
+``offsets`` int64 (count + 1,) gives each sample's byte range in it and ``shapes`` int32
+(count, 3) its (H, W, 3); both are memory-mapped the same way."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import h5py
 import numpy as np
 
 from ..manifest import HDF5_FILE, ShardFormatError
-from .base import Reader
+from .base import Reader, ragged_view
 
 
 def dataset_offset(path, name="images"):
@@ -25,21 +29,33 @@ def dataset_offset(path, name="images"):
         return offset, ds.shape, ds.dtype
 
 
+def _map(path, name):
+    offset, shape, dtype = dataset_offset(path, name)
+    return np.memmap(path, dtype, "r", offset=offset, shape=shape)
+
+
 class Hdf5Reader(Reader):
-    _handles = ("_images",)
+    _handles = ("_images", "_offsets")
 
     def _open(self):
         path = self.root / HDF5_FILE
-        offset, shape, dtype = dataset_offset(path)
-        if shape != (self.count, *self.shape) or dtype != np.uint8:
-            raise ShardFormatError(
-                f"{path}: images {shape} {dtype}, the manifest says {(self.count, *self.shape)} uint8"
-            )
-        self._images = np.memmap(path, np.uint8, "r", offset=offset, shape=shape)
+        self._images = _map(path, "images")
+        if self.shape is None:
+            self._offsets = _map(path, "offsets")
+            ok = self._offsets.shape == (self.count + 1,) and self._images.shape == (int(self._offsets[-1]),)
+            expect = f"{self.count} samples in {self._offsets.shape} offsets"
+        else:
+            ok = self._images.shape == (self.count, *self.shape)
+            expect = str((self.count, *self.shape))
+        if not ok or self._images.dtype != np.uint8:
+            raise ShardFormatError(f"{path}: images {self._images.shape} {self._images.dtype}, the manifest says {expect} uint8")
 
     def read_into(self, i, out):
         self._ensure_open()
-        out[...] = self._images[i]
+        if self.shape is None:
+            out[...] = ragged_view(self._images, self._offsets, i, out, self.root / HDF5_FILE)
+        else:
+            out[...] = self._images[i]
 
     def read_batch_into(self, indices, out):
         self._ensure_open()

@@ -1,10 +1,12 @@
 """Reader of the ``lmdb`` format: OUT is one LMDB environment (data.mdb), key
-``sample_key(i)``, value the raw H*W*3 uint8 bytes (HWC). Opened read-only, without locking,
-once per process."""
+``sample_key(i)``, value the raw H*W*3 uint8 bytes (HWC). Variable-shape outputs (manifest
+``shape`` null) store each value in .npy format instead, its header carrying the sample's shape
+(``np.load(io.BytesIO(value))``). Opened read-only, without locking, once per process."""
 
 from __future__ import annotations
 
 import os
+import struct
 
 import lmdb
 import numpy as np
@@ -47,7 +49,18 @@ class LmdbReader(Reader):
         key = sample_key(i).encode()
         with self._env.begin(buffers=True) as txn:
             buf = txn.get(key)
-            if buf is None or len(buf) != out.nbytes:
-                got = "missing" if buf is None else f"{len(buf)} bytes"
+            start = 0 if buf is None or self.shape else _npy_data_start(buf, self.root, key)
+            if buf is None or len(buf) - start != out.nbytes:
+                got = "missing" if buf is None else f"{len(buf) - start} bytes"
                 raise ShardFormatError(f"{self.root}: LMDB record {key.decode()} is {got}, expected {out.nbytes} bytes")
-            out[...] = np.frombuffer(buf, np.uint8).reshape(out.shape)
+            out[...] = np.frombuffer(buf, np.uint8, out.size, start).reshape(out.shape)
+
+
+def _npy_data_start(buf, root, key: bytes) -> int:
+    """Where the pixels start in a value in .npy format (version 1.0 header, as
+    ``np.lib.format.write_array_header_1_0`` writes it): magic and version (8 bytes), header
+    length (uint16 little-endian), header. Raises ShardFormatError for any other value."""
+    if bytes(buf[:8]) != b"\x93NUMPY\x01\x00":
+        raise ShardFormatError(f"{root}: LMDB record {key.decode()} is not in .npy format, as the "
+                               "records of a variable-shape output are")
+    return 10 + struct.unpack_from("<H", buf, 8)[0]

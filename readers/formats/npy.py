@@ -1,28 +1,44 @@
-"""Reader of the ``npy`` format: ``images.npy`` (count, N, N, 3) uint8, memory-mapped read-only."""
+"""Reader of the ``npy`` format: ``images.npy`` (count, N, N, 3) uint8, memory-mapped read-only.
+
+Variable shapes (manifest ``shape`` null): ``images.npy`` is one flat uint8 array and
+``offsets.npy`` int64 (count + 1,) gives each sample's byte range in it; its (H, W, 3) is in
+``index/shapes.npy``. With numpy alone::
+
+    flat = np.load("images.npy", mmap_mode="r"); off = np.load("offsets.npy")
+    img = flat[off[i]:off[i + 1]].reshape(np.load("index/shapes.npy")[i])
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..manifest import NPY_IMAGES, ShardFormatError
-from .base import Reader
+from ..manifest import NPY_IMAGES, NPY_OFFSETS, ShardFormatError
+from .base import Reader, ragged_view
 
 
 class NpyReader(Reader):
-    _handles = ("_images",)
+    _handles = ("_images", "_offsets")
 
     def _open(self):
         path = self.root / NPY_IMAGES
         self._images = np.load(path, mmap_mode="r")
-        if self._images.shape != (self.count, *self.shape) or self._images.dtype != np.uint8:
+        if self.shape is None:
+            self._offsets = np.load(self.root / NPY_OFFSETS, mmap_mode="r")
+            expect = (int(self._offsets[-1]),) if len(self._offsets) == self.count + 1 else None
+        else:
+            expect = (self.count, *self.shape)
+        if self._images.shape != expect or self._images.dtype != np.uint8:
             raise ShardFormatError(
-                f"{path}: array {self._images.shape} {self._images.dtype}, the manifest says "
-                f"{(self.count, *self.shape)} uint8"
+                f"{path}: array {self._images.shape} {self._images.dtype}, the manifest and "
+                f"{NPY_OFFSETS} say {expect} uint8"
             )
 
     def read_into(self, i, out):
         self._ensure_open()
-        out[...] = self._images[i]
+        if self.shape is None:
+            out[...] = ragged_view(self._images, self._offsets, i, out, self.root / NPY_IMAGES)
+        else:
+            out[...] = self._images[i]
 
     def read_batch_into(self, indices, out):
         self._ensure_open()

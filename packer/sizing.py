@@ -1,0 +1,70 @@
+"""How big an output will be, stated before packing: per sample, for the run, and extrapolated
+to ImageNet-1k's training set (1,281,167 images), so the resize modes can be compared.
+
+Fixed-shape modes are exact (N*N*3 bytes a sample). For the variable-shape modes the sizes of
+up to ``HEADERS`` files spread evenly over the listing are read from their headers (Pillow opens
+lazily: no pixel is decoded) and put through the same ``scaled_size`` the packer uses.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+from .imaging import Recipe
+from .scan import Listing
+
+IMAGENET_1K_TRAIN = 1_281_167  # images in ILSVRC-2012 train
+HEADERS = 256  # files whose headers are read for a variable-shape estimate
+
+
+@dataclass(frozen=True)
+class SizeEstimate:
+    """``sample_bytes``: mean pixel bytes of one sample (float); ``files``: files in the run;
+    ``measured``: headers read (0 when exact, i.e. fixed shape)."""
+
+    sample_bytes: float
+    files: int
+    measured: int
+
+    @property
+    def total_bytes(self) -> int:
+        """Pixel bytes of the whole run (formats add a little: tar headers, LMDB pages)."""
+        return int(round(self.sample_bytes * self.files))
+
+    @property
+    def imagenet_bytes(self) -> int:
+        """The same mean sample size times ImageNet-1k's 1,281,167 training images."""
+        return int(round(self.sample_bytes * IMAGENET_1K_TRAIN))
+
+    def describe(self, recipe: Recipe) -> str:
+        how = "exact" if not self.measured else f"from {self.measured} file headers"
+        return (f"{recipe.resize} {recipe.size}: about {self.total_bytes / 1e6:.1f} MB of pixels for "
+                f"{self.files} images ({self.sample_bytes / 1e3:.1f} KB each, {how}); "
+                f"ImageNet-1k would take about {self.imagenet_bytes / 1e9:.0f} GB")
+
+
+def estimate_size(listing: Listing, recipe: Recipe, headers: int = HEADERS) -> SizeEstimate:
+    """Estimate the pixel bytes of packing ``listing`` with ``recipe`` (see the module doc).
+
+    Unreadable files are left out of the mean; when none can be read the bound
+    ``recipe.max_sample_bytes()`` is used. Never raises for a bad file.
+    """
+    n = len(listing)
+    if recipe.shape() is not None:
+        return SizeEstimate(float(np.prod(recipe.shape())), n, 0)
+    picks = np.unique(np.linspace(0, n - 1, min(n, headers)).round().astype(int))
+    sizes = []
+    for i in picks:
+        try:
+            with Image.open(os.path.join(listing.root, listing.paths[i])) as img:
+                w, h = img.size
+        except Exception:  # noqa: BLE001 -- an estimate; the run reports bad files itself
+            continue
+        oh, ow, c = recipe.output_shape(w, h)  # orientation swaps H and W, not their product
+        sizes.append(oh * ow * c)
+    mean = float(np.mean(sizes)) if sizes else float(recipe.max_sample_bytes())
+    return SizeEstimate(mean, n, len(sizes))
