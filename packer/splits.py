@@ -210,8 +210,9 @@ def describe(plan: Plan, out: Path, recipe: Recipe, opts: Options) -> str:
                     lines.append(f"    {len(names)} {what}: {', '.join(names[:10])}"
                                  + (f" and {len(names) - 10} more" if len(names) > 10 else ""))
     need = sum(_estimate_bytes(part.listing, recipe) for part in plan.parts)
-    lines.append(f"  output: about {_gb(need)} for {total} images in {opts.fmt}; "
-                 + estimate_size(plan.parts[0].listing, recipe).describe(recipe))
+    shape = "x".join(map(str, recipe.shape())) + " uint8" if recipe.shape() else "variable-shape uint8"
+    lines.append(f"  output: about {_gb(need)} for {total} images ({opts.fmt}, {shape}, {recipe.resize})")
+    lines.append("  per image: " + estimate_size(plan.parts[0].listing, recipe).describe(recipe))
     lines.append(f"  free space: {_gb(_free(out))} at {_existing(out)}")
     lines.append(f"  workers: {max(1, opts.workers or usable_cpus())}")
     return "\n".join(lines)
