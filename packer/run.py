@@ -24,6 +24,7 @@ import shutil
 import signal
 import socket
 import sys
+import threading
 import time
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
@@ -400,6 +401,19 @@ def _decode_all(listing, recipe, opts, writer, state, start, written, workers, t
             done = index + 1
         progress_bar.update(len(results))
 
+    # Ctrl-C is taken between tasks, never inside a write, so the checkpoint it leads to is exact.
+    interrupted: list = []
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, lambda *_: interrupted.append(1)) if main_thread else None
+
+    def maybe_checkpoint():
+        nonlocal last_checkpoint
+        if interrupted:
+            raise KeyboardInterrupt
+        if time.monotonic() - last_checkpoint > opts.checkpoint_seconds and streak == 0:
+            checkpoint(done)
+            last_checkpoint = time.monotonic()
+
     pool = None
     try:
         if workers == 1:
@@ -409,9 +423,7 @@ def _decode_all(listing, recipe, opts, writer, state, start, written, workers, t
                 rows_of = {i: k for k, i in enumerate(idx)} if streamed else {}
                 task = [(i, paths[i], rows_of.get(i, i)) for i in idx]
                 handle(_work(task), rows_of)
-                if time.monotonic() - last_checkpoint > opts.checkpoint_seconds and streak == 0:
-                    checkpoint(done)
-                    last_checkpoint = time.monotonic()
+                maybe_checkpoint()
         else:
             if ring is not None:
                 target = np.load(ring, mmap_mode="r")
@@ -438,9 +450,7 @@ def _decode_all(listing, recipe, opts, writer, state, start, written, workers, t
                 if streamed:
                     free_rows.extend(rows_of.values())
                 submit()
-                if time.monotonic() - last_checkpoint > opts.checkpoint_seconds and streak == 0:
-                    checkpoint(done)
-                    last_checkpoint = time.monotonic()
+                maybe_checkpoint()
         checkpoint(done)
     except KeyboardInterrupt:
         if streak == 0:
@@ -452,6 +462,8 @@ def _decode_all(listing, recipe, opts, writer, state, start, written, workers, t
                             "rerun with --resume (it continues from the last checkpoint)") from None
         raise
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
         progress_bar.close()
         skip_log.close()
         if pool is not None:
