@@ -248,10 +248,13 @@ def _resize(img: Image.Image, recipe: Recipe, w: int, h: int) -> Image.Image:
     """Resize the RGB picture ``img`` as ``recipe`` says. w x h: its displayed size before any
     draft reduction, which alone decides the output shape (so --draft never changes shapes)."""
     n = recipe.size
+    # A JPEG draft decodes at exactly 1/s of the picture (s = 2, 4 or 8), its size rounded up:
+    # map source coordinates by 1/s rather than recomputing the geometry from rounded sizes.
+    s = 1 if img.size == (w, h) else round(w / img.width)
     if recipe.resize in ("center-crop", "squash"):
-        return img.resize((n, n), FILTER, box=crop_box(*img.size, n, recipe.resize))
+        return img.resize((n, n), FILTER, box=tuple(v / s for v in crop_box(w, h, n, recipe.resize)))
     new_w, new_h = scaled_size(w, h, n, recipe.resize, recipe.max_pixels)
-    out = img if img.size == (new_w, new_h) else img.resize((new_w, new_h), FILTER)
+    out = img if img.size == (new_w, new_h) else img.resize((new_w, new_h), FILTER, box=(0, 0, w / s, h / s))
     if recipe.resize != "pad":
         return out
     canvas = Image.new("RGB", (n, n), tuple(recipe.background))
