@@ -149,3 +149,14 @@ def test_lmdb_map_grows_instead_of_map_full(tree, tmp_path, monkeypatch):
 def torch_equal(a, b):
     import torch
     return torch.equal(a, b)
+
+
+def test_draft_stays_within_the_fidelity_bound(tmp_path):
+    from conftest import make_tree
+    src = make_tree(tmp_path / "big", {"a": 4}, sizes=[(640, 480), (480, 640), (1000, 300), (333, 999)])
+    pack_quiet(src, tmp_path / "d", "npy", size=64, draft=True)
+    ds = ShardDataset(tmp_path / "d")
+    assert ds.manifest["pixels"]["draft"] is True
+    for i in range(len(ds)):
+        ref = resize_center_crop(open_rgb(src / ds.source_path(i)), 64)
+        assert mean_abs_diff(ds[i][0].permute(1, 2, 0).numpy(), ref) <= 2
