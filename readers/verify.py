@@ -95,7 +95,7 @@ def describe(root) -> str:
         f"  pixels      {px['resize']} {px['size']} px, {px['filter']} (antialias), background "
         f"{tuple(px['background'])}, draft {px['draft']}, allow_truncated {px['allow_truncated']}",
         f"              {px.get('reference', '')}",
-        f"  made with   " + ", ".join(f"{k} {v}" for k, v in px.get("versions", {}).items()),
+        "  made with   " + ", ".join(f"{k} {v}" for k, v in px.get("versions", {}).items()),
         f"  run         {m['run'].get('finished')} on {m['run'].get('host')}, {m['run'].get('workers')} "
         f"workers, {m['run'].get('seconds')} s, from {m['run'].get('source_root')}",
     ]

@@ -134,7 +134,7 @@ def main(src, min_images, size, formats):
         print("| per-core step | images/s | max per-image mean abs diff vs default |\n|---|---:|---:|")
         for name, r, d in rows:
             print(f"| {name} | {r:.0f} | {'' if d is None else f'{d:.3f}'} |")
-        print(f"\n| format | K=1 images/s | K=1 / bare | K=2 images/s | K=2 / K=1 |\n|---|---:|---:|---:|---:|")
+        print("\n| format | K=1 images/s | K=1 / bare | K=2 images/s | K=2 / K=1 |\n|---|---:|---:|---:|---:|")
         k2_rates = []
         runs = [(fmt, "pillow") for fmt in formats.split(",")] + [("npy", "simplejpeg")] * (len(rows) > 5)
         for fmt, decoder in runs:

@@ -4,7 +4,6 @@ LMDB + fork, HDF5 + fork, HDF5/LMDB + spawn pickling)."""
 import hashlib
 import pickle
 
-import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader

@@ -1,7 +1,6 @@
 """Round trip per format against the torchvision reference; formats and worker counts agree."""
 
 import filecmp
-import os
 
 import lmdb
 import numpy as np

@@ -127,6 +127,21 @@ def npy_header(shape) -> bytes:
     return buf.getvalue()
 
 
+class InPlaceWriter(Writer):
+    """An (n, H, W, 3) array at ``self.offset`` in ``self.path``, preallocated and filled by the
+    decode workers at each sample's scan position (npy, hdf5)."""
+
+    in_place = True
+    path: Path
+    offset: int
+
+    def sink(self):
+        return str(self.path), self.offset, (self.n, *self.shape)
+
+    def flush(self):
+        fsync_path(self.path)
+
+
 def fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

@@ -23,7 +23,7 @@ import numpy as np
 from readers.formats.hdf5 import dataset_offset
 from readers.manifest import HDF5_FILE
 
-from .base import RaggedWriter, Writer, fsync_path, reserve
+from .base import InPlaceWriter, RaggedWriter, fsync_path, reserve
 
 
 def _create(path, count, shape):
@@ -63,19 +63,11 @@ class RaggedHdf5Writer(RaggedWriter):
         return {"files": {HDF5_FILE: self.path.stat().st_size}}
 
 
-class Hdf5Writer(Writer):
-    in_place = True
-
+class Hdf5Writer(InPlaceWriter):
     def __init__(self, tmp, n, shape, labels, options):
         super().__init__(tmp, n, shape, labels, options)
         self.path = self.tmp / HDF5_FILE
         self.offset = dataset_offset(self.path)[0] if self.path.exists() else _create(self.path, n, self.shape)
-
-    def sink(self):
-        return str(self.path), self.offset, (self.n, *self.shape)
-
-    def flush(self):
-        fsync_path(self.path)
 
     def finish(self, kept):
         count = len(kept)

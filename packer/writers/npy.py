@@ -16,29 +16,19 @@ import numpy as np
 
 from readers.manifest import NPY_IMAGES, NPY_LABELS, NPY_OFFSETS
 
-from .base import RaggedWriter, Writer, compact_rows, fsync_path, npy_data_offset, reserve
+from .base import InPlaceWriter, RaggedWriter, compact_rows, fsync_path, npy_data_offset, reserve
 
 RAGGED_HEADER = 128  # bytes before the flat data: room for any (nbytes,) shape, 64-aligned
 
 
-class NpyWriter(Writer):
-    in_place = True
-
+class NpyWriter(InPlaceWriter):
     def __init__(self, tmp, n, shape, labels, options):
         super().__init__(tmp, n, shape, labels, options)
         self.path = self.tmp / NPY_IMAGES
         if not self.path.exists():  # resume: keep what is there
-            mm = np.lib.format.open_memmap(self.path, mode="w+", dtype=np.uint8, shape=(n, *self.shape))
-            del mm
-            self.offset = npy_data_offset(self.path)
-            reserve(self.path, self.offset, n * int(np.prod(self.shape)))
+            np.lib.format.open_memmap(self.path, mode="w+", dtype=np.uint8, shape=(n, *self.shape))
+            reserve(self.path, npy_data_offset(self.path), n * int(np.prod(self.shape)))
         self.offset = npy_data_offset(self.path)
-
-    def sink(self):
-        return str(self.path), self.offset, (self.n, *self.shape)
-
-    def flush(self):
-        fsync_path(self.path)
 
     def finish(self, kept):
         count = len(kept)
