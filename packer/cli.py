@@ -9,8 +9,10 @@ import click
 
 from readers.manifest import FORMATS
 
+from . import mounts
 from .config import effective_settings, load_config
 from .imaging import DECODERS, RESIZE_MODES, Recipe
+from .prefetch import DEFAULT_THREADS
 from .run import Options, PackError, default_out
 from .scan import ScanError
 from .splits import describe, make_plan, pack_plan
@@ -76,6 +78,11 @@ def pack_options(f):
         click.option("--overwrite", is_flag=True, help="Replace an existing OUT (kept until the new one is complete)."),
         click.option("--resume", is_flag=True, help="Continue an interrupted run into the same OUT."),
         click.option("--no-space-check", is_flag=True, help="Skip the free-space check."),
+        click.option("--io-threads", type=click.IntRange(0), default=None,
+                     help=f"Threads reading files ahead of the decoders [default: {DEFAULT_THREADS} when SRC is on a "
+                          "9p/drvfs/NFS/SMB/FUSE mount, else 0]."),
+        click.option("--allow-unsafe-output", is_flag=True,
+                     help="Write OUT even on a 9p/drvfs/NFS/SMB/FUSE mount (LMDB and memmaps are not safe there)."),
         click.option("--quiet", is_flag=True, help="No progress bar."),
         click.option("--splits", callback=_parse_splits, default=None,
                      help="Pack only these split folders, e.g. train,val [default: all found]."),
@@ -97,7 +104,8 @@ def pack_options(f):
 
 def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_size, background, draft,
              decoder, allow_truncated, strict, overwrite, resume, no_space_check, quiet, splits,
-             no_splits, labels, id_map, classes_from, dry_run):
+             no_splits, labels, id_map, classes_from, dry_run, io_threads=None,
+             allow_unsafe_output=False):
     """Shared body of ``pack-dataset`` and ``shardpack pack``: scan, print the plan (with the
     output size estimate), pack, print the summary."""
     settings = effective_settings(click.get_current_context())
@@ -105,10 +113,14 @@ def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_siz
         recipe = Recipe(size=size, resize=resize, background=background, draft=draft,
                         allow_truncated=allow_truncated, decoder=decoder, max_pixels=max_pixels)
         opts = Options(fmt=fmt, workers=workers, shard_size=shard_size, overwrite=overwrite,
-                       resume=resume, strict=strict, space_check=not no_space_check, progress=not quiet)
+                       resume=resume, strict=strict, space_check=not no_space_check, progress=not quiet,
+                       io_threads=io_threads, allow_unsafe_output=allow_unsafe_output)
+        out_path = Path(out).expanduser() if out else default_out(src, fmt, size)
+        if not allow_unsafe_output:  # before listing a slow SRC (pack checks again, per split)
+            mounts.check_output(out_path, mounts.mount_of(out_path))
         plan = make_plan(src, splits=splits, no_splits=no_splits, labels=labels, id_map=id_map,
                          classes_from=classes_from)
-        click.echo(describe(plan, Path(out).expanduser() if out else default_out(src, fmt, size), recipe, opts))
+        click.echo(describe(plan, out_path, recipe, opts))
         if dry_run:
             return None
         unmatched = [p for p in plan.parts if p.labels and (p.labels.missing or p.labels.unlisted)]
@@ -141,6 +153,10 @@ def summary(report) -> str:
             lines.append(f"    {row['kind']}: {row['reason']}")
         if len(report.skipped) > 10:
             lines.append(f"    ... and {len(report.skipped) - 10} more")
+    if report.case_clashes:
+        lines.append(f"  {len(report.case_clashes)} group(s) of names differ only in case (all packed; they "
+                     f"would collide on a case-insensitive filesystem):")
+        lines += [f"    {' vs '.join(g)}" for g in report.case_clashes[:10]]
     return "\n".join(lines)
 
 

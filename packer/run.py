@@ -28,7 +28,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -39,7 +39,9 @@ from readers.manifest import (COLUMNS, FORMAT_VERSION, FORMATS, INDEX_DIR, MANIF
                               SKIPPED, SOURCE_MODES, partial_dir, write_json_atomic)
 from readers.system import usable_cpus
 
+from . import mounts
 from .imaging import DecodeError, Recipe, decode
+from .prefetch import DEFAULT_THREADS, ReadAhead, read_bytes
 from .scan import Listing, scan
 from .sizing import estimate_size
 from .writers import writer_class
@@ -60,7 +62,12 @@ class StrictError(PackError):
 
 @dataclass(frozen=True)
 class Options:
-    """How to run (not what the pixels are: see imaging.Recipe)."""
+    """How to run (not what the pixels are: see imaging.Recipe).
+
+    ``io_threads``: threads reading source files ahead of the decoders (prefetch.py); None picks
+    0 (each decoder reads its own files) on a local SRC and prefetch.DEFAULT_THREADS on a
+    high-latency one (mounts.py). ``allow_unsafe_output``: write OUT even on such a mount.
+    """
 
     fmt: str
     workers: int | None = None
@@ -72,6 +79,8 @@ class Options:
     max_io_errors: int = 20
     progress: bool = True
     checkpoint_seconds: float = 2.0
+    io_threads: int | None = None
+    allow_unsafe_output: bool = False
 
 
 @dataclass
@@ -85,6 +94,8 @@ class Report:
     bytes: int = 0
     seconds: float = 0.0
     workers: int = 1
+    notes: list = field(default_factory=list)  # what was said on stderr at the start
+    case_clashes: list = field(default_factory=list)  # see scan.Listing.case_clashes
 
     @property
     def images_per_s(self) -> float:
@@ -115,7 +126,7 @@ def _init(root: str, recipe: Recipe, sink, in_worker: bool = True):
 
 
 def _work(tasks):
-    """Decode ``tasks`` [(scan index, relative path, target row)] into the target rows.
+    """Decode ``tasks`` [(scan index, relative path, target row[, bytes read ahead])] into the target rows.
 
     Returns [(index, OK, mode code, w, h, checksum, (H, W) of the sample)] or
     [(index, SKIP, kind, 0, 0, reason, errno)]. Variable-shape samples fill the front of their row.
@@ -123,11 +134,12 @@ def _work(tasks):
     root, recipe, target = _ctx["root"], _ctx["recipe"], _ctx["target"]
     fixed = recipe.shape() is not None
     out = []
-    for index, rel, row in tasks:
+    for index, rel, row, *fetched in tasks:  # fetched: [bytes or OSError] read ahead (prefetch.py)
         path = os.path.join(root, rel)
         try:
-            with open(path, "rb") as f:
-                data = f.read()
+            data = fetched[0] if fetched else read_bytes(path)
+            if isinstance(data, OSError):
+                raise data
         except OSError as err:
             out.append((index, SKIP, "io", 0, 0, f"{rel}: cannot read: {err.strerror or err}", err.errno or 0))
             continue
@@ -237,9 +249,17 @@ def pack(src: str | os.PathLike, out: str | os.PathLike | None, recipe: Recipe, 
     if opts.fmt not in FORMATS:
         raise PackError(f"unknown format {opts.fmt!r}; choose one of {', '.join(FORMATS)}")
     t0 = time.perf_counter()
-    listing = listing or scan(src)
     out = Path(out).expanduser() if out else default_out(src, opts.fmt, recipe.size)
     out = out.absolute()
+    opts, notes = _check_mounts(src, out, opts)
+    if (opts.workers or usable_cpus()) > 1 and sys.platform.startswith("linux"):
+        _start_forkserver()
+    listing = listing or scan(src)
+    if listing.case_clashes:
+        notes.append(_say(f"{len(listing.case_clashes)} group(s) of names differ only in case and would "
+                          f"collide on a case-insensitive filesystem (a Windows drive): "
+                          + "; ".join(" vs ".join(g) for g in listing.case_clashes[:5])
+                          + (" ..." if len(listing.case_clashes) > 5 else "")))
     tmp = partial_dir(out)
     if out.exists() and not opts.overwrite and not opts.resume:
         raise PackError(f"{out} already exists; pass --overwrite to replace it")
@@ -322,7 +342,41 @@ def pack(src: str | os.PathLike, out: str | os.PathLike | None, recipe: Recipe, 
     _replace(tmp, out)
     total = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     return Report(out, int(len(kept)), n, skipped, listing.ignored, len(listing.classes), total,
-                  seconds, workers)
+                  seconds, workers, notes=notes, case_clashes=listing.case_clashes)
+
+
+def _start_forkserver() -> None:
+    """Start the forkserver the decode processes fork from, with this module imported, in the
+    background: it runs while SRC is listed (a listing over 9P takes a while)."""
+    import threading
+    from multiprocessing import forkserver
+    forkserver.set_forkserver_preload(["packer.run"])
+    threading.Thread(target=forkserver.ensure_running, daemon=True).start()
+
+
+def _say(note: str) -> str:
+    print(f"shardpack: {note}", file=sys.stderr)
+    return note
+
+
+def _check_mounts(src, out: Path, opts: Options) -> tuple[Options, list[str]]:
+    """Refuse an OUT on a high-latency mount unless allowed; size the read-ahead for SRC's mount.
+    Returns opts with ``io_threads`` decided, and the notes printed."""
+    notes = []
+    out_mount = mounts.mount_of(out)
+    if not opts.allow_unsafe_output:
+        try:
+            mounts.check_output(out, out_mount)
+        except mounts.UnsafeOutput as err:
+            raise PackError(str(err)) from None
+    elif out_mount is not None and out_mount.slow:
+        notes.append(_say(f"--allow-unsafe-output: writing {out} on {out_mount.describe()}"))
+    src_mount = mounts.mount_of(src)
+    slow = src_mount is not None and src_mount.slow
+    threads = opts.io_threads if opts.io_threads is not None else (DEFAULT_THREADS if slow else 0)
+    if slow:
+        notes.append(_say(mounts.source_note(src, src_mount, threads)))
+    return replace(opts, io_threads=threads), notes
 
 
 def _rewrite_skips(state: _State, rows: list[dict]) -> None:
@@ -354,6 +408,14 @@ def _decode_all(listing, recipe, opts, writer, state, start, written, workers, t
         free_rows = deque(range(rows))
     else:
         sink = ("file", *writer.sink())
+    reader = ReadAhead(listing.root, paths, range(start, n), opts.io_threads,
+                       ahead=window * chunk + 2 * opts.io_threads) if opts.io_threads else None
+
+    def task_of(idx, rows_of):
+        if reader is None:
+            return [(i, paths[i], rows_of.get(i, i)) for i in idx]
+        return [(i, paths[i], rows_of.get(i, i), reader.take(i)) for i in idx]
+
     progress_bar = _progress(n, start, opts.progress)
     skip_log = open(state.skips_path, "a")
     done, last_checkpoint, streak_start, streak = start, time.monotonic(), start, 0
@@ -421,7 +483,7 @@ def _decode_all(listing, recipe, opts, writer, state, start, written, workers, t
             target = _ctx["target"]
             for idx in tasks():
                 rows_of = {i: k for k, i in enumerate(idx)} if streamed else {}
-                task = [(i, paths[i], rows_of.get(i, i)) for i in idx]
+                task = task_of(idx, rows_of)
                 handle(_work(task), rows_of)
                 maybe_checkpoint()
         else:
@@ -438,7 +500,7 @@ def _decode_all(listing, recipe, opts, writer, state, start, written, workers, t
                 if idx is None:
                     return False
                 rows_of = {i: free_rows.popleft() for i in idx} if streamed else {}
-                task = [(i, paths[i], rows_of.get(i, i)) for i in idx]
+                task = task_of(idx, rows_of)
                 inflight.append((pool.submit(_work, task), rows_of))
                 return True
 
@@ -466,6 +528,8 @@ def _decode_all(listing, recipe, opts, writer, state, start, written, workers, t
             signal.signal(signal.SIGINT, previous)
         progress_bar.close()
         skip_log.close()
+        if reader is not None:
+            reader.close()
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
         _ctx.clear()

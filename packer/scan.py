@@ -5,17 +5,26 @@ sorted names of SRC's sub-directories, ``class_to_idx`` maps them to 0..C-1, and
 found per class with ``os.walk(followlinks=True)`` over sorted directory and file names, keeping
 the extensions in IMG_EXTENSIONS (case-insensitive). One deliberate difference: names starting
 with '.' (``.ipynb_checkpoints``, AppleDouble ``._x.JPEG``, ``.DS_Store``) are skipped.
+
+Names are kept exactly as the directory listing gives them; only the extension test ignores
+case. Sibling names that differ only in case (``x.JPEG`` and ``x.jpeg``, class folders ``Dog``
+and ``dog``) are all kept and reported, since they would collide on a case-insensitive
+filesystem such as a Windows drive.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from . import mounts
+
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+LIST_THREADS = 64  # folders listed at once on a high-latency mount: listing is latency, not CPU
 SPLIT_NAMES = ("train", "val", "valid", "validation", "test")
 
 
@@ -26,7 +35,8 @@ class ScanError(ValueError):
 @dataclass(frozen=True)
 class Listing:
     """The result of a scan: paths relative to ``root`` (str, as on disk) and labels (int64),
-    in ImageFolder's sample order; ``ignored`` lists non-image files met inside class folders."""
+    in ImageFolder's sample order; ``ignored`` lists non-image files met inside class folders;
+    ``case_clashes`` lists groups of sibling names (relative paths, sorted) equal but for case."""
 
     root: Path
     classes: list[str]
@@ -34,6 +44,7 @@ class Listing:
     paths: list[str]
     labels: np.ndarray
     ignored: list[str]
+    case_clashes: list[tuple[str, ...]] = field(default_factory=list)
 
     def __len__(self):
         return len(self.paths)
@@ -62,34 +73,59 @@ def find_classes(root: str | os.PathLike, splits_ok: bool = False) -> tuple[list
     return classes, {c: i for i, c in enumerate(classes)}
 
 
-def scan(root: str | os.PathLike, splits_ok: bool = False) -> Listing:
+def scan(root: str | os.PathLike, splits_ok: bool = False, threads: int | None = None) -> Listing:
     """List the samples of the ImageFolder tree ``root`` in ImageFolder's order.
 
-    Only directory entries are read (no file is opened). Raises ScanError as find_classes does
-    (``splits_ok`` passed on), and when no image file is found at all.
+    Only directory entries are read (no file is opened). ``threads`` class folders are listed at
+    once; None picks LIST_THREADS when root is on a high-latency mount (9P, NFS, SMB, FUSE: see
+    mounts.py), where each folder costs round trips, else 1. The result does not depend on it.
+    Raises ScanError as find_classes does (``splits_ok`` passed on), and when no image file is
+    found at all.
     """
     root = Path(root)
     classes, class_to_idx = find_classes(root, splits_ok)
+    if threads is None:
+        mount = mounts.mount_of(root)
+        threads = LIST_THREADS if mount is not None and mount.slow else 1
+    if threads > 1 and len(classes) > 1:
+        with ThreadPoolExecutor(min(threads, len(classes)), thread_name_prefix="shardpack-scan") as ex:
+            per_class = list(ex.map(lambda c: _walk_class(root, c), classes))
+    else:
+        per_class = [_walk_class(root, c) for c in classes]
     paths: list[str] = []
     labels: list[int] = []
     ignored: list[str] = []
-    for cls in classes:
-        top = os.path.join(root, cls)
-        walked = []
-        for dirpath, dirnames, filenames in os.walk(top, followlinks=True):
-            dirnames[:] = [d for d in dirnames if not d.startswith(".")]  # prune hidden folders
-            walked.append((dirpath, filenames))
-        for dirpath, filenames in sorted(walked):
-            rel_dir = os.path.relpath(dirpath, root)
-            for name in sorted(filenames):
-                if name.startswith("."):
-                    continue
-                rel = os.path.join(rel_dir, name)
-                if name.lower().endswith(IMG_EXTENSIONS):
-                    paths.append(rel)
-                    labels.append(class_to_idx[cls])
-                else:
-                    ignored.append(rel)
+    clashes = _case_clashes("", classes)
+    for cls, (images, others, class_clashes) in zip(classes, per_class):
+        paths += images
+        labels += [class_to_idx[cls]] * len(images)
+        ignored += others
+        clashes += class_clashes
     if not paths:
         raise ScanError(f"{root}: no image files ({', '.join(IMG_EXTENSIONS)}) in its class folders")
-    return Listing(root, classes, class_to_idx, paths, np.asarray(labels, np.int64), ignored)
+    return Listing(root, classes, class_to_idx, paths, np.asarray(labels, np.int64), ignored, clashes)
+
+
+def _walk_class(root: Path, cls: str) -> tuple[list[str], list[str], list[tuple[str, ...]]]:
+    """(image paths, other files, case clashes) under root/cls, relative to root, sorted."""
+    walked = []
+    for dirpath, dirnames, filenames in os.walk(os.path.join(root, cls), followlinks=True):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]  # prune hidden folders
+        walked.append((dirpath, dirnames[:], filenames))
+    images, others, clashes = [], [], []
+    for dirpath, dirnames, filenames in sorted(walked):
+        rel_dir = os.path.relpath(dirpath, root)
+        names = sorted(n for n in filenames if not n.startswith("."))
+        for name in names:
+            rel = os.path.join(rel_dir, name)
+            (images if name.lower().endswith(IMG_EXTENSIONS) else others).append(rel)
+        clashes += _case_clashes(rel_dir, names + dirnames)
+    return images, others, clashes
+
+
+def _case_clashes(parent: str, names: list[str]) -> list[tuple[str, ...]]:
+    """Groups (sorted tuples of paths ``parent/name``) of sibling ``names`` equal but for case."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        groups.setdefault(name.casefold(), []).append(os.path.join(parent, name))
+    return [tuple(sorted(g)) for g in groups.values() if len(g) > 1]

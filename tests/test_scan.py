@@ -2,7 +2,11 @@ import numpy as np
 import pytest
 
 from packer.scan import IMG_EXTENSIONS, ScanError, find_classes, scan
+from click.testing import CliRunner
+
 from conftest import noise_image
+from packer.cli import pack_dataset
+from readers import ShardDataset
 
 
 def test_imagefolder_order_extensions_and_hidden_entries(tmp_path):
@@ -55,3 +59,45 @@ def test_empty_and_missing_sources(tmp_path):
     (tmp_path / "cls" / "a.txt").write_text("x")
     with pytest.raises(ScanError, match="no image files"):
         scan(tmp_path)
+
+
+def test_case_extensions_exact_names_and_case_clashes(tmp_path):
+    """Windows drives (WSL's /mnt/d) are case-insensitive: extensions match in any case, names are
+    kept byte for byte, and siblings equal but for case are all packed and reported."""
+    root = tmp_path / "src"
+    for cls in ("Dog", "dog", "emu"):
+        (root / cls).mkdir(parents=True)
+    img = noise_image(8, 8, 1)
+    for rel in ("Dog/x.jpg", "dog/a.JPEG", "dog/A.jpeg", "dog/b.Png", "dog/c.jPeG", "emu/Ünïcode É.WebP",
+                "emu/sub/k.TIFF", "emu/SUB/k.tiff"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        img.save(root / rel, format={"jpg": "JPEG", "jpeg": "JPEG", "png": "PNG", "webp": "WEBP",
+                                     "tiff": "TIFF"}[rel.rsplit(".", 1)[1].lower()])
+    (root / "emu" / "notes.TXT").write_text("x")
+    (root / "emu" / "NOTES.txt").write_text("y")
+
+    listing = scan(root)
+    assert listing.classes == ["Dog", "dog", "emu"]
+    assert listing.paths == ["Dog/x.jpg", "dog/A.jpeg", "dog/a.JPEG", "dog/b.Png", "dog/c.jPeG",
+                             "emu/Ünïcode É.WebP", "emu/SUB/k.tiff", "emu/sub/k.TIFF"]
+    assert listing.labels.tolist() == [0, 1, 1, 1, 1, 2, 2, 2]
+    assert listing.ignored == ["emu/NOTES.txt", "emu/notes.TXT"]
+    assert sorted(listing.case_clashes) == [("Dog", "dog"), ("dog/A.jpeg", "dog/a.JPEG"),
+                                            ("emu/NOTES.txt", "emu/notes.TXT"), ("emu/SUB", "emu/sub")]
+    again = scan(root, threads=4)  # listing class folders in parallel changes nothing
+    assert (again.paths, again.labels.tolist(), again.ignored, again.case_clashes) == \
+        (listing.paths, listing.labels.tolist(), listing.ignored, listing.case_clashes)
+
+
+def test_case_clashes_are_reported_by_pack(tmp_path):
+    root = tmp_path / "src"
+    (root / "cls").mkdir(parents=True)
+    noise_image(8, 8, 2).save(root / "cls" / "a.JPEG")
+    noise_image(8, 8, 3).save(root / "cls" / "A.jpeg")
+    result = CliRunner().invoke(pack_dataset, [str(root), "--format", "npy", "--size", "8",
+                                               "-o", str(tmp_path / "out"), "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert "packed 2 images" in result.output
+    assert "1 group(s) of names differ only in case" in result.output and "cls/A.jpeg vs cls/a.JPEG" in result.output
+    ds = ShardDataset(tmp_path / "out")
+    assert [ds.source_path(i) for i in range(2)] == ["cls/A.jpeg", "cls/a.JPEG"]

@@ -1,0 +1,84 @@
+"""Packing from a slow mount vs from local disk: images/s both ways, and how many I/O threads it takes.
+
+The slow mount is tests/slowfs.py, a FUSE passthrough of the same tree that sleeps a fixed delay
+(default 5 ms) in every getattr, readdir, open and read, as a round trip over WSL2's 9P does. The
+FUSE server runs on the same CPUs as the packer (on WSL2 the 9P server runs on the Windows side),
+so the ratio here is if anything pessimistic. Runs are interleaved (local, then each thread
+count, in alternating order) so background load hits all settings alike; each round's slow/local
+ratio is taken and the median over rounds reported.
+
+    .venv/bin/python scripts/bench_slowmount.py [SRC] [--delay 0.005] [--threads 4 8 16 32]
+        [--rounds 5] [--format npy] [--size 64]
+
+Needs root (or fuse permissions), /dev/fuse, libfuse 3 and mfusepy (see scripts/setup.sh).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from fusemount import slow_mount  # noqa: E402
+from packer import Options, Recipe, pack  # noqa: E402
+from packer.prefetch import DEFAULT_THREADS  # noqa: E402
+
+DEFAULT_SRC = ROOT.parent / "shared" / "data" / "imagenet-sample" / "train"
+
+
+def run(src, out, fmt, size, threads):
+    report = pack(src, out, Recipe(size=size), Options(fmt=fmt, io_threads=threads, progress=False,
+                                                        overwrite=True))
+    return report.images_per_s
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("src", nargs="?", default=str(DEFAULT_SRC))
+    p.add_argument("--delay", type=float, default=0.005, help="seconds per FUSE operation")
+    p.add_argument("--threads", type=int, nargs="+", default=[4, 8, DEFAULT_THREADS, 32],
+                   help="I/O thread counts to try on the slow mount")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--format", default="npy")
+    p.add_argument("--size", type=int, default=64)
+    p.add_argument("--no-baseline", action="store_true", help="skip the slow run without read-ahead")
+    a = p.parse_args()
+    src = Path(a.src)
+    with tempfile.TemporaryDirectory(prefix="bench-slowmount-") as tmp:
+        tmp = Path(tmp)
+        with slow_mount(src, tmp / "mnt", delay=a.delay) as mnt:
+            print(f"{src}: local disk vs FUSE mount {mnt} with {a.delay * 1e3:g} ms per operation; "
+                  f"{a.format} at {a.size} px, default workers", flush=True)
+            run(src, tmp / "warm", a.format, a.size, 0)  # page cache and forkserver warm for both
+            speeds = {"local": [], **{t: [] for t in a.threads}}
+            settings = ["local", *a.threads]
+            for r in range(a.rounds):
+                for k in (settings if r % 2 == 0 else settings[::-1]):  # alternate to cancel drift
+                    speeds[k].append(run(src, tmp / "out", a.format, a.size, None) if k == "local"
+                                     else run(mnt, tmp / "out", a.format, a.size, k))
+                print(f"round {r + 1}: " + ", ".join(f"{k if k == 'local' else f'{k} threads'} "
+                                                     f"{v[-1]:.0f}" for k, v in speeds.items()), flush=True)
+            baseline = None if a.no_baseline else run(mnt, tmp / "out", a.format, a.size, 0)
+    local = statistics.median(speeds["local"])
+    print(f"\nimages/s, median of {a.rounds} rounds; ratio = median over rounds of slow/local in the same round")
+    print(f"  local disk: {local:.0f}")
+    if baseline is not None:
+        print(f"  slow mount,  0 I/O threads (each decoder reads its own files): {baseline:.0f} "
+              f"({baseline / local:.0%} of local, one run)")
+    enough = None
+    for t in a.threads:
+        ratio = statistics.median(s / l for s, l in zip(speeds[t], speeds["local"]))
+        print(f"  slow mount, {t:>2} I/O threads: {statistics.median(speeds[t]):.0f} (ratio {ratio:.0%})")
+        if enough is None and ratio >= 0.8:
+            enough = t
+    print("target >= 80% of local: " + (f"reached with {enough} I/O threads" if enough else "not reached"))
+    return 0 if enough else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
