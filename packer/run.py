@@ -345,6 +345,15 @@ def pack(src: str | os.PathLike, out: str | os.PathLike | None, recipe: Recipe, 
                   seconds, workers, notes=notes, case_clashes=listing.case_clashes)
 
 
+def _mp_context():
+    """forkserver on Linux (no inherited threads or handles), spawn elsewhere; fork when the main
+    script cannot be re-imported by a child (``python - <<EOF``: its __file__ is '<stdin>')."""
+    if not sys.platform.startswith("linux"):
+        return get_context("spawn")
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    return get_context("fork" if main_file and not os.path.exists(main_file) else "forkserver")
+
+
 def _start_forkserver() -> None:
     """Start the forkserver the decode processes fork from, with this module imported, in the
     background: it runs while SRC is listed (a listing over 9P takes a while)."""
@@ -489,7 +498,7 @@ def _decode_all(listing, recipe, opts, writer, state, start, written, workers, t
         else:
             if ring is not None:
                 target = np.load(ring, mmap_mode="r")
-            ctx = get_context("forkserver" if sys.platform.startswith("linux") else "spawn")
+            ctx = _mp_context()
             pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init,
                                        initargs=(str(listing.root), recipe, sink))
             inflight: deque = deque()

@@ -159,3 +159,18 @@ def test_draft_stays_within_the_fidelity_bound(tmp_path):
     for i in range(len(ds)):
         ref = resize_center_crop(open_rgb(src / ds.source_path(i)), 64)
         assert mean_abs_diff(ds[i][0].permute(1, 2, 0).numpy(), ref) <= 2
+
+
+def test_two_workers_from_a_script_on_stdin(tree, tmp_path):
+    """``python - <<EOF``: forkserver/spawn children cannot re-import a '<stdin>' main script."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    code = (f"from packer import Options, Recipe, pack\n"
+            f"r = pack({str(tree)!r}, {str(tmp_path / 'o')!r}, Recipe(16), Options(fmt='lmdb', workers=2, progress=False))\n"
+            f"print(r.count)\n")
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-"], input=code, capture_output=True, text=True, cwd=tmp_path,
+                         env={**__import__("os").environ, "PYTHONPATH": str(root)}, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "18"
