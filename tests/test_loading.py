@@ -172,3 +172,19 @@ def test_auto_mode_threads_for_whole_batches_processes_for_per_sample_python(pac
 def test_unknown_mode_is_refused(packed):
     with pytest.raises(ValueError, match="mode 'fast'"):
         make_loader(ShardDataset(packed["npy"]), 4, mode="fast")
+
+
+@pytest.mark.parametrize("fmt", ["npy", "lmdb"])
+def test_variable_shape_output_goes_per_sample(tmp_path, fmt):
+    from conftest import make_tree
+    src = make_tree(tmp_path / "src", {"a": 4, "b": 3})
+    ds = ShardDataset(pack_quiet(src, tmp_path / fmt, fmt, size=20, resize="shorter-side").out,
+                      transform=Compose([RandomCrop(16), RandomHorizontalFlip()]))
+    assert len({tuple(s) for s in ds.shapes}) > 1  # really variable
+    with pytest.raises(ValueError, match="different shapes"):
+        ds.read_batch([0, 1])
+    assert loading.auto_mode(ds) in ("processes", "main")
+    loader = make_loader(ds, 3, train=False, mode="threads", num_workers=2, batch_transform=CenterCrop(12))
+    got = [(imgs, labels) for imgs, labels in loader]
+    assert [tuple(imgs.shape) for imgs, _ in got] == [(3, 3, 12, 12), (3, 3, 12, 12), (1, 3, 12, 12)]
+    assert torch.cat([labels for _, labels in got]).tolist() == ds.targets.tolist()
