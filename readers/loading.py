@@ -4,14 +4,14 @@ Why the defaults (measured with ``scripts/bench_read.py`` on 2 cores; table in t
 
 - Packed samples cost a memory copy, not a decode, so worker *processes* mostly add cost: every
   batch is copied into shared memory and handed between processes, which compete with the
-  training process for the same cores. Measured (npy, batch 64, samples/s, main / threads /
-  processes): RandomCrop+flip 13,433 / 18,106 / 5,296; uint8 batches 11,185-22,034 in-process vs
-  2,698 with processes; on every format and workload processes were slowest, by 2-8x. *Threads*
+  training process for the same cores. In two runs over 4 formats x 3 workloads (samples/s,
+  main / threads / processes, e.g. hdf5 RandomCrop+flip 13,540 / 13,744 / 3,738, npy plain
+  uint8 batches 28,161 / 15,060 / 3,223) processes were slowest every time, by 1.2-9x. *Threads*
   share the batch for free, and the heavy steps (the vectorised read, crops, flips, uint8
-  resizing) run in numpy/torch with the GIL released. So ``mode="auto"`` uses threads
-  (``usable_cpus()`` of them) for packed data, and worker processes only when the dataset has a
-  per-sample Python ``transform`` (which holds the GIL). With threads on few cores, keep torch's
-  intra-op threads low (``torch.set_num_threads``) so loader threads and ops do not oversubscribe.
+  resizing) run in numpy/torch with the GIL released; for plain copies, handing the batch to a
+  thread costs more than it saves. See :func:`auto_mode`. With threads on few cores, keep
+  torch's intra-op threads low (``torch.set_num_threads``) so loader threads and ops do not
+  oversubscribe.
 - Batches are read whole: a batch sampler hands each fetch a sorted list of indices (sorting
   within a batch changes nothing for training; reads run forwards through the file) and
   ``ShardDataset.read_batch`` fills one (B, H, W, 3) buffer with one vectorised copy.
@@ -194,13 +194,21 @@ def _identity(batch):
     return batch
 
 
-def auto_mode(ds) -> str:
-    """``make_loader``'s choice when ``mode="auto"``: "threads" for packed data read in whole
-    batches (and "main" on a single CPU), "processes" when a per-sample Python transform or a
-    variable shape makes the work per sample."""
+def auto_mode(ds, batch_transform=None) -> str:
+    """``make_loader``'s choice when ``mode="auto"``, from bench_read.py on 2 cores:
+
+    - plain uint8 batches (no transform at all, e.g. for ``BatchAugment`` on the GPU): "main",
+      a copy in this process (npy 28,161/s in-process vs 15,060 threads, 3,223 processes);
+    - CPU augmentation of whole batches: "threads" (RandomCrop+flip, hdf5: 13,744/s threads,
+      13,540 main, 3,738 processes), or "main" on a single CPU;
+    - a per-sample Python ``transform`` or variable shapes (work per sample, GIL held):
+      "processes", or "main" on a single CPU.
+    """
+    if usable_cpus() < 2:
+        return "main"
     if not BatchedDataset(ds).whole_batches:
-        return "processes" if usable_cpus() > 1 else "main"
-    return "threads" if usable_cpus() > 1 else "main"
+        return "processes"
+    return "main" if batch_transform is None else "threads"
 
 
 def shm_free() -> int | None:
@@ -255,7 +263,7 @@ def make_loader(ds, batch_size: int, train: bool = True, *, batch_transform=None
     x prefetch exceeds the free /dev/shm. Raises ValueError for an unknown ``mode``.
     """
     if mode == "auto":
-        mode = auto_mode(ds)
+        mode = auto_mode(ds, batch_transform)
     if mode not in MODES:
         raise ValueError(f"mode {mode!r}: choose one of auto, {', '.join(MODES)}")
     workers = max(1, num_workers or usable_cpus())

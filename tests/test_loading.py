@@ -161,9 +161,10 @@ def test_distributed_sampler_and_set_epoch(packed, tmp_path):
         dist.destroy_process_group()
 
 
-def test_auto_mode_threads_for_whole_batches_processes_for_per_sample_python(packed, monkeypatch):
+def test_auto_mode_from_the_measurements(packed, monkeypatch):
     monkeypatch.setattr(loading, "usable_cpus", lambda: 4)
-    assert loading.auto_mode(ShardDataset(packed["npy"])) == "threads"
+    assert loading.auto_mode(ShardDataset(packed["npy"]), RandomCrop(8)) == "threads"
+    assert loading.auto_mode(ShardDataset(packed["npy"])) == "main"  # plain copies
     assert loading.auto_mode(ShardDataset(packed["npy"], transform=CenterCrop(8))) == "processes"
     monkeypatch.setattr(loading, "usable_cpus", lambda: 1)
     assert loading.auto_mode(ShardDataset(packed["npy"])) == "main"
