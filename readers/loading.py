@@ -6,7 +6,7 @@ Why the defaults (measured with ``scripts/bench_read.py`` on 2 cores; table in t
   batch is copied into shared memory and handed between processes, which compete with the
   training process for the same cores. In two runs over 4 formats x 3 workloads (samples/s,
   main / threads / processes, e.g. hdf5 RandomCrop+flip 13,540 / 13,744 / 3,738, npy plain
-  uint8 batches 28,161 / 15,060 / 3,223) processes were slowest every time, by 1.2-9x. *Threads*
+  uint8 batches 28,161 / 15,060 / 3,223) processes were slowest every time, by 1.2-12x. *Threads*
   share the batch for free, and the heavy steps (the vectorised read, crops, flips, uint8
   resizing) run in numpy/torch with the GIL released; for plain copies, handing the batch to a
   thread costs more than it saves. See :func:`auto_mode`. With threads on few cores, keep
