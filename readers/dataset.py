@@ -89,19 +89,59 @@ class ShardDataset(Dataset):
         self.reader.read_into(i, hwc.numpy())
         return self._finish(hwc.permute(2, 0, 1), int(self.index.labels[i]))
 
+    def _indices(self, indices) -> np.ndarray:
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        n = self.index.count
+        bad = (idx < -n) | (idx >= n)
+        if bad.any():
+            raise IndexError(f"index {int(idx[bad][0])} out of range for {n} samples in {self.root}")
+        return idx % n
+
+    def _read_sorted(self, idx: np.ndarray):
+        """Read ``idx`` in ascending order (sequential in the file, one vectorised copy where the
+        format allows). Returns the (B, H, W, 3) buffer in sorted order and, for each position of
+        ``idx``, its row in that buffer."""
+        order = np.argsort(idx, kind="stable")
+        rows = np.empty_like(order)
+        rows[order] = np.arange(len(idx))
+        return self.reader.read_batch(idx[order]), rows
+
+    def read_batch(self, indices, out: np.ndarray | None = None):
+        """Samples ``indices`` stacked, without ``transform``: ``(imgs, labels)`` with ``imgs`` a
+        ``torch.uint8`` (B, 3, H, W) channels_last view of a (B, H, W, 3) buffer and ``labels``
+        int64 (B,), in the order of ``indices`` (a sorted batch, as ``make_loader`` gives,
+        reads forwards through the file). One vectorised copy for npy, HDF5 and wds.
+
+        ``out``: a C-contiguous (B, H, W, 3) uint8 numpy array to fill instead of a new one
+        (reusing a buffer saves the page faults of fresh memory). Fixed-shape outputs only:
+        raises ValueError for variable-shape ones (read those per sample), IndexError for an
+        index out of range.
+        """
+        if self.reader.shape is None:
+            raise ValueError(f"{self.root}: samples have different shapes; read them one by one")
+        idx = self._indices(indices)
+        if out is None:
+            out = self.reader.read_batch(idx)
+        else:
+            self.reader.read_batch_into(idx, out)
+        labels = torch.from_numpy(np.asarray(self.index.labels[idx], dtype=np.int64))
+        return torch.from_numpy(out).permute(0, 3, 1, 2), labels
+
     def __getitems__(self, indices):
         """Read a batch at once (the DataLoader calls this with a whole batch of indices) and
         return a list of ``(img, label)`` as ``__getitem__`` would, so the default collate works.
-        For fixed-shape outputs the images are views of one (B, H, W, 3) buffer filled in one call.
+
+        Fixed-shape outputs are read with one sorted, vectorised read into one (B, H, W, 3)
+        buffer; the images are views of it, handed back in the order of ``indices``.
+        ``transform`` still runs per sample.
         """
-        idx = np.fromiter((self._check(i) for i in indices), np.int64, len(indices))
         if self.reader.shape is None:
-            return [self[i] for i in idx]
-        batch = torch.empty((len(idx), *self.reader.shape), dtype=torch.uint8)
-        self.reader.read_batch_into(idx, batch.numpy())
-        chw = batch.permute(0, 3, 1, 2)
-        labels = self.index.labels[idx]
-        return [self._finish(chw[k], int(labels[k])) for k in range(len(idx))]
+            return [self[i] for i in indices]
+        idx = self._indices(indices)
+        hwc, rows = self._read_sorted(idx)
+        chw = torch.from_numpy(hwc).permute(0, 3, 1, 2)
+        labels = self.index.labels[idx].tolist()
+        return [self._finish(chw[r], label) for r, label in zip(rows.tolist(), labels)]
 
     def __repr__(self):
         m = self.manifest

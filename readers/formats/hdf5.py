@@ -13,7 +13,7 @@ import h5py
 import numpy as np
 
 from ..manifest import HDF5_FILE, ShardFormatError
-from .base import Reader, ragged_view
+from .base import Reader, ragged_view, take_into
 
 
 def dataset_offset(path, name="images"):
@@ -59,4 +59,4 @@ class Hdf5Reader(Reader):
 
     def read_batch_into(self, indices, out):
         self._ensure_open()
-        np.take(self._images, indices, axis=0, out=out)
+        take_into(self._images, indices, out)

@@ -46,14 +46,25 @@ class LmdbReader(Reader):
 
     def read_into(self, i, out):
         self._ensure_open()
-        key = sample_key(i).encode()
         with self._env.begin(buffers=True) as txn:
-            buf = txn.get(key)
-            start = 0 if buf is None or self.shape else _npy_data_start(buf, self.root, key)
-            if buf is None or len(buf) - start != out.nbytes:
-                got = "missing" if buf is None else f"{len(buf) - start} bytes"
-                raise ShardFormatError(f"{self.root}: LMDB record {key.decode()} is {got}, expected {out.nbytes} bytes")
-            out[...] = np.frombuffer(buf, np.uint8, out.size, start).reshape(out.shape)
+            self._copy(txn, i, out)
+
+    def _copy(self, txn, i, out):
+        key = sample_key(i).encode()
+        buf = txn.get(key)
+        start = 0 if buf is None or self.shape else _npy_data_start(buf, self.root, key)
+        if buf is None or len(buf) - start != out.nbytes:
+            got = "missing" if buf is None else f"{len(buf) - start} bytes"
+            raise ShardFormatError(f"{self.root}: LMDB record {key.decode()} is {got}, expected {out.nbytes} bytes")
+        out[...] = np.frombuffer(buf, np.uint8, out.size, start).reshape(out.shape)
+
+    def read_batch_into(self, indices, out):
+        """One read transaction for the whole batch; records are found in key order, so sorted
+        indices walk the B-tree forwards."""
+        self._ensure_open()
+        with self._env.begin(buffers=True) as txn:
+            for k, i in enumerate(indices):
+                self._copy(txn, int(i), out[k])
 
 
 def _npy_data_start(buf, root, key: bytes) -> int:

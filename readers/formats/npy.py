@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..manifest import NPY_IMAGES, NPY_OFFSETS, ShardFormatError
-from .base import Reader, ragged_view
+from .base import Reader, ragged_view, take_into
 
 
 class NpyReader(Reader):
@@ -42,4 +42,4 @@ class NpyReader(Reader):
 
     def read_batch_into(self, indices, out):
         self._ensure_open()
-        np.take(self._images, indices, axis=0, out=out)
+        take_into(self._images, indices, out)

@@ -39,6 +39,14 @@ class WdsReader(Reader):
         shard, offset = self._offsets[i]
         out[...] = np.frombuffer(self._map(int(shard)), np.uint8, out.size, int(offset)).reshape(out.shape)
 
+    def read_batch_into(self, indices, out):
+        """One look-up of all offsets, then a memcpy per sample out of the shard maps."""
+        self._ensure_open()
+        where = np.asarray(self._offsets[np.asarray(indices, np.int64)])
+        size = out[0].size
+        for k, (shard, offset) in enumerate(where.tolist()):
+            out[k] = np.frombuffer(self._map(shard), np.uint8, size, offset).reshape(out.shape[1:])
+
     def __getstate__(self):
         state = super().__getstate__()
         state.pop("_offsets", None)

@@ -1,0 +1,301 @@
+"""``make_loader``: a DataLoader over a ShardDataset with defaults chosen from measurements.
+
+Why the defaults (measured with ``scripts/bench_read.py`` on 2 cores; table in the README):
+
+- Packed samples cost a memory copy, not a decode, so worker *processes* mostly add cost: every
+  batch is copied into shared memory and handed between processes, which compete with the
+  training process for the same cores. In two runs over 4 formats x 3 workloads (samples/s,
+  main / threads / processes, e.g. hdf5 RandomCrop+flip 13,540 / 13,744 / 3,738, npy plain
+  uint8 batches 28,161 / 15,060 / 3,223) processes were slowest every time, by 1.2-12x. *Threads*
+  share the batch for free, and the heavy steps (the vectorised read, crops, flips, uint8
+  resizing) run in numpy/torch with the GIL released; for plain copies, handing the batch to a
+  thread costs more than it saves. See :func:`auto_mode`. With threads on few cores, keep
+  torch's intra-op threads low (``torch.set_num_threads``) so loader threads and ops do not
+  oversubscribe.
+- Batches are read whole: a batch sampler hands each fetch a sorted list of indices (sorting
+  within a batch changes nothing for training; reads run forwards through the file) and
+  ``ShardDataset.read_batch`` fills one (B, H, W, 3) buffer with one vectorised copy.
+- ``batch_transform`` runs once per batch on that uint8 (B, 3, H, W) tensor with a
+  ``torch.Generator`` seeded from (seed, epoch, batch number), so augmented batches are the same
+  whichever mode and however many workers. A per-sample ``ds.transform`` still runs per sample
+  (torch's global generator, which DataLoader seeds per worker and per epoch).
+- ``pin_memory`` only when CUDA is present; ``drop_last`` for training; ``persistent_workers``
+  and ``prefetch_factor=2`` with processes; a ``DistributedSampler`` when torch.distributed is
+  initialised, its ``set_epoch`` called at the start of every epoch.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import threading
+import warnings
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+from torch.utils.data import (DataLoader, Dataset, DistributedSampler, IterableDataset,
+                              RandomSampler, Sampler, SequentialSampler)
+
+from .system import usable_cpus
+
+MODES = ("main", "threads", "processes")
+SHM = "/dev/shm"
+
+
+class Batch(list):
+    """The indices of one batch, sorted, with ``seed`` for its batch transform's generator."""
+
+    seed: int | None = None
+
+
+class SortedBatchSampler(Sampler):
+    """Groups ``sampler``'s indices into batches of ``batch_size``, each sorted ascending, as
+    :class:`Batch` lists carrying a seed derived from (``seed``, epoch, batch number).
+
+    Every ``iter()`` is one epoch: it calls ``sampler.set_epoch(epoch)`` when the sampler has it
+    (DistributedSampler) and then counts the epoch up; ``set_epoch`` sets the next one.
+    """
+
+    def __init__(self, sampler, batch_size: int, drop_last: bool, seed: int):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.sampler, self.batch_size, self.drop_last = sampler, int(batch_size), bool(drop_last)
+        self.seed, self.epoch = int(seed), 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __len__(self):
+        n = len(self.sampler)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def __iter__(self):
+        epoch = self.epoch
+        self.epoch += 1
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+        indices = np.fromiter(self.sampler, np.int64)
+        for n, a in enumerate(range(0, len(indices), self.batch_size)):
+            chunk = indices[a:a + self.batch_size]
+            if len(chunk) < self.batch_size and self.drop_last:
+                break
+            batch = Batch(np.sort(chunk).tolist())
+            batch.seed = int(np.random.SeedSequence([self.seed, epoch, n]).generate_state(1, np.uint64)[0] >> 1)
+            yield batch
+
+
+def stack_collate(samples, pin_memory: bool = False):
+    """Stack ``[(img, label), ...]`` into ``(imgs, labels)``: imgs (B, *img.shape) in the images'
+    dtype (channels_last memory when the images have it, as ShardDataset's do), labels int64
+    (B,). Nothing else: no conversion, no copy beyond the stack, which goes straight into pinned
+    memory when ``pin_memory``. Raises TypeError when an image is not a tensor."""
+    imgs = [s[0] for s in samples]
+    if not all(isinstance(im, torch.Tensor) for im in imgs):
+        raise TypeError("stack_collate stacks tensors; give the dataset a transform that returns tensors")
+    first = imgs[0]
+    hwc = first.ndim == 3 and first.stride(0) == 1 and first.shape[0] > 1  # a CHW view of HWC memory
+    if hwc:
+        imgs = [im.permute(1, 2, 0) for im in imgs]
+    out = torch.empty((len(imgs), *imgs[0].shape), dtype=first.dtype, pin_memory=pin_memory)
+    torch.stack(imgs, out=out)
+    labels = torch.as_tensor([s[1] for s in samples], dtype=torch.int64)
+    return (out.permute(0, 3, 1, 2) if hwc else out), labels
+
+
+class BatchedDataset(Dataset):
+    """``ds`` seen batch by batch: ``__getitems__(indices)`` returns one stacked ``(imgs,
+    labels)`` with ``batch_transform`` applied, for a DataLoader whose collate passes it on.
+
+    Fixed-shape data without a per-sample transform is read with ``ds.read_batch`` (one
+    vectorised copy); otherwise samples come from ``ds.__getitems__`` (transform per sample)
+    and are stacked with :func:`stack_collate`.
+    """
+
+    def __init__(self, ds, batch_transform=None):
+        self.ds, self.batch_transform = ds, batch_transform
+        self._local = threading.local()  # per thread: the read buffer reused before a batch transform
+
+    def __getstate__(self):
+        return {"ds": self.ds, "batch_transform": self.batch_transform}
+
+    def __setstate__(self, state):
+        self.__init__(**state)
+
+    def _buffer(self, n: int) -> np.ndarray:
+        buf = getattr(self._local, "buf", None)
+        if buf is None or len(buf) < n:
+            buf = self._local.buf = np.empty((n, *self.ds.reader.shape), np.uint8)
+        return buf[:n]
+
+    def __len__(self):
+        return len(self.ds)
+
+    @property
+    def whole_batches(self) -> bool:
+        reader = getattr(self.ds, "reader", None)
+        return getattr(reader, "shape", None) is not None and self.ds.transform is None
+
+    def __getitems__(self, indices):
+        scratch = None
+        if self.whole_batches:
+            # With a batch transform the raw batch is only an intermediate: read it into this
+            # thread's reused buffer instead of fresh memory.
+            scratch = self._buffer(len(indices)) if self.batch_transform is not None else None
+            imgs, labels = self.ds.read_batch(indices, out=scratch)
+            if self.ds.target_transform is not None:
+                labels = torch.as_tensor([self.ds.target_transform(int(v)) for v in labels])
+        else:
+            imgs, labels = stack_collate(self.ds.__getitems__(indices))
+        if self.batch_transform is not None:
+            seed = getattr(indices, "seed", None)
+            gen = None if seed is None else torch.Generator().manual_seed(seed)
+            imgs = self.batch_transform(imgs, generator=gen)
+            if scratch is not None and imgs.untyped_storage().data_ptr() == scratch.ctypes.data:
+                imgs = imgs.clone()  # a view of the reused buffer (e.g. CenterCrop) must not escape
+        return imgs, labels
+
+
+class ThreadedBatches(IterableDataset):
+    """Batches of ``batch_sampler`` fetched by ``threads`` threads, ``threads * prefetch`` in
+    flight, yielded in sampler order. Iterated by a ``DataLoader(batch_size=None)``."""
+
+    def __init__(self, batches: BatchedDataset, batch_sampler, threads: int, prefetch: int):
+        self.batches, self.batch_sampler = batches, batch_sampler
+        self.threads, self.prefetch = max(1, threads), max(1, prefetch)
+
+    def __len__(self):
+        return len(self.batch_sampler)
+
+    def __iter__(self):
+        pool = ThreadPoolExecutor(self.threads, thread_name_prefix="shardpack-loader")
+        pending: deque = deque()
+        try:
+            for batch in self.batch_sampler:
+                pending.append(pool.submit(self.batches.__getitems__, batch))
+                if len(pending) >= self.threads * self.prefetch:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def seed_worker(worker_id: int) -> None:
+    """worker_init_fn: seed numpy's and Python's global generators from the torch seed that
+    DataLoader gave this worker (different per worker and per epoch)."""
+    seed = torch.initial_seed()
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+
+
+def _identity(batch):
+    return batch
+
+
+def auto_mode(ds, batch_transform=None) -> str:
+    """``make_loader``'s choice when ``mode="auto"``, from bench_read.py on 2 cores:
+
+    - plain uint8 batches (no transform at all, e.g. for ``BatchAugment`` on the GPU): "main",
+      a copy in this process (npy 28,161/s in-process vs 15,060 threads, 3,223 processes);
+    - CPU augmentation of whole batches: "threads" (RandomCrop+flip, hdf5: 13,744/s threads,
+      13,540 main, 3,738 processes), or "main" on a single CPU;
+    - a per-sample Python ``transform`` or variable shapes (work per sample, GIL held):
+      "processes", or "main" on a single CPU.
+    """
+    if usable_cpus() < 2:
+        return "main"
+    if not BatchedDataset(ds).whole_batches:
+        return "processes"
+    return "main" if batch_transform is None else "threads"
+
+
+def shm_free() -> int | None:
+    """Free bytes in /dev/shm, or None where there is none."""
+    try:
+        return shutil.disk_usage(SHM).free
+    except OSError:
+        return None
+
+
+def check_shared_memory(batch_bytes: int, workers: int, prefetch: int) -> str | None:
+    """The warning for worker processes whose batches would not fit in /dev/shm, or None.
+
+    Workers hand every batch over through /dev/shm, and up to ``workers * prefetch`` batches are
+    in flight; when that exceeds the free space, workers die with a bus error (the Docker
+    default is 64 MB). The message names both numbers and the fixes.
+    """
+    need, free = batch_bytes * workers * prefetch, shm_free()
+    if free is None or need <= free:
+        return None
+    return (f"DataLoader worker processes will need about {need / 2**20:.0f} MiB of shared memory "
+            f"({batch_bytes / 2**20:.1f} MiB per batch x {workers} workers x prefetch {prefetch}) "
+            f"but {SHM} has {free / 2**20:.0f} MiB free: workers would die with a bus error. "
+            f"Use mode='threads' (no shared memory), fewer workers or a smaller prefetch_factor "
+            f"or batch, or give the container more (docker run --shm-size=...)")
+
+
+def make_loader(ds, batch_size: int, train: bool = True, *, batch_transform=None, mode: str = "auto",
+                num_workers: int | None = None, prefetch_factor: int = 2,
+                pin_memory: bool | None = None, seed: int | None = None,
+                drop_last: bool | None = None, sampler=None, multiprocessing_context=None) -> DataLoader:
+    """A DataLoader yielding ``(imgs, labels)`` batches of ``ds`` (a ShardDataset).
+
+    imgs: ``torch.uint8`` (B, 3, H, W) channels_last (HWC memory) unless ``batch_transform``
+    or ``ds.transform`` makes something else; labels: int64 (B,).
+
+    - ``train``: shuffle (RandomSampler, or DistributedSampler when torch.distributed is
+      initialised) and ``drop_last``; otherwise sequential and keep the last batch.
+    - ``batch_transform(imgs, generator=...)``: runs once per batch on the stacked uint8 batch,
+      e.g. ``transforms.Compose([RandomResizedCrop(224), RandomHorizontalFlip()])``; its
+      generator is seeded from (seed, epoch, batch number). ``ds.transform`` runs per sample.
+    - ``mode``: "main" (in this process), "threads" (``num_workers`` threads), "processes"
+      (``num_workers`` DataLoader worker processes, persistent, ``prefetch_factor`` each), or
+      "auto" (:func:`auto_mode`). ``num_workers`` defaults to ``usable_cpus()``.
+    - ``pin_memory`` defaults to ``torch.cuda.is_available()``.
+    - ``seed``: shuffling and augmentation; by default drawn from torch's global generator (so
+      ``torch.manual_seed`` makes runs repeat). DistributedSampler gets ``seed`` or 0, the same
+      on every rank.
+    - ``sampler``: replaces the default sampler (e.g. ``RandomSampler(ds, num_samples=N)``).
+
+    Before returning a process-based loader it warns (RuntimeWarning) when batch bytes x workers
+    x prefetch exceeds the free /dev/shm. Raises ValueError for an unknown ``mode``.
+    """
+    if mode == "auto":
+        mode = auto_mode(ds, batch_transform)
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r}: choose one of auto, {', '.join(MODES)}")
+    workers = max(1, num_workers or usable_cpus())
+    pin = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
+    drop_last = train if drop_last is None else drop_last
+    base = int(torch.randint(0, 2**62, (1,)).item()) if seed is None else int(seed)
+    if sampler is None:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            sampler = DistributedSampler(ds, shuffle=train, seed=0 if seed is None else seed,
+                                         drop_last=drop_last)
+        elif train:
+            sampler = RandomSampler(ds, generator=torch.Generator().manual_seed(base))
+        else:
+            sampler = SequentialSampler(ds)
+    batches = SortedBatchSampler(sampler, batch_size, drop_last, base)
+    view = BatchedDataset(ds, batch_transform)
+    if mode == "main":
+        return DataLoader(view, batch_sampler=batches, collate_fn=_identity, pin_memory=pin)
+    if mode == "threads":
+        return DataLoader(ThreadedBatches(view, batches, workers, prefetch_factor), batch_size=None,
+                          collate_fn=_identity, pin_memory=pin)
+    warning = check_shared_memory(_batch_bytes(view, batch_size), workers, prefetch_factor)
+    if warning:
+        warnings.warn(warning, RuntimeWarning, stacklevel=2)
+    return DataLoader(view, batch_sampler=batches, num_workers=workers, collate_fn=_identity,
+                      pin_memory=pin, persistent_workers=True, prefetch_factor=prefetch_factor,
+                      worker_init_fn=seed_worker, multiprocessing_context=multiprocessing_context,
+                      generator=torch.Generator().manual_seed(base))
+
+
+def _batch_bytes(view: BatchedDataset, batch_size: int) -> int:
+    """Bytes of one real batch (read and transformed here, global RNG state restored)."""
+    with torch.random.fork_rng(devices=[]):
+        imgs, labels = view.__getitems__(list(range(min(batch_size, len(view)))))
+    return (imgs.nbytes + labels.nbytes) * batch_size // min(batch_size, len(view))

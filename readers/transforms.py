@@ -1,0 +1,260 @@
+"""Online augmentations on uint8 images, with torchvision's random parameters.
+
+Each transform takes a ``torch.uint8`` image (3, H, W), a batch (B, 3, H, W), or a numpy uint8
+image (H, W, 3) or batch (B, H, W, 3), and returns the same kind (tensor in, tensor out; numpy
+in, numpy out). Pixels stay uint8 throughout: crops are copies (or views), flips are ``flip``,
+resizing is ``torch.nn.functional.interpolate`` on uint8 (antialiased bilinear by default, which is
+what torchvision.transforms.v2 runs on uint8 tensors). Any strides work; the HWC memory of
+``ShardDataset`` samples (channels_last strides) is the fast case for resizing.
+
+On a batch, every image gets its own random parameters (drawn at once, vectorised); a single image
+is a batch of one. Images of any size (3, H, W) are accepted, so variable-shape outputs work per
+sample. Randomness comes from ``generator`` (a ``torch.Generator``) or torch's global generator,
+which DataLoader seeds per worker, as torchvision does.
+
+The parameter definitions are torchvision's (``RandomResizedCrop.get_params``,
+``RandomCrop.get_params``, ``CenterCrop``, ``RandomHorizontalFlip``): area fraction uniform in
+``scale``, aspect ratio log-uniform in ``ratio``, ``w = round(sqrt(area * r))``,
+``h = round(sqrt(area / r))``, up to 10 tries, then the same central fallback. Sampling all 10
+tries at once and keeping the first valid one has the same distribution as trying one after the
+other, so results are interchangeable with torchvision's in distribution (not seed for seed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+TRIES = 10  # torchvision's RandomResizedCrop tries before the fallback
+
+
+def _pair(size) -> tuple[int, int]:
+    if isinstance(size, int):
+        return size, size
+    if isinstance(size, Sequence) and len(size) in (1, 2):
+        return (int(size[0]), int(size[-1]))
+    raise ValueError(f"size must be an int or (h, w), got {size!r}")
+
+
+def resized_crop_params(height, width, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), generator=None):
+    """RandomResizedCrop boxes for B images, as torchvision's ``RandomResizedCrop.get_params``.
+
+    ``height``, ``width``: int tensors or sequences (B,) of image sizes in pixels. Returns
+    int64 tensors ``(top, left, h, w)``, each (B,). Per image: up to 10 tries of area fraction
+    ``U(scale)`` and aspect ratio ``exp(U(log ratio))`` (uniforms drawn in float32 as torchvision
+    does); the first box that fits is placed uniformly (``randint(0, H - h + 1)``); if none fits,
+    the central crop of the whole image clamped to ``ratio``. Raises ValueError on an empty scale
+    or ratio range given in the wrong order (torchvision warns; we refuse).
+    """
+    if scale[0] > scale[1] or ratio[0] > ratio[1]:
+        raise ValueError(f"scale {scale} and ratio {ratio} must be (min, max)")
+    height = torch.as_tensor(height, dtype=torch.int64).reshape(-1)
+    width = torch.as_tensor(width, dtype=torch.int64).reshape(-1)
+    n = len(height)
+    area = (height * width).double()[:, None]
+    log_ratio = torch.log(torch.tensor(ratio))
+    u = torch.rand((n, TRIES, 2), generator=generator)  # float32, as torch.empty(1).uniform_()
+    target = area * (scale[0] + (scale[1] - scale[0]) * u[..., 0]).double()
+    aspect = torch.exp(log_ratio[0] + (log_ratio[1] - log_ratio[0]) * u[..., 1]).double()
+    w = torch.round(torch.sqrt(target * aspect)).long()
+    h = torch.round(torch.sqrt(target / aspect)).long()
+    ok = (w > 0) & (w <= width[:, None]) & (h > 0) & (h <= height[:, None])
+    first = ok.int().argmax(1, keepdim=True)  # index of the first valid try (0 when none)
+    w, h, found = w.gather(1, first)[:, 0], h.gather(1, first)[:, 0], ok.any(1)
+
+    # torchvision's fallback: the whole image, cropped centrally to the nearest allowed ratio
+    in_ratio = width.double() / height.double()
+    fw = torch.where(in_ratio > max(ratio), torch.round(height.double() * max(ratio)).long(), width)
+    fh = torch.where(in_ratio < min(ratio), torch.round(width.double() / min(ratio)).long(), height)
+    w, h = torch.where(found, w, fw), torch.where(found, h, fh)
+
+    pos = torch.rand((n, 2), generator=generator, dtype=torch.float64)
+    top = torch.where(found, (pos[:, 0] * (height - h + 1)).long(), (height - h) // 2)
+    left = torch.where(found, (pos[:, 1] * (width - w + 1)).long(), (width - w) // 2)
+    return top, left, h, w
+
+
+def crop_params(height, width, size, generator=None):
+    """RandomCrop boxes for B images of (height, width) (int tensors (B,)) and crop ``size``
+    (th, tw), as torchvision's ``RandomCrop.get_params``: top ``randint(0, H - th + 1)``, left
+    ``randint(0, W - tw + 1)``. Returns int64 tensors (top, left), each (B,). Raises ValueError
+    naming both sizes when an image is smaller than the crop."""
+    th, tw = size
+    height = torch.as_tensor(height, dtype=torch.int64).reshape(-1)
+    width = torch.as_tensor(width, dtype=torch.int64).reshape(-1)
+    if (height < th).any() or (width < tw).any():
+        raise ValueError(f"crop size {(th, tw)} is larger than an input image "
+                         f"({int(height.min())}x{int(width.min())}); pass padding or pad_if_needed")
+    pos = torch.rand((len(height), 2), generator=generator, dtype=torch.float64)
+    return (pos[:, 0] * (height - th + 1)).long(), (pos[:, 1] * (width - tw + 1)).long()
+
+
+class _Transform:
+    """Dispatch: numpy HWC / tensor CHW, single image / batch, to ``_batch(x, generator)``
+    which sees a (B, 3, H, W) uint8 tensor and returns one."""
+
+    def __call__(self, img, generator: torch.Generator | None = None):
+        is_numpy = isinstance(img, np.ndarray)
+        x = torch.from_numpy(img).movedim(-1, -3) if is_numpy else img
+        if not isinstance(x, torch.Tensor) or x.dtype != torch.uint8 or x.ndim not in (3, 4):
+            kind = f"{type(img).__name__} {getattr(img, 'dtype', '')} {tuple(getattr(img, 'shape', ()))}"
+            raise TypeError(f"{type(self).__name__} takes uint8 (3, H, W) / (B, 3, H, W) tensors or "
+                            f"(H, W, 3) / (B, H, W, 3) numpy arrays, got {kind}")
+        single = x.ndim == 3
+        out = self._batch(x[None] if single else x, generator)
+        out = out[0] if single else out
+        return np.ascontiguousarray(out.movedim(-3, -1).numpy()) if is_numpy else out
+
+    def _batch(self, x: torch.Tensor, generator) -> torch.Tensor:
+        raise NotImplementedError
+
+    def __repr__(self):
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
+
+
+def _empty_like(x: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """A (B, C, h, w) uint8 tensor in x's memory format (channels_last stays channels_last)."""
+    b, c = x.shape[:2]
+    if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
+        return torch.empty((b, h, w, c), dtype=x.dtype, device=x.device).permute(0, 3, 1, 2)
+    return torch.empty((b, c, h, w), dtype=x.dtype, device=x.device)
+
+
+def _crop(x: torch.Tensor, top, left, h: int, w: int) -> torch.Tensor:
+    """Crop box (top[k], left[k], h, w) of every image: a view for one image, a copy for more."""
+    if len(x) == 1:
+        t, l = int(top[0]), int(left[0])
+        return x[:, :, t:t + h, l:l + w]
+    out = _empty_like(x, h, w)
+    for k, (t, l) in enumerate(zip(top.tolist(), left.tolist())):
+        out[k] = x[k, :, t:t + h, l:l + w]
+    return out
+
+
+def _pad(x: torch.Tensor, ltrb, fill=0, mode="constant") -> torch.Tensor:
+    """torchvision's pad: (left, top, right, bottom) pixels, ``mode`` as np.pad's
+    (constant with ``fill``, edge, reflect, symmetric)."""
+    l, t, r, b = ltrb
+    if not any(ltrb):
+        return x
+    hwc = x.movedim(1, -1).cpu().numpy()
+    kw = {"constant_values": fill} if mode == "constant" else {}
+    padded = np.pad(hwc, ((0, 0), (t, b), (l, r), (0, 0)), mode=mode, **kw)
+    return torch.from_numpy(padded).to(x.device).permute(0, 3, 1, 2)
+
+
+class RandomResizedCrop(_Transform):
+    """torchvision's ``RandomResizedCrop(size, scale, ratio)`` on uint8: a random box (see
+    :func:`resized_crop_params`) resized to ``size`` (int or (h, w)) with
+    ``interpolate(mode=interpolation, antialias=antialias)`` directly on uint8 (torchvision v2's
+    tensor path; the defaults are its defaults). Output (…, 3, h, w) uint8."""
+
+    def __init__(self, size, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), interpolation="bilinear",
+                 antialias=True):
+        self.size = _pair(size)
+        self.scale, self.ratio = tuple(scale), tuple(ratio)
+        self.interpolation, self.antialias = interpolation, antialias
+        resized_crop_params([1], [1], self.scale, self.ratio)  # validate now, not in a worker
+
+    def _batch(self, x, generator):
+        b, _, height, width = x.shape
+        top, left, h, w = resized_crop_params(torch.full((b,), height), torch.full((b,), width),
+                                              self.scale, self.ratio, generator)
+        out = _empty_like(x, *self.size)
+        rows = zip(top.tolist(), left.tolist(), h.tolist(), w.tolist())
+        for k, (t, l, hh, ww) in enumerate(rows):
+            box = x[k:k + 1, :, t:t + hh, l:l + ww]
+            if (hh, ww) == self.size:
+                out[k] = box[0]
+            else:
+                out[k] = F.interpolate(box, size=self.size, mode=self.interpolation,
+                                       antialias=self.antialias)[0]
+        return out
+
+
+class RandomCrop(_Transform):
+    """torchvision's ``RandomCrop(size, padding, pad_if_needed, fill, padding_mode)`` on uint8.
+
+    ``padding``: int, (lr, tb) or (l, t, r, b) pixels added first; ``pad_if_needed`` pads an image
+    smaller than ``size`` on both sides by the shortfall (as torchvision does). Then a uniform
+    random (h, w) box. Output (…, 3, h, w) uint8 (a view of the input for a single image).
+    Raises ValueError when an image is smaller than ``size`` without padding.
+    """
+
+    def __init__(self, size, padding=None, pad_if_needed=False, fill=0, padding_mode="constant"):
+        self.size = _pair(size)
+        if padding is None:
+            padding = 0
+        if isinstance(padding, int):
+            padding = (padding,) * 4
+        elif len(padding) == 2:
+            padding = (padding[0], padding[1], padding[0], padding[1])
+        self.padding = tuple(int(p) for p in padding)
+        self.pad_if_needed, self.fill, self.padding_mode = pad_if_needed, fill, padding_mode
+
+    def _batch(self, x, generator):
+        x = _pad(x, self.padding, self.fill, self.padding_mode)
+        th, tw = self.size
+        if self.pad_if_needed and (x.shape[-1] < tw or x.shape[-2] < th):
+            dw, dh = max(0, tw - x.shape[-1]), max(0, th - x.shape[-2])
+            x = _pad(x, (dw, dh, dw, dh), self.fill, self.padding_mode)
+        b, _, height, width = x.shape
+        top, left = crop_params(torch.full((b,), height), torch.full((b,), width), self.size, generator)
+        return _crop(x, top, left, th, tw)
+
+
+class CenterCrop(_Transform):
+    """torchvision's ``CenterCrop(size)``: top ``round((H - h) / 2)``, left ``round((W - w) / 2)``;
+    an image smaller than ``size`` is first padded with zeros (as torchvision does). Output a view
+    of the input when no padding is needed."""
+
+    def __init__(self, size):
+        self.size = _pair(size)
+
+    def _batch(self, x, generator):
+        th, tw = self.size
+        height, width = x.shape[-2:]
+        if th > height or tw > width:
+            dh, dw = max(0, th - height), max(0, tw - width)
+            x = _pad(x, (dw // 2, dh // 2, (dw + 1) // 2, (dh + 1) // 2))
+            height, width = x.shape[-2:]
+        top, left = int(round((height - th) / 2.0)), int(round((width - tw) / 2.0))
+        return x[:, :, top:top + th, left:left + tw]
+
+
+class RandomHorizontalFlip(_Transform):
+    """torchvision's ``RandomHorizontalFlip(p)``: each image mirrored left-right with probability
+    ``p``. A single unflipped image is returned as is. A batch is copied once, unless
+    ``inplace``: then the flipped images are mirrored inside the given batch (safe, and cheaper,
+    right after a crop, which returns a new batch)."""
+
+    def __init__(self, p=0.5, inplace=False):
+        self.p, self.inplace = float(p), bool(inplace)
+
+    def _batch(self, x, generator):
+        flip = (torch.rand(len(x), generator=generator) < self.p).tolist()
+        if len(x) == 1 and not self.inplace:
+            return x.flip(-1) if flip[0] else x
+        out = x if self.inplace else x.clone()
+        for k in (k for k, f in enumerate(flip) if f):
+            out[k] = x[k].flip(-1)
+        return out
+
+
+class Compose:
+    """Apply transforms in order, passing ``generator`` on (like torchvision's Compose)."""
+
+    def __init__(self, transforms):
+        self.transforms = list(transforms)
+
+    def __call__(self, img, generator=None):
+        for t in self.transforms:
+            img = t(img, generator)
+        return img
+
+    def __repr__(self):
+        return f"Compose({self.transforms!r})"
+

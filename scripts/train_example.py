@@ -1,0 +1,100 @@
+#!/usr/bin/env python
+"""A minimal training loop on a packed dataset with online uint8 augmentation.
+
+    .venv/bin/python scripts/train_example.py OUT [--steps 50] [--aug cpu|device] [--device cpu]
+
+OUT is a shardpack output (any format). Each step prints the samples/s of the step and the
+share of it spent waiting for data; the end prints the totals. Augmentation:
+
+- ``--aug cpu`` (default): ``make_loader`` applies RandomResizedCrop + flip to uint8 batches in
+  its threads/processes; the loop only converts to float and normalises.
+- ``--aug device``: the loader hands plain uint8 batches (a memory copy) and
+  ``readers.gpu.BatchAugment`` crops, resizes, flips and normalises them on ``--device``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from readers import ShardDataset  # noqa: E402
+from readers.gpu import IMAGENET_MEAN, IMAGENET_STD, BatchAugment  # noqa: E402
+from readers.loading import make_loader  # noqa: E402
+from readers.transforms import Compose, RandomHorizontalFlip, RandomResizedCrop  # noqa: E402
+
+
+def tiny_cnn(classes: int) -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.ReLU(inplace=True),
+        nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(inplace=True),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, classes))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("data", type=Path, help="a shardpack output directory")
+    ap.add_argument("--size", type=int, default=224, help="crop side fed to the model")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--aug", choices=("cpu", "device"), default="cpu")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--mode", default="auto", help="make_loader mode: auto, main, threads, processes")
+    args = ap.parse_args(argv)
+
+    ds = ShardDataset(args.data)
+    dev = torch.device(args.device)
+    if args.aug == "cpu":
+        loader = make_loader(ds, args.batch, mode=args.mode, batch_transform=Compose(
+            [RandomResizedCrop(args.size), RandomHorizontalFlip(inplace=True)]))
+        mean = torch.tensor(IMAGENET_MEAN, device=dev).view(1, 3, 1, 1) * 255
+        std = torch.tensor(IMAGENET_STD, device=dev).view(1, 3, 1, 1) * 255
+
+        def prepare(imgs):
+            return (imgs.to(dev, non_blocking=True).float() - mean) / std
+    else:
+        loader = make_loader(ds, args.batch, mode=args.mode)
+        augment = BatchAugment(args.size, channels_last=True)
+
+        def prepare(imgs):
+            return augment(imgs.to(dev, non_blocking=True))
+
+    model = tiny_cnn(len(ds.classes)).to(dev).to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    print(f"{ds}\nloader: {args.aug} augmentation, mode {args.mode}, batch {args.batch}, device {dev}")
+
+    step, seen, waited, t_start = 0, 0, 0.0, time.perf_counter()
+    while step < args.steps:
+        it = iter(loader)
+        while step < args.steps:
+            t0 = time.perf_counter()
+            try:
+                imgs, labels = next(it)
+            except StopIteration:
+                break
+            t1 = time.perf_counter()
+            x = prepare(imgs)
+            loss = loss_fn(model(x), labels.to(dev, non_blocking=True))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            t2 = time.perf_counter()
+            step, seen, waited = step + 1, seen + len(labels), waited + (t1 - t0)
+            print(f"step {step:4d}  loss {loss.item():.3f}  {len(labels) / (t2 - t0):7.0f} samples/s  "
+                  f"data wait {(t1 - t0) / (t2 - t0):5.1%}", flush=True)
+    total = time.perf_counter() - t_start
+    print(f"\n{seen} samples in {total:.1f} s: {seen / total:.0f} samples/s, "
+          f"data wait {waited / total:.1%} of the time")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""make_loader: every sample once per epoch in every mode, seeded augmentation that does not
+depend on the mode, batched reads in order, stack collate, DistributedSampler, /dev/shm warning."""
+
+import hashlib
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler
+
+import readers.loading as loading
+from helpers import pack_quiet
+from readers import ShardDataset
+from readers.loading import MODES, make_loader, stack_collate
+from readers.transforms import CenterCrop, Compose, RandomCrop, RandomHorizontalFlip
+
+FORMATS = ["npy", "hdf5", "lmdb", "wds"]
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    from conftest import make_tree
+    tmp = tmp_path_factory.mktemp("load")
+    src = make_tree(tmp / "src", {"a": 9, "b": 8, "c": 6})
+    return {fmt: pack_quiet(src, tmp / fmt, fmt, size=20).out for fmt in FORMATS}
+
+
+def digest(img) -> str:
+    return hashlib.sha256(img.contiguous().numpy().tobytes()).hexdigest()
+
+
+def reference(ds):
+    return {digest(ds[i][0]): int(ds.targets[i]) for i in range(len(ds))}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_read_batch_and_getitems_keep_the_order_asked(packed, fmt):
+    ds = ShardDataset(packed[fmt])
+    order = [17, 3, 22, 3, 0]
+    imgs, labels = ds.read_batch(order)
+    assert imgs.shape == (5, 3, 20, 20) and imgs.is_contiguous(memory_format=torch.channels_last)
+    for k, i in enumerate(order):
+        assert torch.equal(imgs[k], ds[i][0]) and labels[k] == ds.targets[i]
+    out = np.zeros((5, 20, 20, 3), np.uint8)
+    again, _ = ds.read_batch(order, out=out)
+    assert torch.equal(again, imgs) and again.data_ptr() == out.ctypes.data
+    items = ds.__getitems__(order)
+    assert [torch.equal(img, ds[i][0]) and label == ds.targets[i] for (img, label), i in zip(items, order)] == [True] * 5
+    assert len({img.untyped_storage().data_ptr() for img, _ in items}) == 1  # views of one buffer
+    with pytest.raises(IndexError, match="out of range"):
+        ds.read_batch([0, 23])
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("fmt", ["npy", "lmdb"])
+def test_every_sample_once_per_epoch(packed, fmt, mode):
+    ds = ShardDataset(packed[fmt])
+    ref = reference(ds)
+    loader = make_loader(ds, 4, train=True, drop_last=False, mode=mode, num_workers=2, seed=1)
+    assert len(loader) == 6
+    epochs = []
+    for _ in range(2):
+        seen, order = {}, []
+        for imgs, labels in loader:
+            assert imgs.dtype == torch.uint8 and imgs.shape[1:] == (3, 20, 20)
+            for img, label in zip(imgs, labels):
+                seen[digest(img)] = int(label)
+                order.append(digest(img))
+        assert seen == ref and len(order) == 23
+        epochs.append(order)
+    assert epochs[0] != epochs[1]  # reshuffled per epoch
+    train = make_loader(ds, 4, train=True, mode=mode, num_workers=2)
+    assert [len(b[0]) for b in train] == [4] * 5  # drop_last for training
+    val = make_loader(ds, 4, train=False, mode=mode, num_workers=2)
+    labels = torch.cat([b[1] for b in val])
+    assert labels.tolist() == ds.targets.tolist()  # sequential, last batch kept
+
+
+def test_augmented_batches_depend_on_seed_not_mode(packed):
+    ds = ShardDataset(packed["npy"])
+    aug = Compose([RandomCrop(14), RandomHorizontalFlip()])
+    runs = {}
+    for mode in MODES:
+        loader = make_loader(ds, 5, mode=mode, num_workers=2, seed=7, batch_transform=aug)
+        runs[mode] = [[digest(i) for i in imgs] for _ in range(2) for imgs, _ in loader]
+    assert runs["main"] == runs["threads"] == runs["processes"]
+    first = runs["main"][0]
+    other = [[digest(i) for i in imgs] for imgs, _ in make_loader(ds, 5, mode="main", seed=8, batch_transform=aug)]
+    assert other[0] != first
+    # every output is a crop of its source sample: 14x14 out of 20x20, maybe mirrored
+    imgs, labels = next(iter(make_loader(ds, 23, train=False, mode="main", batch_transform=aug)))
+    for k in range(23):
+        src = ds[k][0]
+        windows = {digest(src[:, t:t + 14, l:l + 14]) for t in range(7) for l in range(7)}
+        windows |= {digest(src[:, t:t + 14, l:l + 14].flip(-1)) for t in range(7) for l in range(7)}
+        assert digest(imgs[k]) in windows
+
+
+def test_view_of_the_reused_buffer_does_not_escape(packed):
+    ds = ShardDataset(packed["hdf5"])
+    batches = [b[0] for b in make_loader(ds, 4, train=False, mode="main", batch_transform=CenterCrop(10))]
+    assert len({b.untyped_storage().data_ptr() for b in batches}) == len(batches)
+    for k, b in enumerate(batches):
+        for j, img in enumerate(b):
+            assert torch.equal(img, ds[4 * k + j][0][:, 5:15, 5:15])
+
+
+def test_per_sample_transform_route_and_stack_collate(packed):
+    ds = ShardDataset(packed["wds"], transform=CenterCrop(12))
+    assert loading.auto_mode(ds) in ("processes", "main")
+    imgs, labels = next(iter(make_loader(ds, 6, train=False, mode="main")))
+    assert imgs.shape == (6, 3, 12, 12) and labels.tolist() == ds.targets[:6].tolist()
+    for k in range(6):
+        assert torch.equal(imgs[k], ds[k][0])
+    plain = ShardDataset(packed["wds"])
+    samples = plain.__getitems__([5, 1, 2])
+    stacked, lab = stack_collate(samples)
+    default = torch.utils.data.default_collate(samples)
+    assert torch.equal(stacked, default[0]) and torch.equal(lab, default[1])
+    assert stacked.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(next(iter(DataLoader(plain, batch_size=3, collate_fn=stack_collate)))[0],
+                       plain.read_batch([0, 1, 2])[0])
+
+
+def test_shared_memory_warning_names_both_numbers(packed, monkeypatch):
+    ds = ShardDataset(packed["npy"])
+    monkeypatch.setattr(loading, "shm_free", lambda: 1 << 20)  # a 1 MiB /dev/shm
+    with pytest.warns(RuntimeWarning) as record:
+        make_loader(ds, 4096, mode="processes", num_workers=2, prefetch_factor=3)
+    msg = str(record[0].message)
+    batch = 4096 * (20 * 20 * 3 + 8)  # uint8 pixels and an int64 label per sample
+    assert f"{batch * 6 / 2**20:.0f} MiB" in msg and "2 workers x prefetch 3" in msg and "1 MiB free" in msg
+    assert "/dev/shm" in msg and "--shm-size" in msg and "threads" in msg
+    monkeypatch.setattr(loading, "shm_free", lambda: 1 << 40)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        make_loader(ds, 4096, mode="processes", num_workers=2, prefetch_factor=3)
+
+
+def test_distributed_sampler_and_set_epoch(packed, tmp_path):
+    ds = ShardDataset(packed["npy"])
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        loader = make_loader(ds, 4, mode="main", drop_last=False)
+        sampler = loader.batch_sampler.sampler
+        assert isinstance(sampler, DistributedSampler)
+        orders = []
+        for epoch in range(2):
+            orders.append(torch.cat([b[1] for b in loader]).tolist())
+            assert sampler.epoch == epoch
+        expected = []
+        for epoch in range(2):
+            g = torch.Generator().manual_seed(0 + epoch)  # DistributedSampler's recipe: seed + epoch
+            perm = torch.randperm(len(ds), generator=g).tolist()
+            batches = [sorted(perm[a:a + 4]) for a in range(0, len(perm), 4)]  # sorted in a batch
+            expected.append([int(ds.targets[i]) for b in batches for i in b])
+        assert orders == expected and orders[0] != orders[1]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_auto_mode_from_the_measurements(packed, monkeypatch):
+    monkeypatch.setattr(loading, "usable_cpus", lambda: 4)
+    assert loading.auto_mode(ShardDataset(packed["npy"]), RandomCrop(8)) == "threads"
+    assert loading.auto_mode(ShardDataset(packed["npy"])) == "main"  # plain copies
+    assert loading.auto_mode(ShardDataset(packed["npy"], transform=CenterCrop(8))) == "processes"
+    monkeypatch.setattr(loading, "usable_cpus", lambda: 1)
+    assert loading.auto_mode(ShardDataset(packed["npy"])) == "main"
+
+
+def test_unknown_mode_is_refused(packed):
+    with pytest.raises(ValueError, match="mode 'fast'"):
+        make_loader(ShardDataset(packed["npy"]), 4, mode="fast")
+
+
+@pytest.mark.parametrize("fmt", ["npy", "lmdb"])
+def test_variable_shape_output_goes_per_sample(tmp_path, fmt):
+    from conftest import make_tree
+    src = make_tree(tmp_path / "src", {"a": 4, "b": 3})
+    ds = ShardDataset(pack_quiet(src, tmp_path / fmt, fmt, size=20, resize="shorter-side").out,
+                      transform=Compose([RandomCrop(16), RandomHorizontalFlip()]))
+    assert len({tuple(s) for s in ds.shapes}) > 1  # really variable
+    with pytest.raises(ValueError, match="different shapes"):
+        ds.read_batch([0, 1])
+    assert loading.auto_mode(ds) in ("processes", "main")
+    loader = make_loader(ds, 3, train=False, mode="threads", num_workers=2, batch_transform=CenterCrop(12))
+    got = [(imgs, labels) for imgs, labels in loader]
+    assert [tuple(imgs.shape) for imgs, _ in got] == [(3, 3, 12, 12), (3, 3, 12, 12), (1, 3, 12, 12)]
+    assert torch.cat([labels for _, labels in got]).tolist() == ds.targets.tolist()

@@ -1,0 +1,205 @@
+"""uint8 augmentations: torchvision's parameter distributions (checked against a
+reimplementation of its documented get_params), exact pixels, any (3, H, W)."""
+
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from conftest import noise_image
+from readers.transforms import (CenterCrop, Compose, RandomCrop, RandomHorizontalFlip,
+                                RandomResizedCrop, crop_params, resized_crop_params)
+
+N = 20_000
+
+
+def reference_rrc_params(height, width, scale, ratio, rng: random.Random, log_ratio=True):
+    """torchvision.transforms.RandomResizedCrop.get_params as documented, one try after another
+    (Python's generator instead of torch's). ``log_ratio=False`` is a deliberately wrong variant
+    (aspect ratio uniform instead of log-uniform) that the test must tell apart."""
+    area = height * width
+    lo, hi = (math.log(ratio[0]), math.log(ratio[1])) if log_ratio else ratio
+    for _ in range(10):
+        target_area = area * rng.uniform(scale[0], scale[1])
+        r = rng.uniform(lo, hi)
+        aspect = math.exp(r) if log_ratio else r
+        w = int(round(math.sqrt(target_area * aspect)))
+        h = int(round(math.sqrt(target_area / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            return rng.randint(0, height - h), rng.randint(0, width - w), h, w
+    in_ratio = width / height
+    if in_ratio < min(ratio):
+        w, h = width, int(round(width / min(ratio)))
+    elif in_ratio > max(ratio):
+        h, w = height, int(round(height * max(ratio)))
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def ks(a, b) -> float:
+    """Two-sample Kolmogorov-Smirnov statistic: the largest gap between the empirical CDFs."""
+    a, b = np.sort(a), np.sort(b)
+    grid = np.concatenate([a, b])
+    return float(np.abs(np.searchsorted(a, grid, "right") / len(a)
+                        - np.searchsorted(b, grid, "right") / len(b)).max())
+
+
+KS_LIMIT = 1.95 * math.sqrt(2 / N)  # alpha = 0.001
+
+
+def features(top, left, h, w, height, width):
+    top, left, h, w = (np.asarray(v, np.float64) for v in (top, left, h, w))
+    return {"h": h, "w": w, "area": h * w / (height * width), "log_aspect": np.log(w / h),
+            "top_frac": (top + 0.5) / (height - h + 1), "left_frac": (left + 0.5) / (width - w + 1)}
+
+
+@pytest.mark.parametrize("height,width,scale,ratio", [
+    (256, 256, (0.08, 1.0), (3 / 4, 4 / 3)),
+    (120, 400, (0.08, 1.0), (3 / 4, 4 / 3)),   # wide: many tries fail, some fall back
+    (300, 40, (0.5, 1.0), (3 / 4, 4 / 3)),     # tall and narrow: mostly the fallback
+    (64, 96, (0.2, 0.6), (0.5, 2.0)),
+])
+def test_resized_crop_params_match_torchvision_distribution(height, width, scale, ratio):
+    torch.manual_seed(1)
+    ours = resized_crop_params([height] * N, [width] * N, scale, ratio)
+    rng = random.Random(2)
+    ref = list(zip(*(reference_rrc_params(height, width, scale, ratio, rng) for _ in range(N))))
+    a, b = features(*ours, height, width), features(*ref, height, width)
+    for name in a:
+        assert ks(a[name], b[name]) < KS_LIMIT, name
+    # the fallback box appears as often (it is one exact box)
+    fb = reference_rrc_params(height, width, (2.0, 2.0), ratio, rng)  # scale > 1: always fallback
+    ours_fb = np.mean([tuple(map(int, v)) == fb for v in zip(*ours)])
+    ref_fb = np.mean([tuple(v) == fb for v in zip(*ref)])
+    assert abs(ours_fb - ref_fb) < 0.02
+    # every box lies inside the image
+    top, left, h, w = ours
+    assert (top >= 0).all() and (left >= 0).all() and (top + h <= height).all() and (left + w <= width).all()
+
+
+def test_the_distribution_test_can_fail():
+    """A linear instead of log-uniform aspect ratio is caught by the same statistics."""
+    torch.manual_seed(1)
+    ours = features(*resized_crop_params([256] * N, [256] * N, (0.08, 1), (3 / 4, 4 / 3)), 256, 256)
+    rng = random.Random(3)
+    wrong = features(*zip(*(reference_rrc_params(256, 256, (0.08, 1), (3 / 4, 4 / 3), rng, log_ratio=False)
+                            for _ in range(N))), 256, 256)
+    assert ks(ours["log_aspect"], wrong["log_aspect"]) > KS_LIMIT
+
+
+def test_fallback_box_is_torchvisions():
+    # scale above 1 never fits: torchvision's central fallback, clamped to the ratio range
+    top, left, h, w = resized_crop_params([100, 100, 50], [300, 60, 50], (2.0, 2.0), (3 / 4, 4 / 3))
+    assert list(zip(top.tolist(), left.tolist(), h.tolist(), w.tolist())) == [
+        (0, 83, 100, 133), (10, 0, 80, 60), (0, 0, 50, 50)]
+
+
+def test_crop_params_are_uniform_over_positions():
+    torch.manual_seed(0)
+    top, left = crop_params([40] * N, [20] * N, (32, 16))
+    assert top.min() == 0 and top.max() == 8 and left.min() == 0 and left.max() == 4
+    counts = np.bincount(top.numpy(), minlength=9)
+    expected = N / 9
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 27.9  # 8 degrees of freedom, alpha = 0.001
+    with pytest.raises(ValueError, match=r"crop size \(32, 16\) is larger"):
+        crop_params([20], [20], (32, 16))
+
+
+def image(h=70, w=90, seed=3):
+    return torch.from_numpy(np.asarray(noise_image(w, h, seed)).copy()).permute(2, 0, 1)
+
+
+def test_random_resized_crop_pixels_equal_pil_resize_of_the_box():
+    img = image()
+    g = torch.Generator().manual_seed(5)
+    out = RandomResizedCrop(32)(img, generator=g)
+    t, l, h, w = (int(v[0]) for v in resized_crop_params([70], [90], generator=torch.Generator().manual_seed(5)))
+    pil = Image.fromarray(img.permute(1, 2, 0).numpy()).crop((l, t, l + w, t + h))
+    ref = np.asarray(pil.resize((32, 32), Image.Resampling.BILINEAR))  # torchvision's PIL path
+    diff = np.abs(out.permute(1, 2, 0).numpy().astype(int) - ref)
+    assert out.dtype == torch.uint8 and out.shape == (3, 32, 32)
+    assert diff.max() <= 1 and diff.mean() < 0.1
+
+
+def test_random_crop_takes_the_drawn_box_and_pads_with_fill():
+    img = image(40, 30)
+    out = RandomCrop((20, 25))(img, generator=torch.Generator().manual_seed(9))
+    t, l = (int(v[0]) for v in crop_params([40], [30], (20, 25), torch.Generator().manual_seed(9)))
+    assert torch.equal(out, img[:, t:t + 20, l:l + 25])
+    padded = RandomCrop(38, padding=4, fill=7)(img[:, :30, :30].contiguous(), generator=torch.Generator().manual_seed(1))
+    assert padded.shape == (3, 38, 38)
+    full = torch.full((3, 38, 38), 7, dtype=torch.uint8)
+    full[:, 4:34, 4:34] = img[:, :30, :30]
+    t, l = (int(v[0]) for v in crop_params([38], [38], (38, 38), torch.Generator().manual_seed(1)))
+    assert torch.equal(padded, full)  # a 38 crop of the 38-wide padded image
+    assert RandomCrop(50, pad_if_needed=True)(img).shape == (3, 50, 50)
+    with pytest.raises(ValueError, match="larger than an input image"):
+        RandomCrop(50)(img)
+
+
+def test_center_crop_positions_and_padding():
+    img = image(5, 7)
+    assert torch.equal(CenterCrop(3)(img), img[:, 1:4, 2:5])  # round((5-3)/2), round((7-3)/2)
+    assert torch.equal(CenterCrop((2, 4))(img), img[:, 2:4, 2:6])  # round(1.5) = 2, round(1.5) = 2
+    big = CenterCrop(8)(img)
+    assert big.shape == (3, 8, 8)
+    assert torch.equal(big[:, 1:6, 0:7], img) and big[:, 0].sum() == 0 and big[:, :, 7].sum() == 0
+
+
+def test_flip_mirrors_with_probability_p():
+    img = image(10, 12)
+    assert torch.equal(RandomHorizontalFlip(1.0)(img), img.flip(-1))
+    kept = RandomHorizontalFlip(0.0)(img)
+    assert torch.equal(kept, img) and kept.data_ptr() == img.data_ptr()  # no copy
+    batch = img.expand(4000, 3, 10, 12)
+    out = RandomHorizontalFlip(0.3)(batch, generator=torch.Generator().manual_seed(0))
+    flipped = torch.tensor([torch.equal(o, img.flip(-1)) for o in out])
+    same = torch.tensor([torch.equal(o, img) for o in out])
+    assert bool((flipped ^ same).all())
+    assert abs(flipped.float().mean().item() - 0.3) < 0.03  # 4 sigma of a binomial(4000, 0.3)
+
+
+def test_inplace_flip_mirrors_inside_the_given_batch():
+    batch = torch.stack([image(10, 12, seed=s) for s in range(6)])
+    before = batch.clone()
+    copy = RandomHorizontalFlip(0.5)(batch, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(batch, before)  # the default leaves its input alone
+    out = RandomHorizontalFlip(0.5, inplace=True)(batch, generator=torch.Generator().manual_seed(2))
+    assert out.data_ptr() == batch.data_ptr() and torch.equal(out, copy)
+    flipped = [torch.equal(o, b.flip(-1)) for o, b in zip(out, before)]
+    assert 0 < sum(flipped) < 6 and all(f or torch.equal(o, b) for f, o, b in zip(flipped, out, before))
+
+
+def test_numpy_hwc_matches_tensor_chw_and_batches_get_own_params():
+    img = image()
+    t = Compose([RandomResizedCrop(24), RandomHorizontalFlip()])
+    a = t(img.permute(1, 2, 0).numpy().copy(), generator=torch.Generator().manual_seed(4))
+    b = t(img, generator=torch.Generator().manual_seed(4))
+    assert isinstance(a, np.ndarray) and a.shape == (24, 24, 3)
+    assert np.array_equal(a, b.permute(1, 2, 0).numpy())
+    batch = t(img.expand(8, 3, 70, 90), generator=torch.Generator().manual_seed(4))
+    assert batch.shape == (8, 3, 24, 24)
+    assert len({o.numpy().tobytes() for o in batch}) == 8  # eight different boxes
+
+
+def test_channels_last_views_of_any_shape():
+    """ShardDataset's samples are CHW views of HWC memory, of any (H, W) when variable-shape."""
+    for h, w in [(33, 77), (120, 40), (24, 24)]:
+        hwc = torch.from_numpy(np.asarray(noise_image(w, h, h)).copy())
+        chw = hwc.permute(2, 0, 1)
+        out = Compose([RandomResizedCrop(16), RandomHorizontalFlip()])(chw)
+        assert out.shape == (3, 16, 16) and out.dtype == torch.uint8
+        assert RandomCrop(16, pad_if_needed=True)(chw).shape == (3, 16, 16)
+        assert torch.equal(CenterCrop(16)(chw), CenterCrop(16)(chw.contiguous()))
+
+
+def test_bad_input_is_named():
+    with pytest.raises(TypeError, match=r"RandomCrop takes uint8.*float32"):
+        RandomCrop(4)(torch.zeros(3, 8, 8))
+    with pytest.raises(ValueError, match="must be \\(min, max\\)"):
+        RandomResizedCrop(8, scale=(1.0, 0.5))
