@@ -1,4 +1,4 @@
-"""Command line: ``pack-dataset`` and the ``shardpack`` group (pack, demo, ...)."""
+"""Command line: ``pack-dataset`` and the ``shardpack`` group (pack, demo, info, verify, bench)."""
 
 from __future__ import annotations
 
@@ -225,3 +225,89 @@ def verify(out, quiet):
             click.echo(f"{root}: all {result.count} samples match their checksums")
     if failed:
         sys.exit(1)
+
+
+def _csv(kind, allowed=None, minimum=0):
+    """click callback: "a,b,c" -> list of ``kind``, each in ``allowed`` / >= ``minimum``."""
+    def parse(ctx, param, value):
+        if value is None:
+            return None
+        try:
+            items = [kind(v.strip()) for v in value.split(",") if v.strip()]
+        except ValueError:
+            raise click.BadParameter(f"{value!r}: give a comma-separated list, e.g. 0,1,2") from None
+        bad = [v for v in items if (allowed and v not in allowed) or (not allowed and v < minimum)]
+        if bad or not items:
+            want = f"one or more of {', '.join(allowed)}" if allowed else f"numbers >= {minimum}"
+            raise click.BadParameter(f"{value!r}: give {want}, comma-separated")
+        return items
+    return parse
+
+
+@main.command()
+@click.argument("path", type=click.Path(exists=True, file_okay=False))
+@click.option("--batch-size", type=click.IntRange(1), default=64, show_default=True)
+@click.option("--mode", "modes", default="inprocess,threads,processes", show_default=True,
+              callback=_csv(str, ("inprocess", "threads", "processes")),
+              help="Loading modes (make_loader's main, threads, processes), comma-separated.")
+@click.option("--workers", default=None, callback=_csv(int, minimum=0),
+              help="Worker counts, e.g. 0,1,2,4; 0 = in the main process [default: 0 up to the usable CPUs].")
+@click.option("--pin-memory", type=click.Choice(["on", "off", "both"]), default="both", show_default=True,
+              help="Pinned batches; measured only where CUDA is present.")
+@click.option("--prefetch", default="2,4", show_default=True, callback=_csv(int, minimum=1),
+              help="prefetch_factor values (batches in flight per worker).")
+@click.option("--persistent", type=click.Choice(["on", "off", "both"]), default="both", show_default=True,
+              help="persistent_workers (worker processes only).")
+@click.option("--augment", default="none", show_default=True,
+              help="none, crop<N>, rrc<N> or center<N> (e.g. crop224, rrc224): the batch transform. "
+                   "A raw folder always gets Resize+CenterCrop first, so batches stack.")
+@click.option("--seconds", type=click.FloatRange(0.1), default=5.0, show_default=True,
+              help="Wall time per cell.")
+@click.option("--repeats", type=click.IntRange(1), default=3, show_default=True,
+              help="Timed epochs per cell (the median is reported).")
+@click.option("--tolerance", type=click.FloatRange(0, 1, max_open=True), default=0.10, show_default=True,
+              help="Knee: the fewest workers within this fraction of the best samples/s.")
+@click.option("--size", type=click.IntRange(1), default=None,
+              help="Raw folder: Resize+CenterCrop side [default: the packed side with --compare, else 256].")
+@click.option("--compare", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Raw ImageFolder tree of PATH's images: run the same grid on it, print speed-ups.")
+@click.option("--step-ms", type=click.FloatRange(0, min_open=True), default=None,
+              help="A measured training step time (ms per batch) to compare the data time with.")
+@click.option("--model", default=None,
+              help="Measure the step: tiny (a small CNN) or torchvision:NAME (e.g. torchvision:resnet18).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the raw numbers here as JSON.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="Draw samples/s against num_workers into this PNG (needs matplotlib).")
+@click.option("--no-check", is_flag=True,
+              help="Skip rerunning the recommended setting as a plain loop at the end.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def bench(path, json_path, plot_path, no_check, quiet, **kwargs):
+    """Find what the DataLoader needs on PATH (a packed output or a raw ImageFolder tree).
+
+    Times the loader alone over a grid of settings, prints the table, the knee of each curve and
+    a recommendation; with --step-ms or --model, says whether loading is the bottleneck (data
+    >= 40% of a step). Ctrl-C prints what was measured so far."""
+    import json
+
+    from readers.diagnose import bench as run_bench
+    from readers.diagnose import plot
+    if kwargs["step_ms"] is not None and kwargs["model"] is not None:
+        raise click.UsageError("give --step-ms or --model, not both")
+    try:
+        report = run_bench(path, check=not no_check, progress=not quiet, **kwargs)
+    except ValueError as err:
+        raise click.ClickException(str(err)) from None
+    click.echo(report.text())
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(report.json(), f, indent=1)
+        click.echo(f"raw numbers: {json_path}")
+    if plot_path:
+        try:
+            plot(plot_path, report.grid, report.compare)
+        except ImportError as err:
+            raise click.ClickException(str(err)) from None
+        click.echo(f"plot: {plot_path}")
+    if report.interrupted:
+        sys.exit(130)

@@ -239,7 +239,8 @@ def check_shared_memory(batch_bytes: int, workers: int, prefetch: int) -> str | 
 def make_loader(ds, batch_size: int, train: bool = True, *, batch_transform=None, mode: str = "auto",
                 num_workers: int | None = None, prefetch_factor: int = 2,
                 pin_memory: bool | None = None, seed: int | None = None,
-                drop_last: bool | None = None, sampler=None, multiprocessing_context=None) -> DataLoader:
+                drop_last: bool | None = None, sampler=None, multiprocessing_context=None,
+                persistent_workers: bool = True) -> DataLoader:
     """A DataLoader yielding ``(imgs, labels)`` batches of ``ds`` (a ShardDataset).
 
     imgs: ``torch.uint8`` (B, 3, H, W) channels_last (HWC memory) unless ``batch_transform``
@@ -251,8 +252,9 @@ def make_loader(ds, batch_size: int, train: bool = True, *, batch_transform=None
       e.g. ``transforms.Compose([RandomResizedCrop(224), RandomHorizontalFlip()])``; its
       generator is seeded from (seed, epoch, batch number). ``ds.transform`` runs per sample.
     - ``mode``: "main" (in this process), "threads" (``num_workers`` threads), "processes"
-      (``num_workers`` DataLoader worker processes, persistent, ``prefetch_factor`` each), or
-      "auto" (:func:`auto_mode`). ``num_workers`` defaults to ``usable_cpus()``.
+      (``num_workers`` DataLoader worker processes, ``prefetch_factor`` each, kept between
+      epochs unless ``persistent_workers=False``), or "auto" (:func:`auto_mode`).
+      ``num_workers`` defaults to ``usable_cpus()``.
     - ``pin_memory`` defaults to ``torch.cuda.is_available()``.
     - ``seed``: shuffling and augmentation; by default drawn from torch's global generator (so
       ``torch.manual_seed`` makes runs repeat). DistributedSampler gets ``seed`` or 0, the same
@@ -289,7 +291,7 @@ def make_loader(ds, batch_size: int, train: bool = True, *, batch_transform=None
     if warning:
         warnings.warn(warning, RuntimeWarning, stacklevel=2)
     return DataLoader(view, batch_sampler=batches, num_workers=workers, collate_fn=_identity,
-                      pin_memory=pin, persistent_workers=True, prefetch_factor=prefetch_factor,
+                      pin_memory=pin, persistent_workers=persistent_workers, prefetch_factor=prefetch_factor,
                       worker_init_fn=seed_worker, multiprocessing_context=multiprocessing_context,
                       generator=torch.Generator().manual_seed(base))
 

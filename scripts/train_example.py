@@ -25,16 +25,10 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from readers import ShardDataset  # noqa: E402
+from readers.bench import tiny_cnn  # noqa: E402
 from readers.gpu import IMAGENET_MEAN, IMAGENET_STD, BatchAugment  # noqa: E402
 from readers.loading import make_loader  # noqa: E402
 from readers.transforms import Compose, RandomHorizontalFlip, RandomResizedCrop  # noqa: E402
-
-
-def tiny_cnn(classes: int) -> nn.Module:
-    return nn.Sequential(
-        nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.ReLU(inplace=True),
-        nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(inplace=True),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, classes))
 
 
 def main(argv=None):
