@@ -556,7 +556,7 @@ def to_json(grid: Grid) -> dict:
 def plot(path, grid: Grid, compare: Grid | None = None) -> None:
     """Draw samples/s against num_workers into ``path`` (PNG): one line per mode / prefetch /
     persistent / pin curve, the knee circled; ``compare``'s curves dashed in the same colours
-    (log scale then). Raises ImportError naming the extra when matplotlib is missing."""
+    (log scale then), their knees boxed. Raises ImportError naming the extra when matplotlib is missing."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -564,7 +564,7 @@ def plot(path, grid: Grid, compare: Grid | None = None) -> None:
     except ImportError:
         raise ImportError("--plot needs matplotlib: pip install 'shardpack[plot]'") from None
     fig, ax = plt.subplots(figsize=(8, 5))
-    knee_of = knees(grid)
+    knee_of, raw_knee = knees(grid), knees(compare) if compare is not None else {}
     for k, (line, pts) in enumerate(curves(grid.cells).items()):
         color = f"C{k % 10}"
         xs = list(pts)
@@ -572,11 +572,11 @@ def plot(path, grid: Grid, compare: Grid | None = None) -> None:
         if line in knee_of:
             w = knee_of[line]
             ax.plot([w], [pts[w].rate], "o", ms=14, mfc="none", mec=color)
-        if compare is not None:
-            raw = curves(compare.cells).get(line)
-            if raw:
-                ax.plot(list(raw), [c.rate for c in raw.values()], "s--", color=color, alpha=0.7,
-                        label=f"{line_label(line)} (raw JPEG)")
+        raw = curves(compare.cells).get(line) if compare is not None else None
+        if raw:
+            ax.plot(list(raw), [c.rate for c in raw.values()], "s--", color=color, alpha=0.7)
+            if line in raw_knee:
+                ax.plot([raw_knee[line]], [raw[raw_knee[line]].rate], "s", ms=14, mfc="none", mec=color)
     workers = sorted({c.setting.workers for c in grid.cells})
     ax.set_xticks(workers or [0])
     ax.set_xlabel("num_workers (0 = in the main process)")
@@ -584,7 +584,8 @@ def plot(path, grid: Grid, compare: Grid | None = None) -> None:
     if compare is not None:
         ax.set_yscale("log")
     ax.set_title(f"{Path(grid.source).name}: batch {grid.batch_size}, augment {grid.augment}"
-                 + (" (dashed: raw JPEG)" if compare is not None else "") + "; circles: knee", fontsize=10)
+                 + ("; dashed: raw JPEG, same settings" if compare is not None else "") + "; circled: knee",
+                 fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
