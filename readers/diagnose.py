@@ -432,7 +432,7 @@ def advice(grid: Grid, cell: Cell, step_ms: float, raw: Grid | None = None) -> l
     ``step_ms`` (the 40% rule) and what to change."""
     share = data_share(cell.ms_per_batch, step_ms)
     head = (f"data {cell.ms_per_batch:.1f} ms + compute {step_ms:.1f} ms per batch of {grid.batch_size}: "
-            f"data is {share:.0%} of a step")
+            f"data is {share:.1%} of a step")
     if share < BOTTLENECK_SHARE:
         return [head + f" (< {BOTTLENECK_SHARE:.0%}): data loading is NOT the bottleneck; the model "
                        f"sets the pace. Keep {cell.setting.describe()}; more workers will not train faster."]
@@ -708,5 +708,5 @@ def bench(path, *, batch_size: int = 64, modes=MODES, workers=None, pin_memory: 
     if report.compare is not None and (raw_rec := recommend(report.compare)):
         share = data_share(raw_rec[0].ms_per_batch, report.step["ms"])
         report.advice.append(f"before packing (raw JPEGs, {raw_rec[0].setting.label}): data would be "
-                             f"{share:.0%} of a step ({raw_rec[0].ms_per_batch:.1f} ms per batch)")
+                             f"{share:.1%} of a step ({raw_rec[0].ms_per_batch:.1f} ms per batch)")
     return report

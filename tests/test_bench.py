@@ -168,10 +168,10 @@ def test_the_40_percent_rule():
     slow, fast = fake_cell("threads", 2, 250), fake_cell("threads", 2, 1000)  # 40 ms and 10 ms per batch of 10
     assert data_share(40, 60) == pytest.approx(0.4)
     lines = advice(g, slow, 60.0)
-    assert "data is 40% of a step" in lines[0] and "IS the bottleneck" in lines[0] and len(lines) > 1
+    assert "data is 40.0% of a step" in lines[0] and "IS the bottleneck" in lines[0] and len(lines) > 1
     assert len(lines) == 2 and "1.0x faster" in lines[-1]  # exactly at the line
     lines = advice(g, fast, 60.0)
-    assert len(lines) == 1 and "data is 14% of a step" in lines[0] and "NOT the bottleneck" in lines[0]
+    assert len(lines) == 1 and "data is 14.3% of a step" in lines[0] and "NOT the bottleneck" in lines[0]
 
 
 def test_grid_cells_and_pin_without_cuda(monkeypatch):
