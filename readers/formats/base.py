@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
 
 from ..manifest import ShardFormatError
+
+_open_lock = threading.Lock()
+
+
+def _new_lock_after_fork():
+    global _open_lock
+    _open_lock = threading.Lock()  # a child forked while another thread held it must not wait forever
+
+
+os.register_at_fork(after_in_child=_new_lock_after_fork)
 
 
 def ragged_view(flat: np.ndarray, offsets: np.ndarray, i: int, out: np.ndarray, where) -> np.ndarray:
@@ -53,10 +64,12 @@ class Reader:
 
     def _ensure_open(self):
         if self._pid != os.getpid():
-            for name in self._handles:
-                setattr(self, name, None)  # drop inherited handles without closing the parent's
-            self._open()
-            self._pid = os.getpid()
+            with _open_lock:  # loader threads reading a fresh reader at once open it once
+                if self._pid != os.getpid():
+                    for name in self._handles:
+                        setattr(self, name, None)  # drop inherited handles without closing the parent's
+                    self._open()
+                    self._pid = os.getpid()
 
     def _open(self):
         raise NotImplementedError
