@@ -409,8 +409,8 @@ def recommend(grid: Grid) -> tuple[Cell, str] | None:
     if pick is best:
         why += f"the fastest cell, and no lighter setting came within {grid.tolerance:.0%} of it"
     else:
-        why += (f"within {grid.tolerance:.0%} of the fastest cell ({best.rate:,.0f} samples/s, "
-                f"{best.setting.label}) with the fewest workers and the lightest mode")
+        why += (f"the lightest setting within {grid.tolerance:.0%} of the fastest cell "
+                f"({best.rate:,.0f} samples/s, {best.setting.label})")
     if pick.setting.persistent:
         why += f"; persistent workers start an epoch in {pick.epoch_start_ms:.0f} ms"
     return pick, why
