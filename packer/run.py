@@ -112,10 +112,12 @@ def default_out(src: str | os.PathLike, fmt: str, size: int) -> Path:
 _ctx: dict = {}
 
 
-def _init(root: str, recipe: Recipe, sink, in_worker: bool = True):
+def _init(root: str, recipe: Recipe, sink, in_worker: bool = True, main_pid: int | None = None):
     """Set up a decode process: where to read from, how to make pixels, where to put them."""
     if in_worker:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C
+        if main_pid is not None:
+            threading.Thread(target=_exit_with, args=(main_pid,), daemon=True).start()
     kind = sink[0]
     if kind == "file":
         _, path, offset, shape = sink
@@ -123,6 +125,19 @@ def _init(root: str, recipe: Recipe, sink, in_worker: bool = True):
     else:
         target = sink[1]
     _ctx.update(root=root, recipe=recipe, target=target)
+
+
+def _exit_with(pid: int) -> None:
+    """A worker's parent is the forkserver, so it would outlive a killed (SIGKILL) main process,
+    idle forever: leave once the main process is gone."""
+    while True:
+        time.sleep(1.0)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            os._exit(0)
+        except PermissionError:
+            pass
 
 
 def _work(tasks):
@@ -500,7 +515,7 @@ def _decode_all(listing, recipe, opts, writer, state, start, written, workers, t
                 target = np.load(ring, mmap_mode="r")
             ctx = _mp_context()
             pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init,
-                                       initargs=(str(listing.root), recipe, sink))
+                                       initargs=(str(listing.root), recipe, sink, True, os.getpid()))
             inflight: deque = deque()
             it = tasks()
 
