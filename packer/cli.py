@@ -131,7 +131,8 @@ def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_siz
     except (ScanError, PackError, ValueError, ImportError) as err:
         raise click.ClickException(str(err)) from None
     except KeyboardInterrupt:
-        click.echo("\ninterrupted; progress is saved: rerun the same command with --resume to continue",
+        click.echo("\ninterrupted; once packing had started its progress is saved: rerun the same command "
+                   "with --resume to continue",
                    err=True)
         sys.exit(130)
     for report in reports:

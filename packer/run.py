@@ -214,6 +214,24 @@ def _plan(listing: Listing, recipe: Recipe, opts: Options) -> dict:
             "files": len(listing), "listing_sha256": _fingerprint(listing)}
 
 
+def check_out(src: str | os.PathLike, out: Path, opts: Options) -> None:
+    """Refuse an OUT that would destroy or pollute SRC, or that exists and is not a shardpack
+    output: ``--overwrite`` replaces earlier outputs only, never other folders or files."""
+    s, o = Path(src).resolve(), Path(out).resolve()
+    if o == s or o in s.parents:
+        raise PackError(f"{out} is or contains SRC {src}: writing there would delete the images; "
+                        "choose an -o outside SRC")
+    if s in o.parents:
+        raise PackError(f"{out} is inside SRC {src}: the next scan would take it for a class "
+                        "folder; choose an -o outside SRC")
+    if out.exists() and not opts.resume:
+        if not (out.is_dir() and (out / MANIFEST).is_file()):
+            raise PackError(f"{out} exists and is not a shardpack output (no {MANIFEST}); "
+                            "refusing to replace it, even with --overwrite")
+        if not opts.overwrite:
+            raise PackError(f"{out} already exists; pass --overwrite to replace it")
+
+
 def _check_resume(tmp: Path, plan: dict) -> dict:
     """Load the interrupted run's progress; refuse, naming the difference, if anything changed."""
     try:
@@ -276,8 +294,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike | None, recipe: Recipe, 
                           + "; ".join(" vs ".join(g) for g in listing.case_clashes[:5])
                           + (" ..." if len(listing.case_clashes) > 5 else "")))
     tmp = partial_dir(out)
-    if out.exists() and not opts.overwrite and not opts.resume:
-        raise PackError(f"{out} already exists; pass --overwrite to replace it")
+    check_out(listing.root, out, opts)
     plan = _plan(listing, recipe, opts)
     progress = {"done": 0, "written": 0, "writer": {}}
     if tmp.exists():

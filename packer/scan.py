@@ -109,10 +109,25 @@ def scan(root: str | os.PathLike, splits_ok: bool = False, threads: int | None =
 def _walk_class(root: Path, cls: str) -> tuple[list[str], list[str], list[tuple[str, ...]]]:
     """(image paths, other files, case clashes) under root/cls, relative to root, sorted."""
     walked = []
-    for dirpath, dirnames, filenames in os.walk(os.path.join(root, cls), followlinks=True):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]  # prune hidden folders
+    top = os.path.join(root, cls)
+    seen = {os.path.realpath(top)}
+    loops = []
+    for dirpath, dirnames, filenames in os.walk(top, followlinks=True):
+        keep = []
+        for d in dirnames:
+            if d.startswith("."):
+                continue  # hidden folders
+            # A linked folder seen before, or one holding this class folder (a link to an
+            # ancestor), would be walked again and again: follow each real folder once.
+            real = os.path.realpath(os.path.join(dirpath, d))
+            if real in seen or os.path.join(os.path.realpath(top), "").startswith(os.path.join(real, "")):
+                loops.append(os.path.join(os.path.relpath(dirpath, root), d) + "/ (symlink loop, not followed)")
+                continue
+            seen.add(real)
+            keep.append(d)
+        dirnames[:] = keep
         walked.append((dirpath, dirnames[:], filenames))
-    images, others, clashes = [], [], []
+    images, others, clashes = [], list(loops), []
     for dirpath, dirnames, filenames in sorted(walked):
         rel_dir = os.path.relpath(dirpath, root)
         names = sorted(n for n in filenames if not n.startswith("."))

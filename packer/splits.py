@@ -27,7 +27,7 @@ from readers.system import usable_cpus
 
 from .imaging import Recipe
 from .labels import LabelsReport, flat_listing, is_flat, read_classes
-from .run import Options, PackError, Report, _estimate_bytes, _replace, default_out, pack
+from .run import Options, PackError, Report, _estimate_bytes, _replace, check_out, default_out, pack
 from .scan import SPLIT_NAMES, Listing, ScanError, find_classes, scan
 from .sizing import estimate_size
 
@@ -251,8 +251,7 @@ def pack_plan(plan: Plan, out: str | os.PathLike | None, recipe: Recipe, opts: O
         return [pack(plan.src, out, recipe, opts, listing=part.listing, extra={**extra, **more})]
     out = (Path(out).expanduser() if out else default_out(plan.src, opts.fmt, recipe.size)).absolute()
     tmp = partial_dir(out)
-    if out.exists() and not opts.overwrite and not opts.resume:
-        raise PackError(f"{out} already exists; pass --overwrite to replace it")
+    check_out(plan.src, out, opts)
     state = {"format": opts.fmt, "recipe": recipe.describe(), "shard_size": opts.shard_size,
              "splits": {p.split: len(p.listing) for p in plan.parts}, "classes": plan.classes}
     if tmp.exists():

@@ -11,6 +11,7 @@ from packer.cli import pack_dataset
 from packer.run import PackError
 from readers import ShardDataset
 from readers.manifest import sample_key
+from packer.scan import scan
 from helpers import all_samples, pack_quiet
 from reference import mean_abs_diff, open_rgb, resize_center_crop, squash
 
@@ -174,3 +175,38 @@ def test_two_workers_from_a_script_on_stdin(tree, tmp_path):
                          env={**__import__("os").environ, "PYTHONPATH": str(root)}, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "18"
+
+
+@pytest.mark.parametrize("where", ["src", "parent", "inside"])
+def test_out_never_overlaps_src(tree, tmp_path, where):
+    out = {"src": tree, "parent": tree.parent, "inside": tree / "out.npy"}[where]
+    before = sorted(p.relative_to(tree) for p in tree.rglob("*"))
+    with pytest.raises(PackError, match="SRC"):
+        pack_quiet(tree, out, "npy", size=8, overwrite=True)
+    assert sorted(p.relative_to(tree) for p in tree.rglob("*")) == before
+
+
+def test_overwrite_replaces_only_shardpack_outputs(tree, tmp_path):
+    keep = tmp_path / "important"
+    keep.mkdir()
+    (keep / "x.txt").write_text("precious")
+    (tmp_path / "file.npy").write_text("precious too")
+    for target in (keep, tmp_path / "file.npy"):
+        with pytest.raises(PackError, match="not a shardpack output"):
+            pack_quiet(tree, target, "npy", size=8, overwrite=True)
+    assert (keep / "x.txt").read_text() == "precious"
+    assert (tmp_path / "file.npy").read_text() == "precious too"
+
+
+def test_symlink_loops_are_followed_once(tree, tmp_path):
+    import os
+    sub = tree / "cat" / "sub"
+    sub.mkdir()
+    os.symlink("..", sub / "up")            # back to cat/: a loop
+    os.symlink("../../dog", sub / "dog")    # another class, followed once (ImageFolder would too)
+    os.symlink("../..", sub / "root")       # the root: holds cat/ itself, a loop
+    listing = scan(tree)
+    cat = [p for p, y in zip(listing.paths, listing.labels) if y == 0]
+    assert len(cat) == 6 + 6  # its own 6 and dog's 6 through the one link
+    assert len(set(os.path.realpath(tree / p) for p in cat)) == 12
+    assert sum("symlink loop" in p for p in listing.ignored) == 2
