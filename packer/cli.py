@@ -13,7 +13,7 @@ from . import mounts
 from .config import effective_settings, load_config
 from .imaging import DECODERS, RESIZE_MODES, Recipe
 from .prefetch import DEFAULT_THREADS
-from .run import Options, PackError, default_out
+from .run import Options, PackError, check_out, default_out
 from .scan import ScanError
 from .splits import describe, make_plan, pack_plan
 from .sizing import IMAGENET_1K_TRAIN
@@ -118,6 +118,8 @@ def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_siz
         out_path = Path(out).expanduser() if out else default_out(src, fmt, size)
         if not allow_unsafe_output:  # before listing a slow SRC (pack checks again, per split)
             mounts.check_output(out_path, mounts.mount_of(out_path))
+        if not dry_run:  # refuse before the (possibly long) listing, not after the plan
+            check_out(src, out_path.absolute(), opts)
         plan = make_plan(src, splits=splits, no_splits=no_splits, labels=labels, id_map=id_map,
                          classes_from=classes_from)
         click.echo(describe(plan, out_path, recipe, opts))

@@ -96,10 +96,12 @@ class Report:
     workers: int = 1
     notes: list = field(default_factory=list)  # what was said on stderr at the start
     case_clashes: list = field(default_factory=list)  # see scan.Listing.case_clashes
+    resumed_at: int = 0  # files already done by the interrupted run this one resumed
 
     @property
     def images_per_s(self) -> float:
-        return self.scanned / self.seconds if self.seconds else 0.0
+        """Files decoded per second by this run (a resumed run counts only its own)."""
+        return (self.scanned - self.resumed_at) / self.seconds if self.seconds else 0.0
 
 
 def default_out(src: str | os.PathLike, fmt: str, size: int) -> Path:
@@ -306,7 +308,8 @@ def pack(src: str | os.PathLike, out: str | os.PathLike | None, recipe: Recipe, 
             raise PackError(f"an interrupted run left {tmp}; pass --resume to continue it "
                             f"or --overwrite to start over")
     elif opts.resume:
-        raise PackError(f"--resume: no interrupted run to resume at {tmp}")
+        done = f"{out} is already complete" if (out / MANIFEST).is_file() else f"no interrupted run at {tmp}"
+        raise PackError(f"--resume: {done}")
     n = len(listing)
     if opts.space_check and not tmp.exists():
         need = _estimate_bytes(listing, recipe)
@@ -374,7 +377,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike | None, recipe: Recipe, 
     _replace(tmp, out)
     total = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     return Report(out, int(len(kept)), n, skipped, listing.ignored, len(listing.classes), total,
-                  seconds, workers, notes=notes, case_clashes=listing.case_clashes)
+                  seconds, workers, notes=notes, case_clashes=listing.case_clashes, resumed_at=start)
 
 
 def _mp_context():
