@@ -120,13 +120,39 @@ def _init(root: str, recipe: Recipe, sink, in_worker: bool = True, main_pid: int
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C
         if main_pid is not None:
             threading.Thread(target=_exit_with, args=(main_pid,), daemon=True).start()
-    kind = sink[0]
-    if kind == "file":
-        _, path, offset, shape = sink
-        target = np.memmap(path, np.uint8, "r+", offset=offset, shape=shape)
+    if sink[0] == "file":
+        rows, target = _FileRows(*sink[1:]), None
     else:
-        target = sink[1]
-    _ctx.update(root=root, recipe=recipe, target=target)
+        rows, target = _ArrayRows(sink[1]), sink[1]
+    _ctx.update(root=root, recipe=recipe, target=target, rows=rows)
+
+
+class _FileRows:
+    """Rows of a preallocated file (the output, or the ring), written with ``os.pwrite``: about
+    8x cheaper than storing through a memmap into fresh pages, which faults once per 4 KB."""
+
+    def __init__(self, path: str, offset: int, shape):
+        self.fd = os.open(path, os.O_RDWR)
+        self.offset, self.row_bytes = offset, int(np.prod(shape[1:]))
+
+    def put(self, row: int, pixels: np.ndarray) -> None:
+        os.pwrite(self.fd, pixels.data, self.offset + row * self.row_bytes)
+
+    def close(self):
+        os.close(self.fd)
+
+
+class _ArrayRows:
+    """Rows of an in-memory array (the ring of a single-process run)."""
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+
+    def put(self, row: int, pixels: np.ndarray) -> None:
+        self.array[row].reshape(-1)[:pixels.nbytes] = pixels.reshape(-1)
+
+    def close(self):
+        pass
 
 
 def _exit_with(pid: int) -> None:
@@ -148,8 +174,7 @@ def _work(tasks):
     Returns [(index, OK, mode code, w, h, checksum, (H, W) of the sample)] or
     [(index, SKIP, kind, 0, 0, reason, errno)]. Variable-shape samples fill the front of their row.
     """
-    root, recipe, target = _ctx["root"], _ctx["recipe"], _ctx["target"]
-    fixed = recipe.shape() is not None
+    root, recipe, rows = _ctx["root"], _ctx["recipe"], _ctx["rows"]
     out = []
     for index, rel, row, *fetched in tasks:  # fetched: [bytes or OSError] read ahead (prefetch.py)
         path = os.path.join(root, rel)
@@ -165,10 +190,10 @@ def _work(tasks):
         except DecodeError as err:
             out.append((index, SKIP, err.kind, 0, 0, err.reason, 0))
             continue
-        dst = target[row] if fixed else target[row, :pixels.nbytes].reshape(pixels.shape)
-        dst[...] = pixels
+        pixels = np.ascontiguousarray(pixels)
+        rows.put(row, pixels)  # variable-shape samples fill the front of their row
         code = SOURCE_MODES.index(mode) if mode in SOURCE_MODES else len(SOURCE_MODES) - 1
-        out.append((index, OK, code, w, h, xxhash.xxh3_64_intdigest(dst), pixels.shape[:2]))
+        out.append((index, OK, code, w, h, xxhash.xxh3_64_intdigest(pixels), pixels.shape[:2]))
     return out
 
 
@@ -576,6 +601,8 @@ def _decode_all(listing, recipe, opts, writer, state, start, written, workers, t
             reader.close()
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+        if "rows" in _ctx:
+            _ctx["rows"].close()
         _ctx.clear()
 
 
