@@ -21,9 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
+from readers.manifest import IMG_EXTENSIONS
+
 from . import mounts
 
-IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 LIST_THREADS = 64  # folders listed at once on a high-latency mount: listing is latency, not CPU
 SPLIT_NAMES = ("train", "val", "valid", "validation", "test")
 

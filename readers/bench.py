@@ -17,10 +17,10 @@ import numpy as np
 import torch
 from PIL import Image
 
+from .manifest import IMG_EXTENSIONS
 from .system import usable_cpus
 from .transforms import resized_crop_params
 
-IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
 @dataclass

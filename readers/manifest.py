@@ -49,6 +49,9 @@ COLUMNS = {  # name -> file under INDEX_DIR
 }
 PATHS_BLOB = "paths.bin"
 
+# Source files the packer reads: torchvision.datasets.folder.IMG_EXTENSIONS, matched in any case.
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
 # Pillow modes a source may have; index/source_mode.npy holds positions in this list.
 SOURCE_MODES = ("1", "L", "P", "RGB", "RGBA", "CMYK", "YCbCr", "LAB", "HSV", "I", "F", "LA", "PA",
                 "RGBX", "RGBa", "La", "I;16", "I;16L", "I;16B", "I;16N", "other")

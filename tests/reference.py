@@ -71,26 +71,38 @@ def pad(img: Image.Image, size: int, fill=(255, 255, 255)) -> np.ndarray:
     return out
 
 
-def random_resized_crop_params(height: int, width: int, generator, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
+def random_resized_crop_params(height: int, width: int, generator, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3),
+                               log_ratio=True):
     """torchvision RandomResizedCrop.get_params, from its documented definition: up to 10 tries
     of an area fraction uniform in ``scale`` and a log-uniform aspect ratio in ``ratio``, sides
     rounded, kept if inside the image, position uniform; else a central crop with the ratio
-    clamped. Random numbers from ``generator`` in torchvision's order. Returns (top, left, h, w)."""
+    clamped. Random numbers from ``generator`` (a torch.Generator, drawn in torchvision's order,
+    or a random.Random). ``log_ratio=False`` is a deliberately wrong variant (aspect ratio
+    uniform instead of log-uniform) that distribution tests must tell apart. Returns
+    (top, left, h, w)."""
     import math
+    import random
 
     import torch
 
+    if isinstance(generator, random.Random):
+        uniform, upto = generator.uniform, lambda hi: generator.randint(0, hi)
+    else:
+        def uniform(a, b):
+            return torch.empty(1).uniform_(a, b, generator=generator).item()
+
+        def upto(hi):
+            return int(torch.randint(0, hi + 1, size=(1,), generator=generator))
     area = height * width
-    lo, hi = math.log(ratio[0]), math.log(ratio[1])
+    lo, hi = (math.log(ratio[0]), math.log(ratio[1])) if log_ratio else ratio
     for _ in range(10):
-        target = area * torch.empty(1).uniform_(scale[0], scale[1], generator=generator).item()
-        aspect = math.exp(torch.empty(1).uniform_(lo, hi, generator=generator).item())
+        target = area * uniform(scale[0], scale[1])
+        r = uniform(lo, hi)
+        aspect = math.exp(r) if log_ratio else r
         w = int(round(math.sqrt(target * aspect)))
         h = int(round(math.sqrt(target / aspect)))
         if 0 < w <= width and 0 < h <= height:
-            top = int(torch.randint(0, height - h + 1, size=(1,), generator=generator))
-            left = int(torch.randint(0, width - w + 1, size=(1,), generator=generator))
-            return top, left, h, w
+            return upto(height - h), upto(width - w), h, w
     in_ratio = width / height
     if in_ratio < min(ratio):
         w, h = width, int(round(width / min(ratio)))

@@ -10,34 +10,11 @@ import torch
 from PIL import Image
 
 from conftest import noise_image
+from reference import random_resized_crop_params
 from readers.transforms import (CenterCrop, Compose, RandomCrop, RandomHorizontalFlip,
                                 RandomResizedCrop, crop_params, resized_crop_params)
 
 N = 20_000
-
-
-def reference_rrc_params(height, width, scale, ratio, rng: random.Random, log_ratio=True):
-    """torchvision.transforms.RandomResizedCrop.get_params as documented, one try after another
-    (Python's generator instead of torch's). ``log_ratio=False`` is a deliberately wrong variant
-    (aspect ratio uniform instead of log-uniform) that the test must tell apart."""
-    area = height * width
-    lo, hi = (math.log(ratio[0]), math.log(ratio[1])) if log_ratio else ratio
-    for _ in range(10):
-        target_area = area * rng.uniform(scale[0], scale[1])
-        r = rng.uniform(lo, hi)
-        aspect = math.exp(r) if log_ratio else r
-        w = int(round(math.sqrt(target_area * aspect)))
-        h = int(round(math.sqrt(target_area / aspect)))
-        if 0 < w <= width and 0 < h <= height:
-            return rng.randint(0, height - h), rng.randint(0, width - w), h, w
-    in_ratio = width / height
-    if in_ratio < min(ratio):
-        w, h = width, int(round(width / min(ratio)))
-    elif in_ratio > max(ratio):
-        h, w = height, int(round(height * max(ratio)))
-    else:
-        w, h = width, height
-    return (height - h) // 2, (width - w) // 2, h, w
 
 
 def ks(a, b) -> float:
@@ -67,12 +44,12 @@ def test_resized_crop_params_match_torchvision_distribution(height, width, scale
     torch.manual_seed(1)
     ours = resized_crop_params([height] * N, [width] * N, scale, ratio)
     rng = random.Random(2)
-    ref = list(zip(*(reference_rrc_params(height, width, scale, ratio, rng) for _ in range(N))))
+    ref = list(zip(*(random_resized_crop_params(height, width, rng, scale, ratio) for _ in range(N))))
     a, b = features(*ours, height, width), features(*ref, height, width)
     for name in a:
         assert ks(a[name], b[name]) < KS_LIMIT, name
     # the fallback box appears as often (it is one exact box)
-    fb = reference_rrc_params(height, width, (2.0, 2.0), ratio, rng)  # scale > 1: always fallback
+    fb = random_resized_crop_params(height, width, rng, (2.0, 2.0), ratio)  # scale > 1: always fallback
     ours_fb = np.mean([tuple(map(int, v)) == fb for v in zip(*ours)])
     ref_fb = np.mean([tuple(v) == fb for v in zip(*ref)])
     assert abs(ours_fb - ref_fb) < 0.02
@@ -86,7 +63,7 @@ def test_the_distribution_test_can_fail():
     torch.manual_seed(1)
     ours = features(*resized_crop_params([256] * N, [256] * N, (0.08, 1), (3 / 4, 4 / 3)), 256, 256)
     rng = random.Random(3)
-    wrong = features(*zip(*(reference_rrc_params(256, 256, (0.08, 1), (3 / 4, 4 / 3), rng, log_ratio=False)
+    wrong = features(*zip(*(random_resized_crop_params(256, 256, rng, (0.08, 1), (3 / 4, 4 / 3), log_ratio=False)
                             for _ in range(N))), 256, 256)
     assert ks(ours["log_aspect"], wrong["log_aspect"]) > KS_LIMIT
 

@@ -96,3 +96,22 @@ class Reader:
             state[name] = None
         state["_pid"] = None
         return state
+
+
+class MemmapReader(Reader):
+    """npy and HDF5: ``self._images`` is a read-only memmap, (count, H, W, 3) for fixed shapes or
+    flat with ``self._offsets`` (count + 1,) for variable ones; ``data_file`` names it in errors."""
+
+    _handles = ("_images", "_offsets")
+    data_file = ""
+
+    def read_into(self, i, out):
+        self._ensure_open()
+        if self.shape is None:
+            out[...] = ragged_view(self._images, self._offsets, i, out, self.root / self.data_file)
+        else:
+            out[...] = self._images[i]
+
+    def read_batch_into(self, indices, out):
+        self._ensure_open()
+        take_into(self._images, indices, out)

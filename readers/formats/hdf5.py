@@ -13,7 +13,7 @@ import h5py
 import numpy as np
 
 from ..manifest import HDF5_FILE, ShardFormatError
-from .base import Reader, ragged_view, take_into
+from .base import MemmapReader
 
 
 def dataset_offset(path, name="images"):
@@ -34,8 +34,8 @@ def _map(path, name):
     return np.memmap(path, dtype, "r", offset=offset, shape=shape)
 
 
-class Hdf5Reader(Reader):
-    _handles = ("_images", "_offsets")
+class Hdf5Reader(MemmapReader):
+    data_file = HDF5_FILE
 
     def _open(self):
         path = self.root / HDF5_FILE
@@ -49,14 +49,3 @@ class Hdf5Reader(Reader):
             expect = str((self.count, *self.shape))
         if not ok or self._images.dtype != np.uint8:
             raise ShardFormatError(f"{path}: images {self._images.shape} {self._images.dtype}, the manifest says {expect} uint8")
-
-    def read_into(self, i, out):
-        self._ensure_open()
-        if self.shape is None:
-            out[...] = ragged_view(self._images, self._offsets, i, out, self.root / HDF5_FILE)
-        else:
-            out[...] = self._images[i]
-
-    def read_batch_into(self, indices, out):
-        self._ensure_open()
-        take_into(self._images, indices, out)

@@ -13,11 +13,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..manifest import NPY_IMAGES, NPY_OFFSETS, ShardFormatError
-from .base import Reader, ragged_view, take_into
+from .base import MemmapReader
 
 
-class NpyReader(Reader):
-    _handles = ("_images", "_offsets")
+class NpyReader(MemmapReader):
+    data_file = NPY_IMAGES
 
     def _open(self):
         path = self.root / NPY_IMAGES
@@ -32,14 +32,3 @@ class NpyReader(Reader):
                 f"{path}: array {self._images.shape} {self._images.dtype}, the manifest and "
                 f"{NPY_OFFSETS} say {expect} uint8"
             )
-
-    def read_into(self, i, out):
-        self._ensure_open()
-        if self.shape is None:
-            out[...] = ragged_view(self._images, self._offsets, i, out, self.root / NPY_IMAGES)
-        else:
-            out[...] = self._images[i]
-
-    def read_batch_into(self, indices, out):
-        self._ensure_open()
-        take_into(self._images, indices, out)
