@@ -189,14 +189,16 @@ def _read_json(path: Path) -> dict:
         raise ShardFormatError(f"{path}: unreadable manifest ({err})") from None
 
 
-def write_json_atomic(path: Path, obj) -> None:
-    """Write JSON to a temporary sibling, fsync it, and rename it over ``path``."""
+def write_json_atomic(path: Path, obj, sync: bool = True) -> None:
+    """Write JSON to a temporary sibling, fsync it (unless ``sync`` is False: then it survives a
+    killed process but not a crash of the machine), and rename it over ``path``."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as f:
         json.dump(obj, f, indent=1, sort_keys=False)
         f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
+        if sync:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)
 
 

@@ -136,7 +136,7 @@ def test_lmdb_map_grows_instead_of_map_full(tree, tmp_path, monkeypatch):
     MDB_MAP_FULL; the map grows and data.mdb stays close to the payload."""
     import packer.writers.lmdb as lw
     monkeypatch.setattr(lw, "initial_map_size", lambda n, sample_bytes: 1 << 20)  # 1 MiB for 0.9 MB
-    monkeypatch.setattr(lw, "TXN_SAMPLES", 4)
+    monkeypatch.setattr(lw, "TXN_BYTES", 4 * 128 * 128 * 3)
     report = pack_quiet(tree, tmp_path / "l", "lmdb", size=128)
     ds = ShardDataset(tmp_path / "l")
     assert report.count == len(ds) == 18

@@ -33,7 +33,11 @@ class Writer:
         raise NotImplementedError
 
     def flush(self) -> None:
-        """Make everything written so far durable."""
+        """Hand everything written so far to the kernel (commit, flush buffers): it then survives
+        the process being killed, since the page cache outlives the process."""
+
+    def sync(self) -> None:
+        """After flush(): make it durable on disk (fsync), so it survives a crash of the machine."""
 
     def state(self) -> dict:
         """What resume() needs, JSON-serialisable; valid right after flush()."""
@@ -85,6 +89,8 @@ class RaggedWriter(Writer):
 
     def flush(self):
         self.file.flush()
+
+    def sync(self):
         os.fsync(self.file.fileno())
         self.shapes.flush()
 
@@ -107,6 +113,7 @@ class RaggedWriter(Writer):
         if self.count != len(kept):
             raise RuntimeError(f"{self.data_path}: {self.count} samples written, expected {len(kept)}")
         self.flush()
+        self.sync()
         self.file.close()
         self.file = None
         offsets, shapes = self.offsets(), np.array(self.shapes[:self.count])
@@ -138,7 +145,7 @@ class InPlaceWriter(Writer):
     def sink(self):
         return str(self.path), self.offset, (self.n, *self.shape)
 
-    def flush(self):
+    def sync(self):
         fsync_path(self.path)
 
 
