@@ -529,7 +529,7 @@ def _decode_all(listing, recipe, opts, writer, state, start, written, workers, t
         nonlocal last_durable
         durable = durable or boot is None
         skip_log.flush()
-        record = {"done": upto, "written": written, "writer": writes.call(_settle, writer, durable),
+        record = {"done": upto, "written": written, "writer": writes.call(_settle, writer, upto, durable),
                   "boot_id": boot}
         if durable:
             os.fsync(skip_log.fileno())
@@ -652,11 +652,13 @@ def _decode_all(listing, recipe, opts, writer, state, start, written, workers, t
         _ctx.clear()
 
 
-def _settle(writer, durable: bool) -> dict:
-    """A checkpoint's part in the writer: flush (and fsync if ``durable``); return its state."""
+def _settle(writer, done: int, durable: bool) -> dict:
+    """A checkpoint's part in the writer: flush (and fsync if ``durable``), let the page cache of
+    the data so far go; return the writer's state."""
     writer.flush()
     if durable:
         writer.sync()
+    writer.release(done)
     return writer.state()
 
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from readers.manifest import sample_key
 
-from .base import Writer, npy_header
+from .base import Writer, drop_cache, npy_header
 
 PAGE = 4096
 # Bytes of values per write transaction. LMDB (without MDB_WRITEMAP) copies each value into
@@ -77,6 +77,9 @@ class LmdbWriter(Writer):
 
     def sync(self):
         self.env.sync(True)
+
+    def release(self, done):
+        drop_cache(self.tmp / "data.mdb")  # pages LMDB has mapped (the B-tree's) are kept
 
     def finish(self, kept):
         self.flush()

@@ -16,7 +16,7 @@ import numpy as np
 
 from readers.manifest import WDS_OFFSETS, WDS_SHARD, sample_key
 
-from .base import Writer, npy_header
+from .base import Writer, drop_cache, npy_header
 
 DEFAULT_SHARD_SIZE = 1 << 30
 BLOCK, RECORD = tarfile.BLOCKSIZE, tarfile.RECORDSIZE
@@ -57,6 +57,7 @@ class WdsWriter(Writer):
             self.file.write(END + b"\0" * (-end % RECORD))  # tarfile pads to whole records
             self.file.flush()
             os.fsync(self.file.fileno())  # a finished shard is never touched again: make it durable
+            drop_cache(self.file.fileno())
             self.file.close()
             self.file = None
 
@@ -92,6 +93,10 @@ class WdsWriter(Writer):
         if self.file is not None:
             os.fsync(self.file.fileno())
         self.offsets.flush()
+
+    def release(self, done):
+        if self.file is not None:
+            drop_cache(self.file.fileno())
 
     def state(self):
         return {"shard": self.shard, "offset": self.offset if self.file is not None else 0}
