@@ -147,6 +147,19 @@ class _FileRows:
         os.close(self.fd)
 
 
+class _Deferred:
+    """Rows whose ``put`` runs in the writer's thread (K = 1, in-place formats)."""
+
+    def __init__(self, rows: _FileRows, writes):
+        self.rows, self.writes = rows, writes
+
+    def put(self, row: int, pixels: np.ndarray) -> None:
+        self.writes.submit(self.rows.put, row, pixels)
+
+    def close(self):
+        self.rows.close()
+
+
 class _Handover:
     """A single-process run's "rows": the decoded arrays themselves, taken by the writer (no copy)."""
 
@@ -509,7 +522,7 @@ def _decode_all(listing, recipe, opts, writer, state, start, written, workers, t
         sink = ("handover",)  # one process: the decoded arrays go to the writer as they are
     else:
         sink = ("file", *writer.sink())
-    writes = _Writes(writer, threaded=streamed and workers == 1)
+    writes = _Writes(writer, threaded=workers == 1)
     reader = ReadAhead(listing.root, paths, range(start, n), opts.io_threads,
                        ahead=window * chunk + 2 * opts.io_threads) if opts.io_threads else None
 
@@ -529,7 +542,7 @@ def _decode_all(listing, recipe, opts, writer, state, start, written, workers, t
         nonlocal last_durable
         durable = durable or boot is None
         skip_log.flush()
-        record = {"done": upto, "written": written, "writer": writes.call(_settle, writer, upto, durable),
+        record = {"done": upto, "written": written, "writer": writes.call(_settle, writer, durable),
                   "boot_id": boot}
         if durable:
             os.fsync(skip_log.fileno())
@@ -538,6 +551,7 @@ def _decode_all(listing, recipe, opts, writer, state, start, written, workers, t
         write_json_atomic(tmp / "progress.json", record, sync=durable)
         if durable:
             write_json_atomic(tmp / "durable.json", record)
+        writes.submit(writer.release, upto)  # not waited for: it may write back for a while
 
     def tasks():
         for a in range(start, n, chunk):
@@ -556,7 +570,7 @@ def _decode_all(listing, recipe, opts, writer, state, start, written, workers, t
                         pixels = target[rows_of[index]]
                         if len(row_shape) == 1:  # variable shapes: the sample fills the front of its row
                             pixels = pixels[:err[0] * err[1] * 3].reshape(*err, 3)
-                    writes.write(written, pixels, int(labels[index]))
+                    writes.submit(writer.write, written, pixels, int(labels[index]))
                 written += 1
                 streak = 0
             else:
@@ -596,6 +610,8 @@ def _decode_all(listing, recipe, opts, writer, state, start, written, workers, t
     try:
         if workers == 1:
             _init(str(listing.root), recipe, sink, in_worker=False)
+            if not streamed:  # the pwrite of each sample, too, goes to the writer's thread
+                _ctx["rows"] = _Deferred(_ctx["rows"], writes)
             for idx in tasks():
                 rows_of = {i: k for k, i in enumerate(idx)} if streamed else {}
                 task = task_of(idx, rows_of)
@@ -652,30 +668,28 @@ def _decode_all(listing, recipe, opts, writer, state, start, written, workers, t
         _ctx.clear()
 
 
-def _settle(writer, done: int, durable: bool) -> dict:
-    """A checkpoint's part in the writer: flush (and fsync if ``durable``), let the page cache of
-    the data so far go; return the writer's state."""
+def _settle(writer, durable: bool) -> dict:
+    """A checkpoint's part in the writer: flush (and fsync if ``durable``); return its state."""
     writer.flush()
     if durable:
         writer.sync()
-    writer.release(done)
     return writer.state()
 
 
 class _Writes:
-    """Calls to a streamed writer. With one process they run, in order, in one thread of their
-    own, so that LMDB puts and tar writes (both release the GIL) overlap decoding; one thread,
-    because an LMDB write transaction must stay in the thread that began it. With K > 1 the
-    main process only writes, so they run inline."""
+    """Calls to the writer (and, at K = 1, the pwrites of in-place samples). With one process
+    they run, in order, in one thread of their own, so that pwrites, LMDB puts and tar writes
+    (all release the GIL) overlap decoding; one thread, because an LMDB write transaction must
+    stay in the thread that began it. With K > 1 the main process only writes: they run inline."""
 
     def __init__(self, writer, threaded: bool, depth: int = 64):
         self.writer, self.depth, self.pending = writer, depth, deque()
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="shardpack-writer") if threaded else None
 
-    def write(self, index: int, pixels: np.ndarray, label: int) -> None:
+    def submit(self, fn, *args) -> None:
         if self.pool is None:
-            return self.writer.write(index, pixels, label)
-        self.pending.append(self.pool.submit(self.writer.write, index, pixels, label))
+            return fn(*args)
+        self.pending.append(self.pool.submit(fn, *args))
         while len(self.pending) > self.depth:  # bounds the arrays held: depth x one sample
             self.pending.popleft().result()  # raises a failed write's error here
 

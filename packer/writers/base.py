@@ -41,7 +41,8 @@ class Writer:
 
     def release(self, done: int) -> None:
         """After flush(), with samples < ``done`` (scan positions) complete: let the kernel write
-        back and then drop the page cache of the data so far (see ``drop_cache``)."""
+        back and then drop the page cache of the data so far (see ``drop_cache``). Called
+        without waiting for it (it may take a while), in the thread that writes."""
 
     def state(self) -> dict:
         """What resume() needs, JSON-serialisable; valid right after flush()."""
