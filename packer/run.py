@@ -393,6 +393,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike | None, recipe: Recipe, 
 
     workers = max(1, opts.workers or usable_cpus())
     shape = recipe.shape()
+    _keep_freed_memory()
     try:
         writer = writer_class(opts.fmt, shape is None)(tmp, n, shape, listing.labels,
                                         {"shard_size": opts.shard_size, "attrs": {"classes": listing.classes}})
@@ -449,6 +450,22 @@ def pack(src: str | os.PathLike, out: str | os.PathLike | None, recipe: Recipe, 
     total = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     return Report(out, int(len(kept)), n, skipped, listing.ignored, len(listing.classes), total,
                   seconds, workers, notes=notes, case_clashes=listing.case_clashes, resumed_at=start)
+
+
+def _keep_freed_memory() -> None:
+    """Ask glibc to keep freed blocks for reuse (blocks up to 4 MB from the heap, trim it only
+    past 64 MB free) instead of handing them back to the kernel. Why: LMDB mallocs each value's
+    overflow pages and frees them at commit, and glibc's default gave them back every time, so
+    every put faulted in 48 fresh pages (measured: ~300 us of kernel time per 196 KB sample in
+    the writing process). Process-wide and lasting; nothing happens off glibc."""
+    import ctypes
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # malloc.h
+    mallopt(M_MMAP_THRESHOLD, 4 << 20)
+    mallopt(M_TRIM_THRESHOLD, 64 << 20)
 
 
 def _mp_context():
@@ -516,7 +533,7 @@ def _decode_all(listing, recipe, opts, writer, state, start, written, workers, t
         ring = tmp / "run" / "ring.bin"
         np.lib.format.open_memmap(ring, mode="w+", dtype=np.uint8, shape=(window * chunk, *row_shape))
         sink = ("file", str(ring), npy_data_offset(ring), (window * chunk, *row_shape))
-        target = np.load(ring, mmap_mode="r")
+        target = np.asarray(np.load(ring, mmap_mode="r"))  # a plain view: memmap slicing is slow
         free_rows = deque(range(window * chunk))
     elif streamed:
         sink = ("handover",)  # one process: the decoded arrays go to the writer as they are
