@@ -1,10 +1,12 @@
 """Packing speed, measured in one run: images/s with 1 and 2 processes per format against the bare
 decode+resize rate of one core, plus the resize/decoder options, and FFCV's writer where installed.
 
-    .venv/bin/python scripts/bench_pack.py [--src ../shared/data/imagenet-sample/train] [--min-images 3000]
+    .venv/bin/python scripts/bench_pack.py [--src ../shared/data/imagenet-sample/train] [--min-images 3000] [--repeat 3]
 
 The sample is repeated (symlinks in a temporary tree) to reach --min-images. Everything is
 reported as ratios of rates measured in this run, so a busy machine shifts all numbers alike.
+Each rate is the median of --repeat measurements taken in rounds (bare loop, every format at
+K=1 and K=2, FFCV, then again), so a slow spell hits every row rather than one.
 """
 
 from __future__ import annotations
@@ -50,14 +52,14 @@ def rate(fn, items) -> float:
     return len(items) / (time.perf_counter() - t)
 
 
-def resize_options(datas, size):
+def resize_options(datas, size, compare=True):
     """Per-core images/s and worst per-image mean |difference| vs the faithful default."""
     from reference import mean_abs_diff
     faithful = Recipe(size)
     refs = [decode(d, faithful)[0] for d in datas]
 
-    def variant(name, fn, compare=True):
-        diff = max(mean_abs_diff(fn(d), r) for d, r in zip(datas[:200], refs)) if compare else None
+    def variant(name, fn, diff=True):
+        diff = max(mean_abs_diff(fn(d), r) for d, r in zip(datas[:200], refs)) if diff and compare else None
         return name, rate(fn, datas), diff
 
     def box_resize(d, **kw):
@@ -70,14 +72,14 @@ def resize_options(datas, size):
         img.load()
 
     rows = [
-        variant("decode only: Pillow", pillow_decode, compare=False),
+        variant("decode only: Pillow", pillow_decode, diff=False),
         variant("decode + resize(box): Pillow [the default]", lambda d: decode(d, faithful)[0]),
         variant("resize(box, reducing_gap=2.0)", lambda d: box_resize(d, reducing_gap=2.0)),
         variant("--draft (JPEG DCT scaling, 2x margin)", lambda d: decode(d, Recipe(size, draft=True))[0]),
     ]
     try:
         import simplejpeg
-        rows.insert(1, variant("decode only: simplejpeg", lambda d: simplejpeg.decode_jpeg(d), compare=False))
+        rows.insert(1, variant("decode only: simplejpeg", lambda d: simplejpeg.decode_jpeg(d), diff=False))
         rows.append(variant("decode + resize(box): --decoder simplejpeg",
                             lambda d: decode(d, Recipe(size, decoder="simplejpeg"))[0]))
     except ImportError:
@@ -121,39 +123,56 @@ t = time.perf_counter(); w.from_indexed_dataset(DS()); print(len(files) / (time.
 @click.option("--min-images", default=3000, show_default=True)
 @click.option("--size", default=256, show_default=True)
 @click.option("--formats", default=",".join(FORMATS), show_default=True)
-def main(src, min_images, size, formats):
+@click.option("--repeat", default=3, show_default=True, help="rounds; each rate is the median")
+def main(src, min_images, size, formats, repeat):
     tmp = Path(tempfile.mkdtemp(prefix="bench-pack-"))
     try:
         n = repeated_tree(src, tmp / "src", min_images)
         listing = scan(tmp / "src")
-        datas = [open(tmp / "src" / p, "rb").read() for p in listing.paths[: len(os.listdir(src))]]
+        datas = [p.read_bytes() for p in sorted(src.rglob("*")) if p.is_file()]  # each file once
         print(f"# {n} images ({len(datas)} distinct real ImageNet JPEGs repeated), size {size}, "
-              f"{os.cpu_count()} CPUs\n")
-        rows = resize_options(datas, size)
-        bare = next(r for name, r, _ in rows if "[the default]" in name)
+              f"{os.cpu_count()} CPUs, median of {repeat} rounds\n")
+        runs = [(fmt, "pillow") for fmt in formats.split(",")]
+        try:
+            import simplejpeg  # noqa: F401
+            runs.append(("npy", "simplejpeg"))
+        except ImportError:
+            pass
+        steps, packs, ffcv = {}, {}, []
+        for r in range(repeat):
+            for name, rt, d in resize_options(datas, size, compare=r == 0):
+                steps.setdefault(name, ([], d))[0].append(rt)  # the diff is taken in round 1
+            for fmt, decoder in runs:
+                for k in (1, 2):
+                    out = tmp / f"out-{fmt}-{k}"
+                    rep = pack(tmp / "src", out, Recipe(size, decoder=decoder),
+                               Options(fmt=fmt, workers=k, progress=False), listing=listing)
+                    packs.setdefault((fmt, decoder, k), []).append(rep.images_per_s)
+                    shutil.rmtree(out)
+            f = ffcv_rate(tmp / "src", n, 2)
+            if f:
+                ffcv.append(f)
+            print(f"round {r + 1}/{repeat} done", file=sys.stderr)
+        med = {key: float(np.median(v)) for key, v in packs.items()}
+        bare = next(float(np.median(rates)) for name, (rates, _) in steps.items() if "[the default]" in name)
         print("| per-core step | images/s | max per-image mean abs diff vs default |\n|---|---:|---:|")
-        for name, r, d in rows:
-            print(f"| {name} | {r:.0f} | {'' if d is None else f'{d:.3f}'} |")
+        for name, (rates, d) in steps.items():
+            print(f"| {name} | {np.median(rates):.0f} | {'' if d is None else f'{d:.3f}'} |")
         print("\n| format | K=1 images/s | K=1 / bare | K=2 images/s | K=2 / K=1 |\n|---|---:|---:|---:|---:|")
-        k2_rates = []
-        runs = [(fmt, "pillow") for fmt in formats.split(",")] + [("npy", "simplejpeg")] * (len(rows) > 5)
         for fmt, decoder in runs:
-            r = {}
-            for k in (1, 2):
-                out = tmp / f"out-{fmt}-{k}"
-                rep = pack(tmp / "src", out, Recipe(size, decoder=decoder),
-                           Options(fmt=fmt, workers=k, progress=False), listing=listing)
-                r[k] = rep.images_per_s
-                shutil.rmtree(out)
-            if decoder == "pillow":
-                k2_rates.append(r[2])
+            k1, k2 = med[(fmt, decoder, 1)], med[(fmt, decoder, 2)]
             label = fmt if decoder == "pillow" else f"{fmt} --decoder simplejpeg"
-            print(f"| {label} | {r[1]:.0f} | {r[1] / bare:.2f} | {r[2]:.0f} | {r[2] / r[1]:.2f} |")
+            print(f"| {label} | {k1:.0f} | {k1 / bare:.2f} | {k2:.0f} | {k2 / k1:.2f} |")
         print("\n(K=1 / bare: the whole run, scan to rename, against the bare Pillow decode+resize loop)")
-        f = ffcv_rate(tmp / "src", n, 2)
-        if f:
-            print(f"\nFFCV DatasetWriter (raw, max_resolution={size}, 2 workers): {f:.0f} images/s; "
-                  f"shardpack K=2 / FFCV = {min(k2_rates) / f:.2f} (worst format) .. {max(k2_rates) / f:.2f}")
+        print("all rounds, images/s: " + "; ".join(f"{fmt}{'+sj' if d != 'pillow' else ''} K={k}: "
+                                                  + ", ".join(f"{x:.0f}" for x in v)
+                                                  for (fmt, d, k), v in packs.items()))
+        if ffcv:
+            f = float(np.median(ffcv))
+            k2_rates = {fmt: med[(fmt, "pillow", 2)] for fmt, d in runs if d == "pillow"}
+            print(f"\nFFCV DatasetWriter (raw, max_resolution={size}, 2 workers): {f:.0f} images/s "
+                  f"(rounds: {', '.join(f'{x:.0f}' for x in ffcv)}); shardpack K=2 / FFCV: "
+                  + ", ".join(f"{fmt} {r / f:.2f}" for fmt, r in k2_rates.items()))
             print("(FFCV caps the longer side at 256 without cropping: similar, not equal work)")
         else:
             print("\nFFCV: not measured (set FFCV_PYTHON to a python with ffcv installed)")
