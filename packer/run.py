@@ -50,7 +50,7 @@ from .prefetch import DEFAULT_THREADS, ReadAhead, read_bytes
 from .scan import Listing, scan
 from .sizing import estimate_size
 from .writers import writer_class
-from .writers.base import npy_data_offset
+from .writers.base import npy_data_offset, save_synced
 
 IO_ERRNOS = {errno.ENOENT, errno.EIO, errno.ENOTCONN, errno.ESTALE, errno.EACCES, errno.ENXIO,
              errno.ENODEV, errno.EHOSTDOWN}
@@ -744,7 +744,9 @@ def _write_index(tmp: Path, listing: Listing, state: _State, kept: np.ndarray, v
     encoded = [os.fsencode(listing.paths[i]) for i in kept]
     offsets = np.zeros(len(encoded) + 1, np.int64)
     np.cumsum([len(b) for b in encoded], out=offsets[1:])
-    (d / PATHS_BLOB).write_bytes(b"".join(encoded))
+    with open(d / PATHS_BLOB, "wb") as f:
+        f.write(b"".join(encoded))
+        os.fsync(f.fileno())
     columns = {"labels": listing.labels[kept], "path_offsets": offsets,
                "checksums": np.asarray(state.checksum)[kept],
                "source_size": np.asarray(state.size)[kept], "source_mode": np.asarray(state.mode)[kept]}
@@ -752,7 +754,7 @@ def _write_index(tmp: Path, listing: Listing, state: _State, kept: np.ndarray, v
         hw = np.asarray(state.shape)[kept]
         columns["shapes"] = np.concatenate([hw, np.full((len(kept), 1), 3, np.int32)], axis=1)
     for name, values in columns.items():
-        np.save(d / COLUMNS[name], values)
+        save_synced(d / COLUMNS[name], values)
 
 
 def _index_files(tmp: Path) -> dict:

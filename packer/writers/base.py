@@ -181,6 +181,14 @@ def drop_cache(file: int | Path, start: int = 0, end: int | None = None) -> None
         pass  # only advice: a filesystem that does not take it loses nothing
 
 
+def save_synced(path: Path, array: np.ndarray) -> None:
+    """``np.save`` and fsync: every file must be durable before the manifest says "complete"."""
+    with open(path, "wb") as f:
+        np.save(f, array)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

@@ -16,7 +16,7 @@ import numpy as np
 
 from readers.manifest import NPY_IMAGES, NPY_LABELS, NPY_OFFSETS
 
-from .base import InPlaceWriter, RaggedWriter, compact_rows, fsync_path, npy_data_offset, reserve
+from .base import InPlaceWriter, RaggedWriter, compact_rows, fsync_path, npy_data_offset, reserve, save_synced
 
 RAGGED_HEADER = 128  # bytes before the flat data: room for any (nbytes,) shape, 64-aligned
 
@@ -40,7 +40,7 @@ class NpyWriter(InPlaceWriter):
             with open(self.path, "r+b") as f:
                 f.write(_header(count, self.shape, self.offset))
                 f.truncate(self.offset + count * int(np.prod(self.shape)))
-        np.save(self.tmp / NPY_LABELS, self.labels[kept])
+        save_synced(self.tmp / NPY_LABELS, self.labels[kept])
         fsync_path(self.path)
         return {"files": {NPY_IMAGES: self.path.stat().st_size,
                           NPY_LABELS: (self.tmp / NPY_LABELS).stat().st_size}}
@@ -59,8 +59,8 @@ class RaggedNpyWriter(RaggedWriter):
         with open(self.data_path, "r+b") as f:
             f.write(_header(self.nbytes, (), RAGGED_HEADER))
         fsync_path(self.data_path)
-        np.save(self.tmp / NPY_OFFSETS, offsets)
-        np.save(self.tmp / NPY_LABELS, self.labels[kept])
+        save_synced(self.tmp / NPY_OFFSETS, offsets)
+        save_synced(self.tmp / NPY_LABELS, self.labels[kept])
         return {"files": {name: (self.tmp / name).stat().st_size for name in (NPY_IMAGES, NPY_OFFSETS, NPY_LABELS)}}
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from readers.manifest import WDS_OFFSETS, WDS_SHARD, sample_key
 
-from .base import Writer, drop_cache, npy_header
+from .base import Writer, drop_cache, npy_header, save_synced
 
 DEFAULT_SHARD_SIZE = 1 << 30
 BLOCK, RECORD = tarfile.BLOCKSIZE, tarfile.RECORDSIZE
@@ -112,7 +112,7 @@ class WdsWriter(Writer):
     def finish(self, kept):
         self._close_shard()
         count = len(kept)
-        np.save(self.tmp / WDS_OFFSETS, np.asarray(self.offsets[:count]))
+        save_synced(self.tmp / WDS_OFFSETS, np.asarray(self.offsets[:count]))
         del self.offsets
         os.remove(self.tmp / (WDS_OFFSETS + ".partial"))
         files = {name: (self.tmp / name).stat().st_size for name in sorted(os.listdir(self.tmp))
