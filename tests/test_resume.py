@@ -264,12 +264,13 @@ def test_readers_refuse_damaged_outputs_by_name(tree, tmp_path, damage):
         ShardDataset(out)
 
 
-def test_ctrl_c_stops_cleanly_and_says_how_to_resume(big_tree, tmp_path):
+@pytest.mark.parametrize("workers", [1, 2])  # LMDB written by the writer thread / the main process
+def test_ctrl_c_stops_cleanly_and_says_how_to_resume(big_tree, tmp_path, workers):
     out = tmp_path / "out"
     n = len(scan(big_tree))
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     cmd = [sys.executable, "-c", "from packer.cli import pack_dataset; pack_dataset()", str(big_tree),
-           "--format", "lmdb", "--size", "48", "-o", str(out), "--workers", "2", "--quiet"]
+           "--format", "lmdb", "--size", "48", "-o", str(out), "--workers", str(workers), "--quiet"]
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE)
     deadline = time.monotonic() + 60
     while done_fraction(out, n) < 0.3 and proc.poll() is None and time.monotonic() < deadline:
@@ -284,3 +285,32 @@ def test_ctrl_c_stops_cleanly_and_says_how_to_resume(big_tree, tmp_path):
     assert len(ShardDataset(out)) == n
     result = CliRunner().invoke(shardpack, ["verify", str(out), "--quiet"])
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("fmt,workers", [("lmdb", 1), ("wds", 1), ("lmdb", 2), ("npy", 1)])
+def test_disk_full_mid_run_stops_and_resumes(tree, tmp_path, monkeypatch, fmt, workers):
+    """ENOSPC on the 10th sample written, in the writer thread (K=1) or the main process (K=2):
+    an error that says --resume, no OUT, and the resumed output equals an uninterrupted one."""
+    import errno
+
+    import packer.run as run
+    from packer.writers import writer_class
+    ref = pack_quiet(tree, tmp_path / "ref", fmt, size=24).out
+    target, method = (run._FileRows, "put") if fmt == "npy" else (writer_class(fmt, False), "write")
+    original, calls = getattr(target, method), []
+
+    def full(self, *args):
+        calls.append(1)
+        if len(calls) == 10:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return original(self, *args)
+
+    monkeypatch.setattr(target, method, full)
+    out = tmp_path / "out"
+    with pytest.raises(PackError, match="disk full after .* --resume"):
+        pack_quiet(tree, out, fmt, size=24, workers=workers, checkpoint_seconds=0)
+    assert not out.exists() and partial_dir(out).exists()
+    monkeypatch.setattr(target, method, original)
+    report = pack_quiet(tree, out, fmt, size=24, workers=workers, resume=True)
+    assert 0 < report.resumed_at < 10
+    same_content(ref, out, fmt)
