@@ -1,6 +1,6 @@
 """The packing run: scan, decode in K processes, write in sample order, checkpoint, finish.
 
-Shape of the pipeline (why): decode is the cost (~4 ms per ImageNet JPEG), so K worker processes
+Shape of the pipeline (why): decoding is the cost (~3 ms per ImageNet JPEG), so K worker processes
 decode chunks of files and put the pixels straight where they belong, so no pixel array is ever
 pickled back to the main process:
 - in-place formats (npy, hdf5): into the preallocated output file at the sample's scan position;
@@ -12,11 +12,11 @@ Only small tuples (status, source mode and size, checksum) travel back. Results 
 scan order, so the committed prefix ``done`` is exact: a checkpoint (every few seconds) hands the
 writer's data to the kernel up to it and records it in ``progress.json``; ``--resume`` restarts
 from there. That survives a killed process (the page cache outlives it) but not a crash of the
-machine, so every ``durable_seconds`` (60) a checkpoint also fsyncs and is copied to ``durable.json``; a
-resume after a reboot (another kernel boot id) starts from that one instead. An fsync every few
-seconds stalled the run while the disk caught up (~7 % at one process).
-With K = 1 everything runs in the main process (no pool, no copies); a streamed format's writer
-then gets a thread of its own, so its copies overlap decoding.
+machine, so every ``durable_seconds`` (60) a checkpoint also fsyncs and is copied to
+``durable.json``; a resume after a reboot (another kernel boot id) starts from that one. An fsync
+every few seconds stalled the run while the disk caught up (~7 % at one process).
+With K = 1 the decoding runs in the main process (no pool, no copies) and every write (pwrite,
+LMDB put, tar member) in one thread beside it, so the writing overlaps the decoding.
 """
 
 from __future__ import annotations
