@@ -15,7 +15,7 @@ from .imaging import DECODERS, RESIZE_MODES, Recipe
 from .prefetch import DEFAULT_THREADS
 from .run import Options, PackError, check_out, default_out
 from .scan import ScanError
-from .splits import describe, make_plan, pack_plan
+from .splits import describe, make_plan, pack_plan, plural
 from .sizing import IMAGENET_1K_TRAIN
 
 
@@ -143,15 +143,19 @@ def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_siz
 
 
 def summary(report) -> str:
-    lines = [f"packed {report.count} images of {report.classes} classes into {report.out}",
-             f"  {report.bytes / 1e6:.1f} MB written in {report.seconds:.1f} s "
-             f"({report.images_per_s:.0f} images/s, {report.workers} workers)",
+    decoded = report.scanned - report.resumed_at
+    resumed = f" (resumed at file {report.resumed_at})" if report.resumed_at else ""
+    lines = [f"packed {plural(report.count, 'image')} of {plural(report.classes, 'class', 'classes')} "
+             f"into {report.out}: {report.bytes / 1e6:.1f} MB",
+             f"  {plural(decoded, 'file')} decoded in {report.seconds:.1f} s{resumed} "
+             f"({report.images_per_s:.0f} images/s, {plural(report.workers, 'worker')})",
              f"  {report.bytes / max(1, report.count) / 1e3:.1f} KB per image on disk; ImageNet-1k "
              f"({IMAGENET_1K_TRAIN:,} images) would take about "
              f"{report.bytes / max(1, report.count) * IMAGENET_1K_TRAIN / 1e9:.0f} GB"]
     if report.skipped or report.ignored:
-        lines.append(f"  skipped {len(report.skipped)} unusable files and {len(report.ignored)} "
-                     f"non-image files; see {report.out}/skipped.json")
+        lines.append(f"  skipped {plural(len(report.skipped), 'unusable file')} and "
+                     f"{plural(len(report.ignored), 'other entry', 'other entries')} "
+                     f"(not images, symlink loops); see {report.out}/skipped.json")
         for row in report.skipped[:10]:
             lines.append(f"    {row['kind']}: {row['reason']}")
         if len(report.skipped) > 10:

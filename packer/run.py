@@ -47,7 +47,7 @@ from readers.system import usable_cpus
 from . import mounts
 from .imaging import DecodeError, Recipe, decode
 from .prefetch import DEFAULT_THREADS, ReadAhead, read_bytes
-from .scan import Listing, scan
+from .scan import LOOP_NOTE, Listing, scan
 from .sizing import estimate_size
 from .writers import writer_class
 from .writers.base import npy_data_offset, save_synced
@@ -419,13 +419,15 @@ def pack(src: str | os.PathLike, out: str | os.PathLike | None, recipe: Recipe, 
     kept = np.flatnonzero(np.asarray(state.status) == OK)
     skipped = state.skips(n)
     if len(kept) == 0:
-        raise PackError(f"{listing.root}: none of the {n} files could be used; see {state.skips_path}")
+        writer.close()
+        shutil.rmtree(tmp, ignore_errors=True)  # nothing to resume: a rerun would fail the same way
+        raise PackError(f"{listing.root}: none of the {n} files could be used: "
+                        + "; ".join(r["reason"] for r in skipped[:3]) + (" ..." if n > 3 else ""))
     extras = writer.finish(kept)
     writer.close()
     seconds = time.perf_counter() - t0
     _write_index(tmp, listing, state, kept, variable=shape is None)
-    report_rows = skipped + [{"path": p, "kind": "not-an-image", "reason": f"{p}: not an image extension"}
-                             for p in listing.ignored]
+    report_rows = skipped + [_ignored_row(p) for p in listing.ignored]
     write_json_atomic(tmp / SKIPPED, report_rows)
     manifest = {
         "format_version": FORMAT_VERSION, "format": opts.fmt, "count": int(len(kept)),
@@ -466,6 +468,14 @@ def _keep_freed_memory() -> None:
     M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # malloc.h
     mallopt(M_MMAP_THRESHOLD, 4 << 20)
     mallopt(M_TRIM_THRESHOLD, 64 << 20)
+
+
+def _ignored_row(path: str) -> dict:
+    """The skipped.json row of a file or folder the scan did not take (scan.py)."""
+    if path.endswith(LOOP_NOTE):
+        return {"path": path, "kind": "symlink-loop",
+                "reason": f"{path[:-len(LOOP_NOTE)]}: a link to a folder already walked; not followed"}
+    return {"path": path, "kind": "not-an-image", "reason": f"{path}: not an image extension"}
 
 
 def _mp_context():
@@ -664,6 +674,7 @@ def _decode_all(listing, recipe, opts, writer, state, start, written, workers, t
     except KeyboardInterrupt:
         if streak == 0:
             checkpoint(done, durable=True)
+            _say(f"stopped after {done} of {n} files; the progress is in {tmp}")
         raise
     except OSError as err:
         if err.errno == errno.ENOSPC:

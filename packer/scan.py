@@ -107,6 +107,9 @@ def scan(root: str | os.PathLike, splits_ok: bool = False, threads: int | None =
     return Listing(root, classes, class_to_idx, paths, np.asarray(labels, np.int64), ignored, clashes)
 
 
+LOOP_NOTE = "/ (symlink loop, not followed)"  # suffix of a loop's entry in Listing.ignored
+
+
 def _walk_class(root: Path, cls: str) -> tuple[list[str], list[str], list[tuple[str, ...]]]:
     """(image paths, other files, case clashes) under root/cls, relative to root, sorted."""
     walked = []
@@ -122,7 +125,7 @@ def _walk_class(root: Path, cls: str) -> tuple[list[str], list[str], list[tuple[
             # ancestor), would be walked again and again: follow each real folder once.
             real = os.path.realpath(os.path.join(dirpath, d))
             if real in seen or os.path.join(os.path.realpath(top), "").startswith(os.path.join(real, "")):
-                loops.append(os.path.join(os.path.relpath(dirpath, root), d) + "/ (symlink loop, not followed)")
+                loops.append(os.path.join(os.path.relpath(dirpath, root), d) + LOOP_NOTE)
                 continue
             seen.add(real)
             keep.append(d)

@@ -200,7 +200,7 @@ def describe(plan: Plan, out: Path, recipe: Recipe, opts: Options) -> str:
         n = len(part.listing)
         total += n
         present = len(np.unique(part.listing.labels))
-        lines.append(f"  {part.split or 'images'}: {n} images in {present} classes"
+        lines.append(f"  {part.split or 'images'}: {plural(n, 'image')} in {plural(present, 'class', 'classes')}"
                      + (f" ({len(cls) - present} of the classes have none)" if present < len(cls) else ""))
         if part.labels:
             r = part.labels
@@ -216,6 +216,11 @@ def describe(plan: Plan, out: Path, recipe: Recipe, opts: Options) -> str:
     lines.append(f"  free space: {_gb(_free(out))} at {_existing(out)}")
     lines.append(f"  workers: {max(1, opts.workers or usable_cpus())}")
     return "\n".join(lines)
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """'1 image', '2 images'; ``words`` where the plural is not word + 's'."""
+    return f"{n} {word if n == 1 else words or word + 's'}"
 
 
 def _gb(n: int) -> str:
@@ -311,6 +316,7 @@ def _check_resume(tmp: Path, state: dict) -> None:
 def _report_of(d: Path) -> Report:
     m = json.loads((d / MANIFEST).read_text())
     rows = json.loads((d / SKIPPED).read_text())
-    return Report(d, m["count"], m["scanned"], [r for r in rows if r["kind"] != "not-an-image"],
-                  [r["path"] for r in rows if r["kind"] == "not-an-image"], len(m["classes"]),
+    listed = ("not-an-image", "symlink-loop")  # Listing.ignored, not files that failed
+    return Report(d, m["count"], m["scanned"], [r for r in rows if r["kind"] not in listed],
+                  [r["path"] for r in rows if r["kind"] in listed], len(m["classes"]),
                   sum(f.stat().st_size for f in d.rglob("*") if f.is_file()), 0.0, m["run"]["workers"])

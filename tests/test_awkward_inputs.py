@@ -15,6 +15,7 @@ from conftest import ODD_IMAGES, need_shared, noise_image
 from helpers import pack_quiet
 from packer.cli import pack_dataset
 from packer.imaging import Recipe, decode, to_rgb
+from packer.run import PackError
 from readers import ShardDataset
 from readers.manifest import SOURCE_MODES
 from reference import mean_abs_diff, open_rgb, resize_center_crop
@@ -135,6 +136,18 @@ def test_unusable_files_are_reported_and_strict_fails(odd_tree, tmp_path, fmt):
                                                "-o", str(tmp_path / "strict"), "--strict", "--quiet"])
     assert result.exit_code != 0 and "--strict" in result.output and "bad/" in result.output
     assert not (tmp_path / "strict").exists() and not (tmp_path / ".strict.partial").exists()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_tree_with_no_usable_file_fails_with_the_reasons_and_leaves_nothing(tmp_path, workers):
+    src = tmp_path / "src" / "bad"
+    src.mkdir(parents=True)
+    (src / "zero.jpg").write_bytes(b"")
+    (src / "text.jpg").write_bytes(b"not a picture at all")
+    out = tmp_path / "out"
+    with pytest.raises(PackError, match=r"none of the 2 files could be used: .*(empty file|not an image)"):
+        pack_quiet(tmp_path / "src", out, "lmdb", size=16, workers=workers)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]  # no OUT, no partial to "resume"
 
 
 def test_skipped_rows_are_squeezed_out_identically_in_every_format(odd_tree, tmp_path):

@@ -1,6 +1,7 @@
 """Round trip per format against the torchvision reference; formats and worker counts agree."""
 
 import filecmp
+import json
 
 import lmdb
 import numpy as np
@@ -210,3 +211,7 @@ def test_symlink_loops_are_followed_once(tree, tmp_path):
     assert len(cat) == 6 + 6  # its own 6 and dog's 6 through the one link
     assert len(set(os.path.realpath(tree / p) for p in cat)) == 12
     assert sum("symlink loop" in p for p in listing.ignored) == 2
+    pack_quiet(tree, tmp_path / "o", "npy", size=8)
+    rows = json.loads((tmp_path / "o" / "skipped.json").read_text())
+    assert sorted(r["kind"] for r in rows) == ["symlink-loop", "symlink-loop"]
+    assert all(r["reason"].endswith("a link to a folder already walked; not followed") for r in rows)

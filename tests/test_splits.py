@@ -144,7 +144,7 @@ def test_flat_folder_without_labels_and_explicit_labels_option(tmp_path):
     odd = tmp_path / "a=b.tsv"  # a file name with '=' is a file, not SPLIT=FILE; the one flat split
     odd.write_text("file\tlabel\nx.jpg\tb\ny.jpg\tb\n")
     result = run_cli(src, "--format", "npy", "--size", "8", "--labels", odd, "--dry-run")
-    assert result.exit_code == 0 and "val: 2 images in 1 classes" in result.output, result.output
+    assert result.exit_code == 0 and "val: 2 images in 1 class" in result.output, result.output
     result = run_cli(src, "--format", "npy", "--size", "8", "--labels", f"train={labels}", "--dry-run")
     assert result.exit_code != 0 and "has class folders" in result.output
 
@@ -193,7 +193,7 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path):
     assert "  splits: train, test" in lines
     assert "  classes: 2 from train/ class folders: a, b" in lines
     assert "  train: 5 images in 2 classes" in lines
-    assert "  test: 1 images in 1 classes (1 of the classes have none)" in lines
+    assert "  test: 1 image in 1 class (1 of the classes have none)" in lines
     est = 6 * (32 * 32 * 3 + 4096) / 1e6
     assert f"  output: about {est:.1f} MB for 6 images (hdf5, 32x32x3 uint8, center-crop)" in lines
     assert any(ln.startswith("  free space: ") for ln in lines)
