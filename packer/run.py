@@ -55,6 +55,7 @@ from .writers.base import npy_data_offset, save_synced
 IO_ERRNOS = {errno.ENOENT, errno.EIO, errno.ENOTCONN, errno.ESTALE, errno.EACCES, errno.ENXIO,
              errno.ENODEV, errno.EHOSTDOWN}
 OK, SKIP = 1, 2
+COMPACTING = "compacting.json"  # in the partial directory while skipped rows are squeezed out
 
 
 class PackError(RuntimeError):
@@ -370,6 +371,9 @@ def pack(src: str | os.PathLike, out: str | os.PathLike | None, recipe: Recipe, 
     plan = _plan(listing, recipe, opts)
     progress = {"done": 0, "written": 0, "writer": {}}
     if tmp.exists():
+        if opts.resume and (tmp / COMPACTING).exists():
+            raise PackError(f"{tmp}: the run was stopped while squeezing skipped files out of the "
+                            "finished data, a step that cannot be resumed; start over with --overwrite")
         if opts.resume:
             progress = _check_resume(tmp, plan)
         elif opts.overwrite:
@@ -423,6 +427,11 @@ def pack(src: str | os.PathLike, out: str | os.PathLike | None, recipe: Recipe, 
         shutil.rmtree(tmp, ignore_errors=True)  # nothing to resume: a rerun would fail the same way
         raise PackError(f"{listing.root}: none of the {n} files could be used: "
                         + "; ".join(r["reason"] for r in skipped[:3]) + (" ..." if n > 3 else ""))
+    # npy squeezes skipped rows out in place (HDF5 swaps in a compact copy): a kill in between
+    # leaves data a rerun cannot tell apart, so the marker makes --resume refuse instead.
+    compacting = tmp / COMPACTING
+    if writer.in_place and len(kept) < n:
+        write_json_atomic(compacting, {"kept": int(len(kept)), "scanned": n})
     extras = writer.finish(kept)
     writer.close()
     seconds = time.perf_counter() - t0
@@ -447,6 +456,7 @@ def pack(src: str | os.PathLike, out: str | os.PathLike | None, recipe: Recipe, 
     (tmp / "plan.json").unlink()
     (tmp / "progress.json").unlink(missing_ok=True)
     (tmp / "durable.json").unlink(missing_ok=True)
+    compacting.unlink(missing_ok=True)
     write_json_atomic(tmp / MANIFEST, manifest)  # last: its presence means complete
     _replace(tmp, out)
     total = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())

@@ -314,3 +314,27 @@ def test_disk_full_mid_run_stops_and_resumes(tree, tmp_path, monkeypatch, fmt, w
     report = pack_quiet(tree, out, fmt, size=24, workers=workers, resume=True)
     assert 0 < report.resumed_at < 10
     same_content(ref, out, fmt)
+
+
+@pytest.mark.parametrize("fmt", ["npy", "hdf5"])
+def test_a_kill_while_skipped_rows_are_squeezed_out_is_refused_on_resume(tmp_path, monkeypatch, fmt):
+    """npy moves the kept rows forward in place: a rerun after a kill there would move them again
+    and store wrong pixels, so --resume must refuse and say to start over."""
+    src = make_tree(tmp_path / "src", {"a": 6, "b": 6})
+    (src / "a" / "broken.jpg").write_bytes(b"not a picture")  # one skipped file: rows must move
+    import packer.writers.npy as npw
+    from packer.writers import writer_class
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+    if fmt == "npy":  # in the middle of the moves
+        monkeypatch.setattr(npw, "compact_rows", killed)
+    else:  # anywhere in finishing
+        monkeypatch.setattr(writer_class(fmt, False), "finish", killed)
+    with pytest.raises(KeyboardInterrupt):
+        pack_quiet(src, tmp_path / "out", fmt, size=16)
+    monkeypatch.undo()
+    with pytest.raises(PackError, match="cannot be resumed; start over with --overwrite"):
+        pack_quiet(src, tmp_path / "out", fmt, size=16, resume=True)
+    report = pack_quiet(src, tmp_path / "out", fmt, size=16, overwrite=True)
+    assert report.count == 12 and len(report.skipped) == 1
