@@ -16,6 +16,7 @@ Needs root (or fuse permissions), /dev/fuse, libfuse 3 and mfusepy (see scripts/
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -31,10 +32,30 @@ from packer.prefetch import DEFAULT_THREADS  # noqa: E402
 DEFAULT_SRC = ROOT.parent / "shared" / "data" / "imagenet-sample" / "train"
 
 
-def run(src, out, fmt, size, threads):
+def machine_cpu() -> float:
+    """CPU-seconds all CPUs have been busy since boot (/proc/stat: user+nice+system+irq+softirq)."""
+    v = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    return (v[0] + v[1] + v[2] + v[5] + v[6]) / os.sysconf("SC_CLK_TCK")
+
+
+def server_cpu(mnt: Path) -> float:
+    """CPU-seconds used so far by the FUSE server process serving ``mnt`` (0 if not found)."""
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if b"slowfs.py" in (cmd := (proc / "cmdline").read_bytes()) and os.fsencode(str(mnt)) in cmd:
+                fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+                return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+        except OSError:
+            continue
+    return 0.0
+
+
+def run(src, out, fmt, size, threads, mnt):
+    """(images/s, machine CPU-s, of which the FUSE server's) of one pack."""
+    c0, s0 = machine_cpu(), server_cpu(mnt)
     report = pack(src, out, Recipe(size=size), Options(fmt=fmt, io_threads=threads, progress=False,
                                                         overwrite=True))
-    return report.images_per_s
+    return report.images_per_s, machine_cpu() - c0, server_cpu(mnt) - s0
 
 
 def main():
@@ -54,16 +75,19 @@ def main():
         with slow_mount(src, tmp / "mnt", delay=a.delay) as mnt:
             print(f"{src}: local disk vs FUSE mount {mnt} with {a.delay * 1e3:g} ms per operation; "
                   f"{a.format} at {a.size} px, default workers", flush=True)
-            run(src, tmp / "warm", a.format, a.size, 0)  # page cache and forkserver warm for both
+            run(src, tmp / "warm", a.format, a.size, 0, mnt)  # page cache and forkserver warm for both
             speeds = {"local": [], **{t: [] for t in a.threads}}
+            cpu = {k: [] for k in speeds}  # (machine CPU-s, FUSE server CPU-s) per run
             settings = ["local", *a.threads]
             for r in range(a.rounds):
                 for k in (settings if r % 2 == 0 else settings[::-1]):  # alternate to cancel drift
-                    speeds[k].append(run(src, tmp / "out", a.format, a.size, None) if k == "local"
-                                     else run(mnt, tmp / "out", a.format, a.size, k))
+                    rate, busy, server = (run(src, tmp / "out", a.format, a.size, None, mnt) if k == "local"
+                                          else run(mnt, tmp / "out", a.format, a.size, k, mnt))
+                    speeds[k].append(rate)
+                    cpu[k].append((busy, server))
                 print(f"round {r + 1}: " + ", ".join(f"{k if k == 'local' else f'{k} threads'} "
                                                      f"{v[-1]:.0f}" for k, v in speeds.items()), flush=True)
-            baseline = None if a.no_baseline else run(mnt, tmp / "out", a.format, a.size, 0)
+            baseline = None if a.no_baseline else run(mnt, tmp / "out", a.format, a.size, 0, mnt)[0]
     local = statistics.median(speeds["local"])
     print(f"\nimages/s, median of {a.rounds} rounds; ratio = median over rounds of slow/local in the same round")
     print(f"  local disk: {local:.0f}")
@@ -77,6 +101,14 @@ def main():
         if enough is None and ratio >= 0.8:
             enough = t
     print("target >= 80% of local: " + (f"reached with {enough} I/O threads" if enough else "not reached"))
+    print(f"\nCPU-s per pack of the whole machine ({os.cpu_count()} CPUs), median of {a.rounds} rounds:")
+    local_cpu = statistics.median(b for b, _ in cpu["local"])
+    print(f"  local disk: {local_cpu:.2f}")
+    for t in a.threads:
+        busy, server = (statistics.median(x) for x in zip(*cpu[t]))
+        print(f"  slow mount, {t:>2} I/O threads: {busy:.2f}, of which the FUSE server {server:.2f}; "
+              f"without the server (on WSL2 9P is served from the Windows side) a CPU-bound run "
+              f"would reach about {local_cpu / (busy - server):.0%} of local")
     return 0 if enough else 1
 
 
