@@ -585,7 +585,7 @@ def _decode_all(listing, recipe, opts, writer, state, start, written, workers, t
             os.fsync(skip_log.fileno())
             state.flush()
             last_durable = time.monotonic()
-        write_json_atomic(tmp / "progress.json", record, sync=durable)
+        write_json_atomic(tmp / "progress.json", record, sync=False)  # durable.json is the fsynced copy
         if durable:
             write_json_atomic(tmp / "durable.json", record)
         writes.submit(writer.release, upto)  # not waited for: it may write back for a while

@@ -47,22 +47,18 @@ def test_without_a_class_list_names_are_sorted_and_indices_refused(flat, tmp_pat
         flat_listing(flat, f, None)
 
 
-def test_bad_labels_are_named(flat, tmp_path):
+@pytest.mark.parametrize("text,match", [
+    ("a,b\nx,y\n", r"l\.csv: header 'a,b' needs a file column"),
+    ("file,label\nILSVRC2012_val_00000001.JPEG,n01\nILSVRC2012_val_00000002.JPEG,n77\n",
+     r"not in the class list of train: n77"),
+    ("file,label\nILSVRC2012_val_00000001.JPEG,3\n", r"label 3 of ILSVRC2012_val_00000001.JPEG is outside 0..2"),
+    ("file,label\nILSVRC2012_val_00000001.JPEG,n01\nILSVRC2012_val_00000001,n02\n", "labelled twice"),
+    ("file,label\nother.JPEG,n01\n", "none of its 1 entries names a file"),
+])
+def test_bad_labels_are_named(flat, tmp_path, text, match):
     f = tmp_path / "l.csv"
-    f.write_text("a,b\nx,y\n")
-    with pytest.raises(LabelsError, match=r"l\.csv: header 'a,b' needs a file column"):
-        flat_listing(flat, f, CLASSES)
-    f.write_text("file,label\nILSVRC2012_val_00000001.JPEG,n01\nILSVRC2012_val_00000002.JPEG,n77\n")
-    with pytest.raises(LabelsError, match=r"not in the class list of train: n77"):
-        flat_listing(flat, f, CLASSES)
-    f.write_text("file,label\nILSVRC2012_val_00000001.JPEG,3\n")
-    with pytest.raises(LabelsError, match=r"label 3 of ILSVRC2012_val_00000001.JPEG is outside 0..2"):
-        flat_listing(flat, f, CLASSES)
-    f.write_text("file,label\nILSVRC2012_val_00000001.JPEG,n01\nILSVRC2012_val_00000001,n02\n")
-    with pytest.raises(LabelsError, match="labelled twice"):
-        flat_listing(flat, f, CLASSES)
-    f.write_text("file,label\nother.JPEG,n01\n")
-    with pytest.raises(LabelsError, match="none of its 1 entries names a file"):
+    f.write_text(text)
+    with pytest.raises(LabelsError, match=match):
         flat_listing(flat, f, CLASSES)
 
 
