@@ -28,6 +28,7 @@ from torch.utils.data import Sampler
 
 from .bench import JpegFolder, Pass, PilResizeCenterCrop, machine, model_step_ms, time_pass, tiny_cnn
 from .loading import BatchedDataset, make_loader
+from .manifest import MANIFEST
 from .system import usable_cpus
 from .transforms import CenterCrop, Compose, RandomCrop, RandomHorizontalFlip, RandomResizedCrop
 
@@ -112,7 +113,7 @@ def pin_choices(choice: str) -> tuple[list[bool], list[str]]:
     wanted = {"on": [True], "off": [False], "both": [False, True]}[choice]
     if torch.cuda.is_available() or True not in wanted:
         return wanted, []
-    return [p for p in wanted if not p] or [False], [f"pin_memory=on skipped: {NO_CUDA}"]
+    return [False], [f"pin_memory=on skipped: {NO_CUDA}"]
 
 
 def grid(modes, workers, prefetch, persistent, pins) -> list[Setting]:
@@ -153,14 +154,14 @@ def open_source(path, size: int | None = None):
     batches stack, kind "raw". Raises ValueError when ``path`` is neither."""
     from .dataset import ShardDataset
     path = Path(path)
-    if (path / "manifest.json").exists():
+    if (path / MANIFEST).exists():
         ds = ShardDataset(path)
         shape = ds.reader.shape
         if shape is None:
             raise ValueError(f"{path}: samples have different shapes; bench needs a fixed-size output")
         return ds, "packed", (f"packed {ds.manifest['format']}, {len(ds)} samples of "
                               f"{shape[0]}x{shape[1]} uint8")
-    splits = [e.name for e in path.iterdir() if (e / "manifest.json").exists()] if path.is_dir() else []
+    splits = [e.name for e in path.iterdir() if (e / MANIFEST).exists()] if path.is_dir() else []
     if splits:
         raise ValueError(f"{path} holds packed splits ({', '.join(sorted(splits))}): bench one of them, "
                          f"e.g. {path / sorted(splits)[0]}")
@@ -701,9 +702,9 @@ def bench(path, *, batch_size: int = 64, modes=MODES, workers=None, pin_memory: 
     except KeyboardInterrupt:
         report.interrupted = True
         return report
+    share = data_share(rec[0].ms_per_batch, report.step["ms"])
     report.step.update({"setting": rec[0].setting.as_dict(), "data_ms": rec[0].ms_per_batch,
-                        "data_share": data_share(rec[0].ms_per_batch, report.step["ms"]),
-                        "bottleneck": data_share(rec[0].ms_per_batch, report.step["ms"]) >= BOTTLENECK_SHARE})
+                        "data_share": share, "bottleneck": share >= BOTTLENECK_SHARE})
     report.advice = advice(report.grid, rec[0], report.step["ms"], report.compare)
     if report.compare is not None and (raw_rec := recommend(report.compare)):
         share = data_share(raw_rec[0].ms_per_batch, report.step["ms"])

@@ -10,7 +10,7 @@ import numpy as np
 import xxhash
 
 from .formats import reader_for
-from .manifest import SKIPPED, Index, load_manifest
+from .manifest import HDF5_FILE, NPY_LABELS, SKIPPED, Index, load_manifest
 
 
 @dataclass
@@ -61,21 +61,24 @@ def verify(root, progress: bool = False, limit: int = 1000) -> VerifyResult:
                 result.mismatches.append(Mismatch(i, index.path(i), "pixel checksum differs"))
         if len(result.mismatches) >= limit:
             break
-    for i in np.flatnonzero(_format_labels(root, manifest) != index.labels)[:limit]:
-        result.mismatches.append(Mismatch(int(i), index.path(int(i)), "label differs from index/labels.npy"))
+    copy = _format_labels(root, manifest)
+    if copy is not None:
+        for i in np.flatnonzero(copy != index.labels)[:limit]:
+            result.mismatches.append(Mismatch(int(i), index.path(int(i)), "label differs from index/labels.npy"))
     return result
 
 
-def _format_labels(root: Path, manifest: dict) -> np.ndarray:
-    """The copy of the labels that the format itself carries (npy, hdf5), else the index's."""
+def _format_labels(root: Path, manifest: dict) -> np.ndarray | None:
+    """The copy of the labels that the format itself carries (npy, hdf5); None for the others,
+    whose only copy is the index's."""
     fmt = manifest["format"]
     if fmt == "npy":
-        return np.load(root / "labels.npy", mmap_mode="r")
+        return np.load(root / NPY_LABELS, mmap_mode="r")
     if fmt == "hdf5":
         import h5py
-        with h5py.File(root / "images.h5", "r") as f:
+        with h5py.File(root / HDF5_FILE, "r") as f:
             return f["labels"][:]
-    return np.load(root / "index" / "labels.npy", mmap_mode="r")
+    return None
 
 
 def describe(root) -> str:

@@ -14,11 +14,7 @@ from .base import Reader
 
 
 class WdsReader(Reader):
-    _handles = ("_maps",)
-
-    def __init__(self, root, manifest):
-        super().__init__(root, manifest)
-        self.shards = int(manifest["shards"])
+    _handles = ("_maps", "_offsets")
 
     def _open(self):
         self._maps = {}
@@ -46,8 +42,3 @@ class WdsReader(Reader):
         size = out[0].size
         for k, (shard, offset) in enumerate(where.tolist()):
             out[k] = np.frombuffer(self._map(shard), np.uint8, size, offset).reshape(out.shape[1:])
-
-    def __getstate__(self):
-        state = super().__getstate__()
-        state.pop("_offsets", None)
-        return state
