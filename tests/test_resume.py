@@ -42,6 +42,19 @@ def big_tree(tmp_path_factory):
     return make_tree(root, {"a": 140, "b": 130, "c": 130}, sizes=[(480, 360), (360, 480), (500, 375)])
 
 
+@pytest.fixture(scope="module")
+def refs(big_tree, tmp_path_factory):
+    """refs(fmt): an uninterrupted pack of big_tree as the kill tests run it, made once per format."""
+    made = {}
+
+    def ref(fmt):
+        if fmt not in made:
+            made[fmt] = pack_quiet(big_tree, tmp_path_factory.mktemp("ref") / fmt, fmt, size=48,
+                                   shard_size=1 << 20).out
+        return made[fmt]
+    return ref
+
+
 def start(src, out, fmt, workers, resume, durable=60.0):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.Popen([sys.executable, "-c", RUNNER, str(src), str(out), fmt, str(workers),
@@ -84,10 +97,9 @@ def same_content(a: Path, b: Path, fmt: str):
 # through the writer thread (lmdb 1, wds 1) and through the ring (lmdb 2, wds 2)
 @pytest.mark.parametrize("fmt,workers", [("npy", 1), ("hdf5", 2), ("lmdb", 1), ("lmdb", 2),
                                          ("wds", 1), ("wds", 2)])
-def test_sigkill_at_30_60_90_percent_then_resume_is_identical(big_tree, tmp_path, fmt, workers):
+def test_sigkill_at_30_60_90_percent_then_resume_is_identical(big_tree, refs, tmp_path, fmt, workers):
     n = len(scan(big_tree))
-    ref = tmp_path / "ref"
-    pack_quiet(big_tree, ref, fmt, size=48, shard_size=1 << 20)
+    ref = refs(fmt)
     out = tmp_path / "out"
     killed_at = []
     for k, target in enumerate((0.3, 0.6, 0.9)):
@@ -102,13 +114,12 @@ def test_sigkill_at_30_60_90_percent_then_resume_is_identical(big_tree, tmp_path
 
 
 @pytest.mark.parametrize("fmt,workers", [("npy", 2), ("wds", 1), ("lmdb", 2)])
-def test_after_a_reboot_resume_starts_from_the_last_fsynced_checkpoint(big_tree, tmp_path, fmt, workers):
+def test_after_a_reboot_resume_starts_from_the_last_fsynced_checkpoint(big_tree, refs, tmp_path, fmt, workers):
     """Checkpoints every 0.02 s only hand data to the page cache; every 0.3 s one also fsyncs.
     A crash of the machine loses what was not fsynced: simulate it (another boot id, the data
     after the durable checkpoint overwritten or cut) and resume must redo it from there."""
     n = len(scan(big_tree))
-    ref = tmp_path / "ref"
-    pack_quiet(big_tree, ref, fmt, size=48, shard_size=1 << 20)
+    ref = refs(fmt)
     out = tmp_path / "out"
     tmp = partial_dir(out)
     for k, fraction in enumerate((0.4, 0.6, 0.8)):  # until a kill lands between two fsyncs
@@ -136,9 +147,6 @@ def test_after_a_reboot_resume_starts_from_the_last_fsynced_checkpoint(big_tree,
 
 def test_resume_refuses_changed_settings_or_listing(tree, tmp_path):
     out = tmp_path / "out"
-    proc = start(tree, out, "npy", 1, resume=False)
-    proc.wait()  # completes; make an interrupted state by hand from a fresh partial
-    shutil.rmtree(out)
     tmp = partial_dir(out)
     # a run interrupted by KeyboardInterrupt inside pack leaves plan.json + progress.json
     from packer import Options, Recipe, pack
