@@ -50,11 +50,12 @@ from .prefetch import DEFAULT_THREADS, ReadAhead, read_bytes
 from .scan import LOOP_NOTE, Listing, scan
 from .sizing import estimate_size
 from .writers import writer_class
-from .writers.base import npy_data_offset, save_synced
+from .writers.base import save_synced
 
 IO_ERRNOS = {errno.ENOENT, errno.EIO, errno.ENOTCONN, errno.ESTALE, errno.EACCES, errno.ENXIO,
              errno.ENODEV, errno.EHOSTDOWN}
 OK, SKIP = 1, 2
+IGNORED_KINDS = ("not-an-image", "symlink-loop")  # skipped.json rows from Listing.ignored
 COMPACTING = "compacting.json"  # in the partial directory while skipped rows are squeezed out
 
 
@@ -325,8 +326,9 @@ def _last_checkpoint(tmp: Path) -> dict:
     return {"done": 0, "written": 0, "writer": {}}
 
 
-def _estimate_bytes(listing: Listing, recipe: Recipe) -> int:
-    per_sample = estimate_size(listing, recipe).sample_bytes
+def _estimate_bytes(listing: Listing, recipe: Recipe, estimate=None) -> int:
+    """Bytes of OUT for ``listing``; ``estimate``: estimate_size's result when already taken."""
+    per_sample = (estimate or estimate_size(listing, recipe)).sample_bytes
     return int(len(listing) * (per_sample + 4096))  # overhead: tar headers, LMDB pages, index columns
 
 
@@ -358,7 +360,8 @@ def pack(src: str | os.PathLike, out: str | os.PathLike | None, recipe: Recipe, 
     out = Path(out).expanduser() if out else default_out(src, opts.fmt, recipe.size)
     out = out.absolute()
     opts, notes = _check_mounts(src, out, opts)
-    if (opts.workers or usable_cpus()) > 1 and sys.platform.startswith("linux"):
+    workers = max(1, opts.workers or usable_cpus())
+    if workers > 1 and _mp_context().get_start_method() == "forkserver":
         _start_forkserver()
     listing = listing or scan(src)
     if listing.case_clashes:
@@ -395,7 +398,6 @@ def pack(src: str | os.PathLike, out: str | os.PathLike | None, recipe: Recipe, 
     tmp.mkdir(parents=True, exist_ok=True)
     write_json_atomic(tmp / "plan.json", plan)
 
-    workers = max(1, opts.workers or usable_cpus())
     shape = recipe.shape()
     _keep_freed_memory()
     try:
@@ -500,7 +502,6 @@ def _mp_context():
 def _start_forkserver() -> None:
     """Start the forkserver the decode processes fork from, with this module imported, in the
     background: it runs while SRC is listed (a listing over 9P takes a while)."""
-    import threading
     from multiprocessing import forkserver
     forkserver.set_forkserver_preload(["packer.run"])
     threading.Thread(target=forkserver.ensure_running, daemon=True).start()
@@ -551,9 +552,9 @@ def _decode_all(listing, recipe, opts, writer, state, start, written, workers, t
         # unlike /dev/shm (64 MB in Docker by default) it cannot run out, and it is reused, so
         # write-back costs at most its own size every few seconds.
         ring = tmp / "run" / "ring.bin"
-        np.lib.format.open_memmap(ring, mode="w+", dtype=np.uint8, shape=(window * chunk, *row_shape))
-        sink = ("file", str(ring), npy_data_offset(ring), (window * chunk, *row_shape))
-        target = np.asarray(np.load(ring, mmap_mode="r"))  # a plain view: memmap slicing is slow
+        mm = np.lib.format.open_memmap(ring, mode="w+", dtype=np.uint8, shape=(window * chunk, *row_shape))
+        sink = ("file", str(ring), mm.offset, mm.shape)
+        target = np.asarray(mm)  # a plain view: memmap slicing is slow
         free_rows = deque(range(window * chunk))
     elif streamed:
         sink = ("handover",)  # one process: the decoded arrays go to the writer as they are

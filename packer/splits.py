@@ -27,7 +27,8 @@ from readers.system import usable_cpus
 
 from .imaging import Recipe
 from .labels import LabelsReport, flat_listing, is_flat, read_classes
-from .run import Options, PackError, Report, _estimate_bytes, _replace, check_out, default_out, pack
+from .run import (IGNORED_KINDS, Options, PackError, Report, _estimate_bytes, _replace, check_out,
+                  default_out, pack)
 from .scan import SPLIT_NAMES, Listing, ScanError, find_classes, scan
 from .sizing import estimate_size
 
@@ -209,10 +210,11 @@ def describe(plan: Plan, out: Path, recipe: Recipe, opts: Options) -> str:
                 if names:
                     lines.append(f"    {len(names)} {what}: {', '.join(names[:10])}"
                                  + (f" and {len(names) - 10} more" if len(names) > 10 else ""))
-    need = sum(_estimate_bytes(part.listing, recipe) for part in plan.parts)
+    estimates = [estimate_size(part.listing, recipe) for part in plan.parts]  # may open files: once
+    need = sum(_estimate_bytes(part.listing, recipe, e) for part, e in zip(plan.parts, estimates))
     shape = "x".join(map(str, recipe.shape())) + " uint8" if recipe.shape() else "variable-shape uint8"
     lines.append(f"  output: about {_gb(need)} for {total} images ({opts.fmt}, {shape}, {recipe.resize})")
-    lines.append("  per image: " + estimate_size(plan.parts[0].listing, recipe).describe(recipe))
+    lines.append("  per image: " + estimates[0].describe(recipe))
     lines.append(f"  free space: {_gb(_free(out))} at {_existing(out)}")
     lines.append(f"  workers: {max(1, opts.workers or usable_cpus())}")
     return "\n".join(lines)
@@ -316,7 +318,6 @@ def _check_resume(tmp: Path, state: dict) -> None:
 def _report_of(d: Path) -> Report:
     m = json.loads((d / MANIFEST).read_text())
     rows = json.loads((d / SKIPPED).read_text())
-    listed = ("not-an-image", "symlink-loop")  # Listing.ignored, not files that failed
-    return Report(d, m["count"], m["scanned"], [r for r in rows if r["kind"] not in listed],
-                  [r["path"] for r in rows if r["kind"] in listed], len(m["classes"]),
+    return Report(d, m["count"], m["scanned"], [r for r in rows if r["kind"] not in IGNORED_KINDS],
+                  [r["path"] for r in rows if r["kind"] in IGNORED_KINDS], len(m["classes"]),
                   sum(f.stat().st_size for f in d.rglob("*") if f.is_file()), 0.0, m["run"]["workers"])

@@ -51,7 +51,7 @@ class LmdbWriter(Writer):
         if self.shape:
             value, nbytes = pixels.data, pixels.nbytes
         else:
-            value = npy_header(pixels.shape) + pixels.tobytes()
+            value = b"".join((npy_header(pixels.shape), np.ascontiguousarray(pixels).data))
             nbytes = len(value)
         need = _pages(nbytes) * PAGE
         if self.used + self.pending + need + (8 << 20) > self.map_size:
