@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from readers.manifest import FORMATS
+from ..readers.manifest import FORMATS
 
 from . import mounts
 from .config import effective_settings, load_config
@@ -199,8 +199,8 @@ def demo(workdir, fmt):
 @click.argument("out", type=click.Path(exists=True, file_okay=False))
 def info(out):
     """Describe the packed output OUT: count, classes, shape, size, how the pixels were made."""
-    from readers.manifest import ShardFormatError, dataset_dirs
-    from readers.verify import describe
+    from ..readers.manifest import ShardFormatError, dataset_dirs
+    from ..readers.verify import describe
     try:
         for split, root in dataset_dirs(out):  # a splits root: each split in turn
             click.echo(describe(root) if split is None else f"split {split}: {describe(root)}")
@@ -215,8 +215,8 @@ def verify(out, quiet):
     """Reread every sample of OUT and compare it with the checksums written at pack time.
 
     Exit status 1 when any sample differs, naming each by index and source path."""
-    from readers.manifest import ShardFormatError, dataset_dirs
-    from readers.verify import verify as run_verify
+    from ..readers.manifest import ShardFormatError, dataset_dirs
+    from ..readers.verify import verify as run_verify
     failed = False
     for _, root in dataset_dirs(out):  # a splits root: every split
         try:
@@ -297,8 +297,8 @@ def bench(path, json_path, plot_path, no_check, quiet, **kwargs):
     >= 40% of a step). Ctrl-C prints what was measured so far."""
     import json
 
-    from readers.diagnose import bench as run_bench
-    from readers.diagnose import plot
+    from ..readers.diagnose import bench as run_bench
+    from ..readers.diagnose import plot
     if kwargs["step_ms"] is not None and kwargs["model"] is not None:
         raise click.UsageError("give --step-ms or --model, not both")
     try:

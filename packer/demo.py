@@ -45,7 +45,7 @@ def make_sample_tree(root: Path, per_class: int = 8, seed: int = 0) -> Path:
 
 
 def run_demo(workdir: str, fmt: str) -> None:
-    from readers import ShardDataset
+    from ..readers import ShardDataset
 
     work = Path(workdir).absolute()
     src, out = work / "sample", work / f"sample-64.{fmt}"

@@ -100,7 +100,7 @@ def read_classes(source: str | os.PathLike) -> list[str]:
     (see the module docstring). Raises LabelsError for an empty list or duplicate names."""
     source = Path(source).expanduser()
     if source.is_dir():
-        from readers.manifest import load_manifest, read_splits
+        from ..readers.manifest import load_manifest, read_splits
         manifest = read_splits(source) or load_manifest(source)
         return list(manifest["classes"])
     rows = [r for r in (re.split(r"[\t,]+|\s+", ln.strip()) for ln in _lines(source))

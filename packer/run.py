@@ -40,9 +40,9 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
-from readers.manifest import (COLUMNS, FORMAT_VERSION, FORMATS, INDEX_DIR, MANIFEST, PATHS_BLOB,
+from ..readers.manifest import (COLUMNS, FORMAT_VERSION, FORMATS, INDEX_DIR, MANIFEST, PATHS_BLOB,
                               SKIPPED, SOURCE_MODES, partial_dir, write_json_atomic)
-from readers.system import usable_cpus
+from ..readers.system import usable_cpus
 
 from . import mounts
 from .imaging import DecodeError, Recipe, decode

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from readers.manifest import IMG_EXTENSIONS
+from ..readers.manifest import IMG_EXTENSIONS
 
 from . import mounts
 

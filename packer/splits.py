@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from readers.manifest import FORMAT_VERSION, MANIFEST, SKIPPED, SPLITS_KIND, partial_dir, write_json_atomic
-from readers.system import usable_cpus
+from ..readers.manifest import FORMAT_VERSION, MANIFEST, SKIPPED, SPLITS_KIND, partial_dir, write_json_atomic
+from ..readers.system import usable_cpus
 
 from .imaging import Recipe
 from .labels import LabelsReport, flat_listing, is_flat, read_classes

@@ -13,4 +13,4 @@ def __getattr__(name):
     if name == "ShardDataset":
         from .dataset import ShardDataset
         return ShardDataset
-    raise AttributeError(f"module 'readers' has no attribute {name!r}")
+    raise AttributeError(f"module 'shardpack.readers' has no attribute {name!r}")

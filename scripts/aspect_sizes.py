@@ -23,11 +23,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from packer import Options, Recipe, pack  # noqa: E402
-from packer.imaging import RESIZE_MODES  # noqa: E402
-from packer.scan import scan  # noqa: E402
-from packer.sizing import IMAGENET_1K_TRAIN, estimate_size  # noqa: E402
-from readers import FORMATS, ShardDataset  # noqa: E402
+from shardpack.packer import Options, Recipe, pack  # noqa: E402
+from shardpack.packer.imaging import RESIZE_MODES  # noqa: E402
+from shardpack.packer.scan import scan  # noqa: E402
+from shardpack.packer.sizing import IMAGENET_1K_TRAIN, estimate_size  # noqa: E402
+from shardpack.readers import FORMATS, ShardDataset  # noqa: E402
 import reference  # noqa: E402
 
 REFS = {"center-crop": reference.resize_center_crop, "squash": reference.squash,

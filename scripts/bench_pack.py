@@ -26,10 +26,10 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from packer import Options, Recipe, pack  # noqa: E402
-from packer.imaging import crop_box, decode  # noqa: E402
-from packer.scan import scan  # noqa: E402
-from readers import FORMATS  # noqa: E402
+from shardpack.packer import Options, Recipe, pack  # noqa: E402
+from shardpack.packer.imaging import crop_box, decode  # noqa: E402
+from shardpack.packer.scan import scan  # noqa: E402
+from shardpack.readers import FORMATS  # noqa: E402
 
 DEFAULT_SRC = Path(__file__).resolve().parents[2] / "shared" / "data" / "imagenet-sample" / "train"
 

@@ -11,7 +11,7 @@ screened with one short pass first):
 
 - ShardDataset via make_loader, per format, with (a) RandomCrop(224) + flip, (b)
   RandomResizedCrop(224) + flip, both on the CPU, and (c) plain uint8 batches, what the
-  GPU-side readers.gpu.BatchAugment takes;
+  GPU-side shardpack.BatchAugment takes;
 - the ImageFolder way: PIL open + convert + RandomResizedCrop(224) + flip as torchvision runs
   them on PIL images, uint8 tensor out, DataLoader with 0, 1 or 2 worker processes;
 - the bound: memcpy of as many 256x256x3 samples out of a page-cached memmap.
@@ -33,13 +33,13 @@ from torch.utils.data import DataLoader, RandomSampler
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from readers import ShardDataset  # noqa: E402
-from readers.bench import (JpegFolder, PilResizedCropFlip, Timing, machine, memcpy_rates,  # noqa: E402
+from shardpack.readers import ShardDataset  # noqa: E402
+from shardpack.readers.bench import (JpegFolder, PilResizedCropFlip, Timing, machine, memcpy_rates,  # noqa: E402
                            step_times, time_loader)
-from readers.loading import MODES, make_loader  # noqa: E402
-from readers.manifest import NPY_IMAGES  # noqa: E402
-from readers.system import usable_cpus  # noqa: E402
-from readers.transforms import Compose, RandomCrop, RandomHorizontalFlip, RandomResizedCrop  # noqa: E402
+from shardpack.readers.loading import MODES, make_loader  # noqa: E402
+from shardpack.readers.manifest import NPY_IMAGES  # noqa: E402
+from shardpack.readers.system import usable_cpus  # noqa: E402
+from shardpack.readers.transforms import Compose, RandomCrop, RandomHorizontalFlip, RandomResizedCrop  # noqa: E402
 
 FORMATS = ("npy", "lmdb", "hdf5", "wds")
 BATCH = 64
@@ -51,7 +51,7 @@ WORKLOADS = {
 
 
 def pack_all(src: Path, work: Path, size: int) -> dict[str, Path]:
-    from packer import Options, Recipe, pack
+    from shardpack.packer import Options, Recipe, pack
     out = {}
     for fmt in FORMATS:
         path = work / f"{src.name}-{size}.{fmt}"

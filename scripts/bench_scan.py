@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 SCAN_CHILD = """
 import json, resource, sys, time
-from packer.scan import scan
+from shardpack.packer.scan import scan
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t = time.perf_counter()
 listing = scan(sys.argv[1])
@@ -49,7 +49,7 @@ def make_tree(root: Path, classes: int, per_class: int) -> None:
 
 def write_index(out: Path, n: int, classes: int) -> None:
     """The per-sample columns of an n-sample npy output, written directly (no pixels)."""
-    from readers.manifest import COLUMNS, FORMAT_VERSION, INDEX_DIR, PATHS_BLOB, SOURCE_MODES
+    from shardpack.readers.manifest import COLUMNS, FORMAT_VERSION, INDEX_DIR, PATHS_BLOB, SOURCE_MODES
     d = out / INDEX_DIR
     d.mkdir(parents=True)
     labels = np.repeat(np.arange(classes, dtype=np.int64), n // classes)
@@ -96,7 +96,7 @@ def main(classes, per_class, keep):
         out = work / "index-out"
         shutil.rmtree(out, ignore_errors=True)
         write_index(out, n, classes)
-        from readers import ShardDataset
+        from shardpack.readers import ShardDataset
         t = time.perf_counter()
         ds = ShardDataset(out)
         path, label = ds.samples[n - 1]

@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from fusemount import slow_mount  # noqa: E402
-from packer import Options, Recipe, pack  # noqa: E402
-from packer.prefetch import DEFAULT_THREADS  # noqa: E402
+from shardpack.packer import Options, Recipe, pack  # noqa: E402
+from shardpack.packer.prefetch import DEFAULT_THREADS  # noqa: E402
 
 DEFAULT_SRC = ROOT.parent / "shared" / "data" / "imagenet-sample" / "train"
 

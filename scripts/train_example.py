@@ -9,7 +9,7 @@ share of it spent waiting for data; the end prints the totals. Augmentation:
 - ``--aug cpu`` (default): ``make_loader`` applies RandomResizedCrop + flip to uint8 batches in
   its threads/processes; the loop only converts to float and normalises.
 - ``--aug device``: the loader hands plain uint8 batches (a memory copy) and
-  ``readers.gpu.BatchAugment`` crops, resizes, flips and normalises them on ``--device``.
+  ``shardpack.BatchAugment`` crops, resizes, flips and normalises them on ``--device``.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from readers import ShardDataset  # noqa: E402
-from readers.bench import tiny_cnn  # noqa: E402
-from readers.gpu import IMAGENET_MEAN, IMAGENET_STD, BatchAugment  # noqa: E402
-from readers.loading import make_loader  # noqa: E402
-from readers.transforms import Compose, RandomHorizontalFlip, RandomResizedCrop  # noqa: E402
+from shardpack.readers import ShardDataset  # noqa: E402
+from shardpack.readers.bench import tiny_cnn  # noqa: E402
+from shardpack.readers.gpu import IMAGENET_MEAN, IMAGENET_STD, BatchAugment  # noqa: E402
+from shardpack.readers.loading import make_loader  # noqa: E402
+from shardpack.readers.transforms import Compose, RandomHorizontalFlip, RandomResizedCrop  # noqa: E402
 
 
 def main(argv=None):

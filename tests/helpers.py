@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from packer import Options, Recipe, pack
-from readers import ShardDataset
+from shardpack.packer import Options, Recipe, pack
+from shardpack.readers import ShardDataset
 
 
 def pack_quiet(src, out, fmt, size=32, workers=1, **kw):

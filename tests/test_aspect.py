@@ -11,15 +11,15 @@ from click.testing import CliRunner
 from PIL import Image
 from torch.utils.data import DataLoader
 
-import packer.run
+import shardpack.packer.run as run_module
 from conftest import make_tree, noise_image
 from helpers import all_samples, pack_quiet
-from packer import Recipe
-from packer.cli import pack_dataset
-from packer.scan import scan
-from packer.sizing import estimate_size
-from readers import ShardDataset
-from readers.manifest import sample_key
+from shardpack.packer import Recipe
+from shardpack.packer.cli import pack_dataset
+from shardpack.packer.scan import scan
+from shardpack.packer.sizing import estimate_size
+from shardpack.readers import ShardDataset
+from shardpack.readers.manifest import sample_key
 from reference import longer_side, mean_abs_diff, open_rgb, pad, shorter_side
 
 FORMATS = ["npy", "hdf5", "lmdb", "wds"]
@@ -195,7 +195,7 @@ def test_loader_batches_variable_shapes_after_a_crop(tree, tmp_path):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_interrupted_variable_run_resumes_to_the_same_bytes(tree, tmp_path, monkeypatch, fmt):
     pack_quiet(tree, tmp_path / "whole", fmt, size=40, resize="shorter-side")
-    real = packer.run.decode
+    real = run_module.decode
     calls = []
 
     def flaky(data, recipe, name):
@@ -204,10 +204,10 @@ def test_interrupted_variable_run_resumes_to_the_same_bytes(tree, tmp_path, monk
             raise KeyboardInterrupt
         return real(data, recipe, name)
 
-    monkeypatch.setattr(packer.run, "decode", flaky)
+    monkeypatch.setattr(run_module, "decode", flaky)
     with pytest.raises(KeyboardInterrupt):
         pack_quiet(tree, tmp_path / "cut", fmt, size=40, resize="shorter-side")
-    monkeypatch.setattr(packer.run, "decode", real)
+    monkeypatch.setattr(run_module, "decode", real)
     pack_quiet(tree, tmp_path / "cut", fmt, size=40, resize="shorter-side", resume=True)
     a, b = ShardDataset(tmp_path / "whole"), ShardDataset(tmp_path / "cut")
     assert b.manifest["run"]["resumed_at"] == 10
@@ -242,7 +242,7 @@ def test_orientation_and_draft_keep_the_displayed_shape(tmp_path):
 
 KILLED_RUNNER = """
 import sys
-from packer import Options, Recipe, pack
+from shardpack.packer import Options, Recipe, pack
 src, out, fmt, resume = sys.argv[1:5]
 pack(src, out, Recipe(48, "shorter-side"), Options(fmt=fmt, workers=2, resume=resume == "1", progress=False,
                                                     checkpoint_seconds=0.02))
@@ -258,7 +258,7 @@ def test_sigkill_mid_ragged_run_then_resume_is_identical(tmp_path, fmt):
     import time
     from pathlib import Path
 
-    from readers.manifest import partial_dir
+    from shardpack.readers.manifest import partial_dir
 
     src = make_tree(tmp_path / "src", {"a": 80, "b": 80}, sizes=[(480, 360), (360, 480), (500, 375), (640, 200)])
     pack_quiet(src, tmp_path / "ref", fmt, size=48, resize="shorter-side")

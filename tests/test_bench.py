@@ -15,12 +15,12 @@ import torch
 from click.testing import CliRunner
 from PIL import Image
 
-import readers.diagnose as diagnose
+import shardpack.readers.diagnose as diagnose
 from helpers import pack_quiet
-from packer.cli import main
-from readers import ShardDataset
-from readers.bench import JpegFolder, Pass, PilResizeCenterCrop, time_pass
-from readers.diagnose import (Cell, Grid, Setting, advice, augment_transform, data_share, default_workers,
+from shardpack.packer.cli import main
+from shardpack.readers import ShardDataset
+from shardpack.readers.bench import JpegFolder, Pass, PilResizeCenterCrop, time_pass
+from shardpack.readers.diagnose import (Cell, Grid, Setting, advice, augment_transform, data_share, default_workers,
                               grid, knee, knees, pin_choices, plot, recommend, render)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -42,7 +42,7 @@ def test_cli_tiny_grid_table_json_and_plot(tiny, tmp_path):
     src, out = tiny
     jpath, ppath = tmp_path / "bench.json", tmp_path / "bench.png"
     result = subprocess.run([
-        sys.executable, "-c", "from packer.cli import main; main()",
+        sys.executable, "-c", "from shardpack.packer.cli import main; main()",
         "bench", str(out), "--batch-size", "4", "--workers", "0,1", "--prefetch", "2", "--seconds", "0.2",
         "--compare", str(src), "--json", str(jpath), "--plot", str(ppath), "--model", "tiny", "--quiet"],
         capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])

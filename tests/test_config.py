@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from packer.cli import pack_dataset
-from readers import ShardDataset
+from shardpack.packer.cli import pack_dataset
+from shardpack.readers import ShardDataset
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.toml"))
 

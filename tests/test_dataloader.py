@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from readers import ShardDataset
+from shardpack.readers import ShardDataset
 from helpers import pack_quiet
 
 FORMATS = ["npy", "hdf5", "lmdb", "wds"]

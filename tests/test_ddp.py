@@ -17,8 +17,8 @@ def _rank(rank, out, init, results):
     import torch
     import torch.distributed as dist
 
-    from readers import ShardDataset
-    from readers.loading import make_loader
+    from shardpack.readers import ShardDataset
+    from shardpack.readers.loading import make_loader
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=WORLD,
                             timeout=__import__("datetime").timedelta(seconds=60))

@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from readers.gpu import IMAGENET_MEAN, IMAGENET_STD, BatchAugment
-from readers.transforms import resized_crop_params
+from shardpack.readers.gpu import IMAGENET_MEAN, IMAGENET_STD, BatchAugment
+from shardpack.readers.transforms import resized_crop_params
 
 
 def batch(b=3, h=40, w=50, seed=0):

@@ -3,7 +3,7 @@
 import pytest
 
 from conftest import noise_image
-from packer.labels import LabelsError, flat_listing, read_classes, read_id_map
+from shardpack.packer.labels import LabelsError, flat_listing, read_classes, read_id_map
 
 CLASSES = ["n01", "n02", "n03"]
 

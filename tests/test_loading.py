@@ -10,11 +10,11 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
 
-import readers.loading as loading
+import shardpack.readers.loading as loading
 from helpers import pack_quiet
-from readers import ShardDataset
-from readers.loading import MODES, make_loader, stack_collate
-from readers.transforms import CenterCrop, Compose, RandomCrop, RandomHorizontalFlip
+from shardpack.readers import ShardDataset
+from shardpack.readers.loading import MODES, make_loader, stack_collate
+from shardpack.readers.transforms import CenterCrop, Compose, RandomCrop, RandomHorizontalFlip
 
 FORMATS = ["npy", "hdf5", "lmdb", "wds"]
 

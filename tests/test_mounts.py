@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from packer import mounts
-from packer.cli import pack_dataset
-from packer.mounts import Mount, find_mount, parse_mountinfo
-from packer.prefetch import DEFAULT_THREADS, ReadAhead
-from packer.run import PackError
-from readers import ShardDataset
+from shardpack.packer import mounts
+from shardpack.packer.cli import pack_dataset
+from shardpack.packer.mounts import Mount, find_mount, parse_mountinfo
+from shardpack.packer.prefetch import DEFAULT_THREADS, ReadAhead
+from shardpack.packer.run import PackError
+from shardpack.readers import ShardDataset
 from helpers import all_samples, pack_quiet
 
 # WSL2 (kernel 5.10-rc2-microsoft), `cat /proc/9/mountinfo`, lines copied unchanged from Nathan

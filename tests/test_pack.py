@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from packer.cli import pack_dataset
-from packer.run import PackError
-from readers import ShardDataset
-from readers.manifest import sample_key
-from packer.scan import scan
+from shardpack.packer.cli import pack_dataset
+from shardpack.packer.run import PackError
+from shardpack.readers import ShardDataset
+from shardpack.readers.manifest import sample_key
+from shardpack.packer.scan import scan
 from helpers import all_samples, pack_quiet
 from reference import mean_abs_diff, open_rgb, resize_center_crop, squash
 
@@ -136,7 +136,7 @@ def test_pack_api_refuses_existing_out(tree, tmp_path):
 def test_lmdb_map_grows_instead_of_map_full(tree, tmp_path, monkeypatch):
     """known-faults 'LMDB write / map size': an estimate that is far too small must not end in
     MDB_MAP_FULL; the map grows and data.mdb stays close to the payload."""
-    import packer.writers.lmdb as lw
+    import shardpack.packer.writers.lmdb as lw
     monkeypatch.setattr(lw, "initial_map_size", lambda n, sample_bytes: 1 << 20)  # 1 MiB for 0.9 MB
     monkeypatch.setattr(lw, "TXN_BYTES", 4 * 128 * 128 * 3)
     report = pack_quiet(tree, tmp_path / "l", "lmdb", size=128)
@@ -169,7 +169,7 @@ def test_two_workers_from_a_script_on_stdin(tree, tmp_path):
     import subprocess
     import sys
     from pathlib import Path
-    code = (f"from packer import Options, Recipe, pack\n"
+    code = (f"from shardpack import Options, Recipe, pack\n"
             f"r = pack({str(tree)!r}, {str(tmp_path / 'o')!r}, Recipe(16), Options(fmt='lmdb', workers=2, progress=False))\n"
             f"print(r.count)\n")
     root = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from helpers import pack_quiet
-from readers import ShardDataset
+from shardpack.readers import ShardDataset
 
 
 @pytest.mark.parametrize("fmt", ["npy", "lmdb"])

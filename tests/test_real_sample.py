@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 
 from conftest import IMAGENET_SAMPLE, need_shared
 from helpers import pack_quiet
-from readers import ShardDataset
+from shardpack.readers import ShardDataset
 from reference import mean_abs_diff, open_rgb, resize_center_crop
 
 FORMATS = ["npy", "hdf5", "lmdb", "wds"]

@@ -16,18 +16,18 @@ from click.testing import CliRunner
 
 from conftest import make_tree
 from helpers import all_samples, pack_quiet
-from packer.cli import main as shardpack
-from packer.run import PackError
-from packer.scan import scan
-from readers import ShardDataset, ShardFormatError
-from readers.manifest import partial_dir
+from shardpack.packer.cli import main as shardpack
+from shardpack.packer.run import PackError
+from shardpack.packer.scan import scan
+from shardpack.readers import ShardDataset, ShardFormatError
+from shardpack.readers.manifest import partial_dir
 
 FORMATS = ["npy", "hdf5", "lmdb", "wds"]
 ROOT = Path(__file__).resolve().parents[1]
 
 RUNNER = """
 import sys
-from packer import Options, Recipe, pack
+from shardpack.packer import Options, Recipe, pack
 src, out, fmt, workers, resume, durable = sys.argv[1:7]
 pack(src, out, Recipe(48), Options(fmt=fmt, workers=int(workers), resume=resume == "1", progress=False,
                                    checkpoint_seconds=0.02, durable_seconds=float(durable),
@@ -149,8 +149,8 @@ def test_resume_refuses_changed_settings_or_listing(tree, tmp_path):
     out = tmp_path / "out"
     tmp = partial_dir(out)
     # a run interrupted by KeyboardInterrupt inside pack leaves plan.json + progress.json
-    from packer import Options, Recipe, pack
-    import packer.run as run
+    from shardpack.packer import Options, Recipe, pack
+    import shardpack.packer.run as run
 
     real = run._decode_all
 
@@ -181,7 +181,7 @@ def test_vanished_source_stops_and_resumes(tree, tmp_path):
     pack_quiet(tree, ref, "wds", size=16)
     hidden = tmp_path / "hidden"
     shutil.move(tree / "cat", hidden)  # the mount went away after the scan
-    from packer import Options, Recipe, pack
+    from shardpack.packer import Options, Recipe, pack
     with pytest.raises(PackError, match="look.*gone.*--resume"):
         pack(tree, tmp_path / "out", Recipe(16), Options(fmt="wds", workers=1, progress=False), listing=listing)
     assert not (tmp_path / "out").exists()
@@ -195,7 +195,7 @@ def test_vanished_source_stops_and_resumes(tree, tmp_path):
 def test_a_single_missing_file_is_only_skipped(tree, tmp_path):
     listing = scan(tree)
     (tree / "dog" / "img002.jpg").unlink()
-    from packer import Options, Recipe, pack
+    from shardpack.packer import Options, Recipe, pack
     report = pack(tree, tmp_path / "o", Recipe(16), Options(fmt="npy", progress=False), listing=listing)
     assert [(r["path"], r["kind"]) for r in report.skipped] == [("dog/img002.jpg", "io")]
     assert "No such file" in report.skipped[0]["reason"]
@@ -203,7 +203,7 @@ def test_a_single_missing_file_is_only_skipped(tree, tmp_path):
 
 
 def test_space_check_names_both_numbers(tree, tmp_path, monkeypatch):
-    import packer.run as run
+    import shardpack.packer.run as run
     monkeypatch.setattr(run.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10, 10, 1000))
     with pytest.raises(PackError, match=r"about 0\.\d+ GB needed for 18 samples but only 0\.00 GB free"):
         pack_quiet(tree, tmp_path / "o", "lmdb", size=64)
@@ -277,7 +277,7 @@ def test_ctrl_c_stops_cleanly_and_says_how_to_resume(big_tree, tmp_path, workers
     out = tmp_path / "out"
     n = len(scan(big_tree))
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-c", "from packer.cli import pack_dataset; pack_dataset()", str(big_tree),
+    cmd = [sys.executable, "-c", "from shardpack.packer.cli import pack_dataset; pack_dataset()", str(big_tree),
            "--format", "lmdb", "--size", "48", "-o", str(out), "--workers", str(workers), "--quiet"]
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE)
     deadline = time.monotonic() + 60
@@ -301,8 +301,8 @@ def test_disk_full_mid_run_stops_and_resumes(tree, tmp_path, monkeypatch, fmt, w
     an error that says --resume, no OUT, and the resumed output equals an uninterrupted one."""
     import errno
 
-    import packer.run as run
-    from packer.writers import writer_class
+    import shardpack.packer.run as run
+    from shardpack.packer.writers import writer_class
     ref = pack_quiet(tree, tmp_path / "ref", fmt, size=24).out
     target, method = (run._FileRows, "put") if fmt == "npy" else (writer_class(fmt, False), "write")
     original, calls = getattr(target, method), []
@@ -330,8 +330,8 @@ def test_a_kill_while_skipped_rows_are_squeezed_out_is_refused_on_resume(tmp_pat
     and store wrong pixels, so --resume must refuse and say to start over."""
     src = make_tree(tmp_path / "src", {"a": 6, "b": 6})
     (src / "a" / "broken.jpg").write_bytes(b"not a picture")  # one skipped file: rows must move
-    import packer.writers.npy as npw
-    from packer.writers import writer_class
+    import shardpack.packer.writers.npy as npw
+    from shardpack.packer.writers import writer_class
 
     def killed(*args, **kwargs):
         raise KeyboardInterrupt

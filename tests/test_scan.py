@@ -1,12 +1,12 @@
 import numpy as np
 import pytest
 
-from packer.scan import IMG_EXTENSIONS, ScanError, find_classes, scan
+from shardpack.packer.scan import IMG_EXTENSIONS, ScanError, find_classes, scan
 from click.testing import CliRunner
 
 from conftest import noise_image
-from packer.cli import pack_dataset
-from readers import ShardDataset
+from shardpack.packer.cli import pack_dataset
+from shardpack.readers import ShardDataset
 
 
 def test_imagefolder_order_extensions_and_hidden_entries(tmp_path):

@@ -5,8 +5,8 @@ import lmdb
 import numpy as np
 import pytest
 
-from packer.run import PackError
-from readers import ShardDataset
+from shardpack.packer.run import PackError
+from shardpack.readers import ShardDataset
 from conftest import make_tree
 from fusemount import MountUnavailable, is_mounted, slow_mount
 from helpers import all_samples, pack_quiet

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-import packer.splits
+import shardpack.packer.splits as splits_module
 from conftest import IMAGENET_SAMPLE, make_tree, need_shared, noise_image
 from helpers import all_samples, pack_quiet
-from packer import Options, PackError, Recipe
-from packer.cli import pack_dataset
-from packer.scan import ScanError
-from packer.splits import make_plan, pack_plan
-from readers import ShardDataset, ShardFormatError
+from shardpack.packer import Options, PackError, Recipe
+from shardpack.packer.cli import pack_dataset
+from shardpack.packer.scan import ScanError
+from shardpack.packer.splits import make_plan, pack_plan
+from shardpack.readers import ShardDataset, ShardFormatError
 
 
 def run_cli(*args):
@@ -207,19 +207,19 @@ def test_interrupted_splits_run_resumes_without_redoing_finished_splits(tmp_path
     make_tree(src / "val", {"b": 2}, seed=5)
     plan = make_plan(src)
     out = tmp_path / "o"
-    real = packer.splits.pack
+    real = splits_module.pack
 
     def interrupted(src_, out_, *a, **kw):
         if out_.name == "val":
             raise KeyboardInterrupt
         return real(src_, out_, *a, **kw)
 
-    monkeypatch.setattr(packer.splits, "pack", interrupted)
+    monkeypatch.setattr(splits_module, "pack", interrupted)
     with pytest.raises(KeyboardInterrupt):
         pack_plan(plan, out, Recipe(size=8), Options(fmt="lmdb", workers=1, progress=False))
     assert not out.exists() and (tmp_path / ".o.partial" / "train" / "manifest.json").is_file()
     train_mtime = (tmp_path / ".o.partial" / "train" / "manifest.json").stat().st_mtime_ns
-    monkeypatch.setattr(packer.splits, "pack", real)
+    monkeypatch.setattr(splits_module, "pack", real)
     with pytest.raises(PackError, match="interrupted run"):
         pack_plan(plan, out, Recipe(size=8), Options(fmt="lmdb", workers=1, progress=False))
     with pytest.raises(PackError, match="resume refused: recipe"):
@@ -296,7 +296,7 @@ def test_flat_train_gives_the_class_list_and_labels_without_split_name(tmp_path)
 
 
 def test_info_and_verify_accept_a_splits_root_or_one_split(tmp_path):
-    from packer.cli import main
+    from shardpack.packer.cli import main
     src = tmp_path / "ds"
     make_tree(src / "train", {"a": 2, "b": 1})
     make_tree(src / "val", {"b": 2}, seed=4)

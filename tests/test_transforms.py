@@ -11,7 +11,7 @@ from PIL import Image
 
 from conftest import noise_image
 from reference import random_resized_crop_params
-from readers.transforms import (CenterCrop, Compose, RandomCrop, RandomHorizontalFlip,
+from shardpack.readers.transforms import (CenterCrop, Compose, RandomCrop, RandomHorizontalFlip,
                                 RandomResizedCrop, crop_params, resized_crop_params)
 
 N = 20_000

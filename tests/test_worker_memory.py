@@ -14,9 +14,9 @@ import pytest
 import xxhash
 from torch.utils.data import DataLoader
 
-from readers import ShardDataset
-from readers.loading import make_loader
-from readers.manifest import COLUMNS, FORMAT_VERSION, INDEX_DIR, MANIFEST, NPY_IMAGES, NPY_LABELS, PATHS_BLOB, SOURCE_MODES
+from shardpack.readers import ShardDataset
+from shardpack.readers.loading import make_loader
+from shardpack.readers.manifest import COLUMNS, FORMAT_VERSION, INDEX_DIR, MANIFEST, NPY_IMAGES, NPY_LABELS, PATHS_BLOB, SOURCE_MODES
 
 COUNT, SIDE, CLASSES = 1_000_000, 8, 1000
 LIMIT = 50 * 2**20

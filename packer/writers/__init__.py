@@ -19,4 +19,4 @@ _RAGGED = {"npy": "RaggedNpyWriter", "hdf5": "RaggedHdf5Writer"}  # variable sha
 def writer_class(fmt: str, variable: bool = False):
     """The writer class of format ``fmt``; ``variable``: for samples that differ in shape."""
     name = _RAGGED.get(fmt, _CLASSES[fmt]) if variable else _CLASSES[fmt]
-    return getattr(importlib.import_module(f"packer.writers.{fmt}"), name)
+    return getattr(importlib.import_module(f".{fmt}", __package__), name)

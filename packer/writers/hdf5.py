@@ -20,8 +20,8 @@ import shutil
 import h5py
 import numpy as np
 
-from readers.formats.hdf5 import dataset_offset
-from readers.manifest import HDF5_FILE
+from ...readers.formats.hdf5 import dataset_offset
+from ...readers.manifest import HDF5_FILE
 
 from .base import InPlaceWriter, RaggedWriter, fsync_path, reserve
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import lmdb
 import numpy as np
 
-from readers.manifest import sample_key
+from ...readers.manifest import sample_key
 
 from .base import Writer, drop_cache, npy_header
 

@@ -14,7 +14,7 @@ import struct
 
 import numpy as np
 
-from readers.manifest import NPY_IMAGES, NPY_LABELS, NPY_OFFSETS
+from ...readers.manifest import NPY_IMAGES, NPY_LABELS, NPY_OFFSETS
 
 from .base import InPlaceWriter, RaggedWriter, compact_rows, fsync_path, npy_data_offset, reserve, save_synced
 

@@ -14,7 +14,7 @@ import tarfile
 
 import numpy as np
 
-from readers.manifest import WDS_OFFSETS, WDS_SHARD, sample_key
+from ...readers.manifest import WDS_OFFSETS, WDS_SHARD, sample_key
 
 from .base import Writer, drop_cache, npy_header, save_synced
 

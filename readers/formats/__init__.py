@@ -14,5 +14,5 @@ _CLASSES = {"npy": "NpyReader", "hdf5": "Hdf5Reader", "lmdb": "LmdbReader", "wds
 def reader_for(root, manifest):
     """The reader of ``manifest["format"]``, imported on demand (h5py and lmdb only when used)."""
     fmt = manifest["format"]
-    module = importlib.import_module(f"readers.formats.{fmt}")
+    module = importlib.import_module(f".{fmt}", __package__)
     return getattr(module, _CLASSES[fmt])(root, manifest)

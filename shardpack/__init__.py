@@ -1,0 +1,53 @@
+"""shardpack: pack ImageFolder trees into pre-resized uint8 shards and read them fast in PyTorch.
+
+The code lives in the repository's ``packer/`` (writes the on-disk contract) and ``readers/``
+(owns it), installed as ``shardpack.packer`` and ``shardpack.readers``; this module is the one
+public name. ``import shardpack`` does not import torch: the torch-side names (``ShardDataset``,
+``make_loader``, ``BatchAugment``, ``transforms``, ...) are imported on first use, so decode
+workers, the CLI and a torch-free install stay light.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+# Installed, packer/ and readers/ sit inside this folder. In a source checkout whose root is on
+# sys.path (`python -m pytest` or a script run there) this folder holds only this file and
+# __main__.py, and the subpackages are the repository's own packer/ and readers/ beside it.
+_checkout = Path(__file__).resolve().parent.parent
+if not (Path(__file__).parent / "packer").is_dir() and (_checkout / "packer" / "__init__.py").is_file():
+    __path__.append(str(_checkout))  # noqa: F821 (the package's own __path__)
+
+from .packer import (Options, PackError, Plan, Recipe, Report, ScanError, make_plan, pack,
+                     pack_plan)
+from .readers import FORMAT_VERSION, FORMATS, ShardFormatError, load_manifest
+
+__version__ = "0.1.0"
+
+# name -> module (relative to this package) that defines it; imported on first access
+_LAZY = {
+    "ShardDataset": ".readers.dataset",
+    "make_loader": ".readers.loading",
+    "stack_collate": ".readers.loading",
+    "BatchAugment": ".readers.gpu",
+    "transforms": ".readers.transforms",
+    "verify": ".readers.verify",
+}
+
+__all__ = ["pack", "make_plan", "pack_plan", "Options", "Recipe", "Report", "Plan", "PackError",
+           "ScanError", "ShardFormatError", "load_manifest", "FORMATS", "FORMAT_VERSION",
+           "__version__", *_LAZY]
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'shardpack' has no attribute {name!r}")
+    module = importlib.import_module(_LAZY[name], __name__)
+    value = module if name == "transforms" else getattr(module, name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
