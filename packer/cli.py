@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from ..readers.manifest import FORMATS
+from ..readers.system import mount_of
 
 from . import mounts
 from .config import effective_settings, load_config
@@ -117,7 +118,7 @@ def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_siz
                        io_threads=io_threads, allow_unsafe_output=allow_unsafe_output)
         out_path = Path(out).expanduser() if out else default_out(src, fmt, size)
         if not allow_unsafe_output:  # before listing a slow SRC (pack checks again, per split)
-            mounts.check_output(out_path, mounts.mount_of(out_path))
+            mounts.check_output(out_path, mount_of(out_path))
         if not dry_run:  # refuse before the (possibly long) listing, not after the plan
             check_out(src, out_path.absolute(), opts)
         plan = make_plan(src, splits=splits, no_splits=no_splits, labels=labels, id_map=id_map,

@@ -42,7 +42,7 @@ import xxhash
 
 from ..readers.manifest import (COLUMNS, FORMAT_VERSION, FORMATS, INDEX_DIR, MANIFEST, PATHS_BLOB,
                               SKIPPED, SOURCE_MODES, partial_dir, write_json_atomic)
-from ..readers.system import usable_cpus
+from ..readers.system import mount_of, usable_cpus
 
 from . import mounts
 from .imaging import DecodeError, Recipe, decode
@@ -516,7 +516,7 @@ def _check_mounts(src, out: Path, opts: Options) -> tuple[Options, list[str]]:
     """Refuse an OUT on a high-latency mount unless allowed; size the read-ahead for SRC's mount.
     Returns opts with ``io_threads`` decided, and the notes printed."""
     notes = []
-    out_mount = mounts.mount_of(out)
+    out_mount = mount_of(out)
     if not opts.allow_unsafe_output:
         try:
             mounts.check_output(out, out_mount)
@@ -524,7 +524,7 @@ def _check_mounts(src, out: Path, opts: Options) -> tuple[Options, list[str]]:
             raise PackError(str(err)) from None
     elif out_mount is not None and out_mount.slow:
         notes.append(_say(f"--allow-unsafe-output: writing {out} on {out_mount.describe()}"))
-    src_mount = mounts.mount_of(src)
+    src_mount = mount_of(src)
     slow = src_mount is not None and src_mount.slow
     threads = opts.io_threads if opts.io_threads is not None else (DEFAULT_THREADS if slow else 0)
     if slow:

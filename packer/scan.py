@@ -23,7 +23,7 @@ import numpy as np
 
 from ..readers.manifest import IMG_EXTENSIONS
 
-from . import mounts
+from ..readers.system import mount_of
 
 LIST_THREADS = 64  # folders listed at once on a high-latency mount: listing is latency, not CPU
 SPLIT_NAMES = ("train", "val", "valid", "validation", "test")
@@ -79,14 +79,14 @@ def scan(root: str | os.PathLike, splits_ok: bool = False, threads: int | None =
 
     Only directory entries are read (no file is opened). ``threads`` class folders are listed at
     once; None picks LIST_THREADS when root is on a high-latency mount (9P, NFS, SMB, FUSE: see
-    mounts.py), where each folder costs round trips, else 1. The result does not depend on it.
+    readers/system.py), where each folder costs round trips, else 1. The result does not depend on it.
     Raises ScanError as find_classes does (``splits_ok`` passed on), and when no image file is
     found at all.
     """
     root = Path(root)
     classes, class_to_idx = find_classes(root, splits_ok)
     if threads is None:
-        mount = mounts.mount_of(root)
+        mount = mount_of(root)
         threads = LIST_THREADS if mount is not None and mount.slow else 1
     if threads > 1 and len(classes) > 1:
         with ThreadPoolExecutor(min(threads, len(classes)), thread_name_prefix="shardpack-scan") as ex:

@@ -1,9 +1,26 @@
-"""Facts about the machine that both the packer and the loaders need."""
+"""Facts about the machine that the packer, the loaders and the bench need: usable CPUs, and which
+filesystem holds a path (from /proc/self/mountinfo) and whether it is a high-latency one.
+
+Why it matters: WSL2 serves the Windows drives (/mnt/c, /mnt/d) over 9P, so every open, stat and
+read is a round trip to a server on the Windows side, milliseconds each; WSL1 used ``drvfs``;
+NFS, SMB/CIFS and FUSE mounts behave alike. Reading SRC there needs many reads in flight (see
+packer/prefetch.py), and writing OUT there is unsafe: LMDB and memory-mapped files written through
+WSL's 9P/drvfs have been reported corrupted (py-lmdb#215).
+
+Formats read (proc(5)): ``/proc/self/mountinfo`` lines::
+
+    90 29 0:40 / /mnt/c rw,noatime - 9p C:\\134 rw,dirsync,aname=drvfs;path=C:\\;uid=1000,...
+    (id parent major:minor root mount-point mount-options [optional fields] - type source super-options)
+
+and, as a fallback, ``/proc/mounts`` lines (``source mount-point type options 0 0``). Both escape
+space, tab, newline and backslash in paths as octal (``\\040``, ``\\134``).
+"""
 
 from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -37,3 +54,120 @@ def _cgroup_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
         return None if quota <= 0 else quota / period
     except (OSError, ValueError):
         return None
+
+
+# --- mounts --------------------------------------------------------------------------------
+
+MOUNTINFO = "/proc/self/mountinfo"
+
+# high-latency filesystem types -> a short name; every "fuse.*" type counts too (sshfs, rclone...)
+SLOW_TYPES = {"9p": "9P", "v9fs": "9P", "drvfs": "drvfs", "nfs": "NFS", "nfs4": "NFS",
+              "cifs": "SMB", "smb3": "SMB", "smbfs": "SMB", "fuse": "FUSE"}
+
+
+@dataclass(frozen=True)
+class Mount:
+    """One mounted filesystem: where (``mount_point``), what (``fstype``, ``source``) and its
+    options (per-mount and filesystem options joined by commas), paths unescaped."""
+
+    mount_point: str
+    fstype: str
+    source: str
+    options: str = ""
+
+    @property
+    def kind(self) -> str | None:
+        """The high-latency kind of this mount ("9P", "drvfs", "NFS", "SMB", "FUSE"), or None."""
+        if self.fstype in SLOW_TYPES:
+            return SLOW_TYPES[self.fstype]
+        if self.fstype.startswith("fuse."):
+            return "FUSE"
+        return None
+
+    @property
+    def slow(self) -> bool:
+        return self.kind is not None
+
+    @property
+    def windows_drive(self) -> bool:
+        """True for a Windows drive under WSL: type drvfs (WSL1) or 9p with ``aname=drvfs`` (WSL2)."""
+        return self.fstype == "drvfs" or "aname=drvfs" in self.options
+
+    def describe(self) -> str:
+        """e.g. ``/mnt/d (9p from D:\\, a Windows drive under WSL)``."""
+        what = ", a Windows drive under WSL" if self.windows_drive else ""
+        return f"{self.mount_point} ({self.fstype} from {self.source}{what})"
+
+
+def _unescape(field: str) -> str:
+    """Undo the kernel's octal escapes (``\\040`` space, ``\\134`` backslash, ...)."""
+    if "\\" not in field:
+        return field
+    out, i = [], 0
+    while i < len(field):
+        code = field[i + 1:i + 4]
+        if field[i] == "\\" and len(code) == 3 and all(c in "01234567" for c in code):
+            out.append(chr(int(code, 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def parse_mountinfo(text: str) -> list[Mount]:
+    """Parse the text of /proc/self/mountinfo (or of /proc/mounts) into Mounts, in file order.
+
+    Lines that fit neither format are ignored: the table comes from the kernel, and a line we
+    cannot read must not stop a pack (WSL itself once failed on a malformed mountinfo line).
+    """
+    mounts = []
+    for line in text.splitlines():
+        fields = line.split()
+        if " - " in line and len(fields) >= 9:  # mountinfo: the separator follows the optional fields
+            try:
+                sep = fields.index("-", 6)
+            except ValueError:
+                continue
+            if len(fields) < sep + 3:
+                continue
+            extra = fields[sep + 3] if len(fields) > sep + 3 else ""
+            mounts.append(Mount(_unescape(fields[4]), fields[sep + 1], _unescape(fields[sep + 2]),
+                                ",".join(o for o in (fields[5], extra) if o)))
+        elif len(fields) == 6 and fields[4].isdigit() and fields[5].isdigit():  # /proc/mounts
+            mounts.append(Mount(_unescape(fields[1]), fields[2], _unescape(fields[0]), fields[3]))
+    return mounts
+
+
+def find_mount(path: str | os.PathLike, mounts: list[Mount]) -> Mount | None:
+    """The mount holding the absolute ``path``: the longest mount point that is ``path`` or one of
+    its parent directories (component-wise, so /mnt/data is not under /mnt/d); when one mount
+    point appears twice, the later line wins, as the later mount hides the earlier one. The path
+    is taken as given: resolve symlinks first (``os.path.realpath``), as ``mount_of`` does."""
+    path = os.path.normpath(os.fspath(path))
+    best = None
+    for m in mounts:
+        mp = os.path.normpath(m.mount_point)
+        inside = path == mp or path.startswith(mp.rstrip("/") + "/")
+        if inside and (best is None or len(mp) >= len(os.path.normpath(best.mount_point))):
+            best = m
+    return best
+
+
+def read_mountinfo() -> str | None:
+    """The text of /proc/self/mountinfo, or None where there is none (not Linux)."""
+    try:
+        with open(MOUNTINFO) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def mount_of(path: str | os.PathLike, mountinfo: str | None = None) -> Mount | None:
+    """The mount holding ``path`` (symlinks resolved; a path that does not exist yet is judged by
+    its existing parents). ``mountinfo`` is the table's text, read from /proc/self/mountinfo when
+    None. Returns None when no table is available."""
+    text = read_mountinfo() if mountinfo is None else mountinfo
+    if not text:
+        return None
+    return find_mount(os.path.realpath(path), parse_mountinfo(text))

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from shardpack.packer import mounts
+from shardpack.readers import system as mounts
 from shardpack.packer.cli import pack_dataset
-from shardpack.packer.mounts import Mount, find_mount, parse_mountinfo
+from shardpack.readers.system import Mount, find_mount, parse_mountinfo
 from shardpack.packer.prefetch import DEFAULT_THREADS, ReadAhead
 from shardpack.packer.run import PackError
 from shardpack.readers import ShardDataset
