@@ -201,10 +201,10 @@ def demo(workdir, fmt):
 def info(out):
     """Describe the packed output OUT: count, classes, shape, size, how the pixels were made."""
     from ..readers.manifest import ShardFormatError, dataset_dirs
-    from ..readers.verify import describe
+    from ..readers.verify import info_text
     try:
         for split, root in dataset_dirs(out):  # a splits root: each split in turn
-            click.echo(describe(root) if split is None else f"split {split}: {describe(root)}")
+            click.echo(info_text(root) if split is None else f"split {split}: {info_text(root)}")
     except ShardFormatError as err:
         raise click.ClickException(str(err)) from None
 
@@ -255,9 +255,10 @@ def _csv(kind, allowed=None, minimum=0):
 @main.command()
 @click.argument("path", type=click.Path(exists=True, file_okay=False))
 @click.option("--batch-size", type=click.IntRange(1), default=64, show_default=True)
-@click.option("--mode", "modes", default="inprocess,threads,processes", show_default=True,
-              callback=_csv(str, ("inprocess", "threads", "processes")),
-              help="Loading modes (make_loader's main, threads, processes), comma-separated.")
+@click.option("--mode", "modes", default="main,threads,processes", show_default=True,
+              callback=_csv(str, ("main", "threads", "processes", "inprocess")),
+              help="Loading modes, make_loader's: main (in this process; inprocess is another name "
+                   "for it), threads, processes; comma-separated.")
 @click.option("--workers", default=None, callback=_csv(int, minimum=0),
               help="Worker counts, e.g. 0,1,2,4; 0 = in the main process [default: 0 up to the usable CPUs].")
 @click.option("--pin-memory", type=click.Choice(["on", "off", "both"]), default="both", show_default=True,
@@ -298,24 +299,24 @@ def bench(path, json_path, plot_path, no_check, quiet, **kwargs):
     >= 40% of a step). Ctrl-C prints what was measured so far."""
     import json
 
-    from ..readers.diagnose import bench as run_bench
-    from ..readers.diagnose import plot
+    from ..readers.bench import run_bench
+    from ..readers.bench.render import plot
     if kwargs["step_ms"] is not None and kwargs["model"] is not None:
         raise click.UsageError("give --step-ms or --model, not both")
     try:
-        report = run_bench(path, check=not no_check, progress=not quiet, **kwargs)
+        result = run_bench(path, check=not no_check, progress=not quiet, **kwargs)
     except ValueError as err:
         raise click.ClickException(str(err)) from None
-    click.echo(report.text())
+    click.echo(result.text())
     if json_path:
         with open(json_path, "w") as f:
-            json.dump(report.json(), f, indent=1)
+            json.dump(result.json(), f, indent=1)
         click.echo(f"raw numbers: {json_path}")
     if plot_path:
         try:
-            plot(plot_path, report.grid, report.compare)
+            plot(plot_path, result.grid, result.compare)
         except ImportError as err:
             raise click.ClickException(str(err)) from None
         click.echo(f"plot: {plot_path}")
-    if report.interrupted:
+    if result.interrupted:
         sys.exit(130)

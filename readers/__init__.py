@@ -1,6 +1,7 @@
-"""shardpack readers: random access to packed datasets. Owns the on-disk format; never imports
-``packer``. ``ShardDataset`` (and with it torch) is imported on first use, so the packer's decode
-workers, which only need the format definitions, start without loading torch."""
+"""shardpack readers: random access to packed datasets, and the on-disk format they own.
+
+Never imports ``packer``. ``ShardDataset`` (and with it torch) is imported on first use, so the
+packer's decode workers, which only need the format definitions, start without loading torch."""
 
 from .manifest import FORMAT_VERSION, FORMATS, ShardFormatError, load_manifest, read_splits, split_root
 from .system import usable_cpus

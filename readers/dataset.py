@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .formats import reader_for
+from .formats import open_reader
 from .manifest import Index, load_manifest, split_root
 
 
@@ -45,7 +45,7 @@ class ShardDataset(Dataset):
         self.classes: list[str] = list(self.manifest["classes"])
         self.class_to_idx: dict[str, int] = dict(self.manifest["class_to_idx"])
         self.index = Index(self.root, self.manifest)
-        self.reader = reader_for(self.root, self.manifest)
+        self.reader = open_reader(self.root, self.manifest)
         self.transform = transform
         self.target_transform = target_transform
 

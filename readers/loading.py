@@ -1,15 +1,16 @@
 """``make_loader``: a DataLoader over a ShardDataset with defaults chosen from measurements.
 
-Why the defaults (measured with ``scripts/bench_read.py`` on 2 cores; table in the README):
+Why the defaults (measured with ``scripts/bench_read.py`` and ``shardpack bench`` on 2 cores; the
+numbers are in the README, "Measured: packed reads vs the ImageFolder way" and "Is the loader the
+bottleneck?"):
 
 - Packed samples cost a memory copy, not a decode, so worker *processes* mostly add cost: every
   batch is copied into shared memory and handed between processes, which compete with the
-  training process for the same cores. In two runs over 4 formats x 3 workloads (samples/s,
-  main / threads / processes, e.g. hdf5 RandomCrop+flip 13,540 / 13,744 / 3,738, npy plain
-  uint8 batches 28,161 / 15,060 / 3,223) processes were slowest every time, by 1.2-12x. *Threads*
-  share the batch for free, and the heavy steps (the vectorised read, crops, flips, uint8
-  resizing) run in numpy/torch with the GIL released; for plain copies, handing the batch to a
-  thread costs more than it saves. See :func:`auto_mode`. With threads on few cores, keep
+  training process for the same cores. Over 4 formats x 3 workloads (main / threads /
+  processes) processes were slowest every time, by 1.2-12x. *Threads* share the batch for free,
+  and the heavy steps (the vectorised read, crops, flips, uint8 resizing) run in numpy/torch
+  with the GIL released; for plain copies, handing the batch to a thread costs more than it
+  saves. See :func:`auto_mode`. With threads on few cores, keep
   torch's intra-op threads low (``torch.set_num_threads``) so loader threads and ops do not
   oversubscribe.
 - Batches are read whole: a batch sampler hands each fetch a sorted list of indices (sorting
@@ -195,12 +196,12 @@ def _identity(batch):
 
 
 def auto_mode(ds, batch_transform=None) -> str:
-    """``make_loader``'s choice when ``mode="auto"``, from bench_read.py on 2 cores:
+    """``make_loader``'s choice when ``mode="auto"``, from the measurements on 2 cores (README):
 
     - plain uint8 batches (no transform at all, e.g. for ``BatchAugment`` on the GPU): "main",
-      a copy in this process (npy 28,161/s in-process vs 15,060 threads, 3,223 processes);
-    - CPU augmentation of whole batches: "threads" (RandomCrop+flip, hdf5: 13,744/s threads,
-      13,540 main, 3,738 processes), or "main" on a single CPU;
+      a copy in this process (a hand-off to a thread or a process costs more than the copy);
+    - CPU augmentation of whole batches: "threads" (the crops and resizes run with the GIL
+      released), or "main" on a single CPU;
     - a per-sample Python ``transform`` or variable shapes (work per sample, GIL held):
       "processes", or "main" on a single CPU.
     """

@@ -1,5 +1,7 @@
-"""Facts about the machine that the packer, the loaders and the bench need: usable CPUs, and which
-filesystem holds a path (from /proc/self/mountinfo) and whether it is a high-latency one.
+"""Facts about the machine for the packer, the loaders and the bench: usable CPUs and mounts.
+
+Usable CPUs, and which filesystem holds a path (from /proc/self/mountinfo) and whether it is a
+high-latency one.
 
 Why it matters: WSL2 serves the Windows drives (/mnt/c, /mnt/d) over 9P, so every open, stat and
 read is a round trip to a server on the Windows side, milliseconds each; WSL1 used ``drvfs``;
@@ -93,10 +95,14 @@ class Mount:
         """True for a Windows drive under WSL: type drvfs (WSL1) or 9p with ``aname=drvfs`` (WSL2)."""
         return self.fstype == "drvfs" or "aname=drvfs" in self.options
 
-    def describe(self) -> str:
-        """e.g. ``/mnt/d (9p from D:\\, a Windows drive under WSL)``."""
+    def in_words(self) -> str:
+        """The mount for a message, e.g. ``/mnt/d (9p from D:\\, a Windows drive under WSL)``."""
         what = ", a Windows drive under WSL" if self.windows_drive else ""
         return f"{self.mount_point} ({self.fstype} from {self.source}{what})"
+
+    # The old name, kept only until packer/mounts.py, packer/run.py and tests/test_mounts.py call
+    # in_words(); then delete it.
+    describe = in_words
 
 
 def _unescape(field: str) -> str:

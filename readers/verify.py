@@ -1,4 +1,4 @@
-"""Check a packed output against its own records, and describe it for a person."""
+"""Check a packed output against its own records (``shardpack verify``); summarise it (``info``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
-from .formats import reader_for
+from .formats import open_reader
 from .manifest import HDF5_FILE, NPY_LABELS, SKIPPED, Index, load_manifest
 
 
@@ -42,7 +42,7 @@ def verify(root, progress: bool = False, limit: int = 1000) -> VerifyResult:
     root = Path(root).expanduser()
     manifest = load_manifest(root)
     index = Index(root, manifest)
-    reader = reader_for(root, manifest)
+    reader = open_reader(root, manifest)
     result = VerifyResult(root, index.count)
     buf = np.empty(int(np.prod(manifest["shape"])) if manifest.get("shape") else 0, np.uint8)
     from tqdm import tqdm
@@ -81,9 +81,9 @@ def _format_labels(root: Path, manifest: dict) -> np.ndarray | None:
     return None
 
 
-def describe(root) -> str:
-    """A person's summary of an output: count, classes, shape, size on disk, how the pixels
-    were made, skipped files."""
+def info_text(root) -> str:
+    """What ``shardpack info`` prints about an output: count, classes, shape, size on disk, how
+    the pixels were made, skipped files."""
     root = Path(root).expanduser()
     m = load_manifest(root)
     size = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())

@@ -17,7 +17,8 @@ screened with one short pass first):
 - the bound: memcpy of as many 256x256x3 samples out of a page-cached memmap.
 
 torch runs one intra-op thread here (as in DataLoader workers): the loaders' own threads and
-processes are the parallelism being compared. The measuring code lives in readers/bench.py.
+processes are the parallelism being compared. The measuring code lives in readers/bench/
+(``shardpack.readers.bench.timing`` and ``.baseline``).
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ from torch.utils.data import DataLoader, RandomSampler
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from shardpack.readers import ShardDataset  # noqa: E402
-from shardpack.readers.bench import (JpegFolder, PilResizedCropFlip, Timing, machine, memcpy_rates,  # noqa: E402
-                           step_times, time_loader)
+from shardpack.readers.bench.baseline import JpegFolder, PilResizedCropFlip  # noqa: E402
+from shardpack.readers.bench.timing import Timing, machine, memcpy_rates, step_times, time_loader  # noqa: E402
 from shardpack.readers.loading import MODES, make_loader  # noqa: E402
 from shardpack.readers.manifest import NPY_IMAGES  # noqa: E402
 from shardpack.readers.system import usable_cpus  # noqa: E402

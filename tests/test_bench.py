@@ -15,13 +15,15 @@ import torch
 from click.testing import CliRunner
 from PIL import Image
 
-import shardpack.readers.diagnose as diagnose
+import shardpack.readers.bench.grid as bench_grid
 from helpers import pack_quiet
 from shardpack.packer.cli import main
 from shardpack.readers import ShardDataset
-from shardpack.readers.bench import JpegFolder, Pass, PilResizeCenterCrop, time_pass
-from shardpack.readers.diagnose import (Cell, Grid, Setting, advice, augment_transform, data_share, default_workers,
-                              grid, knee, knees, pin_choices, plot, recommend, render)
+from shardpack.readers.bench import JpegFolder, Pass, PilResizeCenterCrop, run_bench, time_pass
+from shardpack.readers.bench.advice import advice, data_share, knee, knees, recommend
+from shardpack.readers.bench.grid import (Cell, Grid, Setting, augment_transform, default_workers, grid,
+                                          pin_choices)
+from shardpack.readers.bench.render import plot, render
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -55,7 +57,7 @@ def test_cli_tiny_grid_table_json_and_plot(tiny, tmp_path):
     assert packed_header.split("|")[1:-1] == [
         f" {c} " for c in ("mode", "workers", "prefetch", "persistent", "pin", "samples/s", "ms/batch",
                            "1st batch ms", "x raw", "knee")]
-    assert [r.split("|")[1].strip() for r in rows[:4]] == ["inprocess", "threads", "processes", "processes"]
+    assert [r.split("|")[1].strip() for r in rows[:4]] == ["main", "threads", "processes", "processes"]
     assert "recommended: make_loader(ds, 4, " in text and "check: the recommended setting" in text
     assert "training step:" in text and ("IS the bottleneck" in text or "NOT the bottleneck" in text)
     if not torch.cuda.is_available():
@@ -121,7 +123,7 @@ def test_knee_on_synthetic_curves():
 
 def fake_cell(mode, workers, rate, prefetch=2, persistent=None, batch=10):
     """A cell whose three passes ran at ``rate`` samples/s (x0.9, x1, x1.1)."""
-    s = Setting(mode, workers, None if mode == "inprocess" else prefetch,
+    s = Setting(mode, workers, None if mode == "main" else prefetch,
                 persistent if mode == "processes" else None, False)
     passes = [Pass(0.01, 10, 10 * batch, 10 * batch / (rate * f)) for f in (0.9, 1.0, 1.1)]
     return Cell(s, passes, cold=Pass(0.5, 1, batch, batch / rate))
@@ -134,7 +136,7 @@ def fake_grid(cells, tolerance=0.10):
 
 
 def test_recommendation_and_knees_on_synthetic_timings():
-    cells = [fake_cell("inprocess", 0, 1000), fake_cell("threads", 1, 2000), fake_cell("threads", 2, 2150),
+    cells = [fake_cell("main", 0, 1000), fake_cell("threads", 1, 2000), fake_cell("threads", 2, 2150),
              fake_cell("processes", 1, 900, persistent=True), fake_cell("processes", 2, 2200, persistent=True)]
     g = fake_grid(cells)
     assert cells[1].rate == pytest.approx(2000) and cells[1].ms_per_batch == pytest.approx(5.0)
@@ -160,7 +162,7 @@ def test_plot_without_matplotlib_names_the_extra(tmp_path, monkeypatch):
         return real(name, *a, **kw)
     monkeypatch.setattr(builtins, "__import__", no_mpl)
     with pytest.raises(ImportError, match=r"shardpack\[plot\]"):
-        plot(tmp_path / "p.png", fake_grid([fake_cell("inprocess", 0, 100)]))
+        plot(tmp_path / "p.png", fake_grid([fake_cell("main", 0, 100)]))
 
 
 def test_the_40_percent_rule():
@@ -175,9 +177,12 @@ def test_the_40_percent_rule():
 
 
 def test_grid_cells_and_pin_without_cuda(monkeypatch):
-    cells = grid(["inprocess", "threads", "processes"], [0, 1, 2], [2, 4], [True, False], [False])
+    cells = grid(["main", "threads", "processes"], [0, 1, 2], [2, 4], [True, False], [False])
     assert len(cells) == 1 + 2 * 2 + 2 * 2 * 2
-    assert cells[0] == Setting("inprocess", 0, None, None, False)
+    assert cells[0] == Setting("main", 0, None, None, False)
+    assert grid(["processes", "inprocess", "threads"], [0, 1, 2], [2, 4], [True, False], [False]) == cells
+    with pytest.raises(ValueError, match="'workers'"):
+        grid(["workers"], [1], [2], [True], [False])
     assert grid(["threads"], [1], [2], [True], [False]) == [Setting("threads", 1, 2, None, False)]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     pins, skipped = pin_choices("both")
@@ -189,20 +194,20 @@ def test_grid_cells_and_pin_without_cuda(monkeypatch):
 
 def test_ctrl_c_keeps_what_was_measured(tiny, monkeypatch):
     _, out = tiny
-    real, calls = diagnose.measure_cell, []
+    real, calls = bench_grid.measure_cell, []
 
     def interrupted_second(*a, **kw):
         calls.append(1)
         if len(calls) == 2:
             raise KeyboardInterrupt
         return real(*a, **kw)
-    monkeypatch.setattr(diagnose, "measure_cell", interrupted_second)
-    report = diagnose.bench(out, batch_size=4, modes=["threads"], workers=[0, 1, 2], prefetch=[2],
-                            seconds=0.1, progress=False, check=False, step_ms=10)
+    monkeypatch.setattr(bench_grid, "measure_cell", interrupted_second)
+    report = run_bench(out, batch_size=4, modes=["threads"], workers=[0, 1, 2], prefetch=[2],
+                       seconds=0.1, progress=False, check=False, step_ms=10)
     assert report.interrupted and len(report.grid.cells) == 1 and report.grid.planned == 3
     assert report.step is None  # nothing after the interrupt
     text = report.text()
-    assert "INTERRUPTED: 1 of 3 cells measured" in text and "| inprocess | 0 |" in text
+    assert "INTERRUPTED: 1 of 3 cells measured" in text and "| main | 0 |" in text
 
 
 def test_time_pass_counts_batches_after_the_warm_up():
@@ -238,3 +243,41 @@ def test_augment_names():
     assert augment_transform("center8")(x).shape == (2, 3, 8, 8)
     with pytest.raises(ValueError, match="crop<N>"):
         augment_transform("crop")
+
+
+def test_raw_baseline_lists_the_samples_the_packer_packs(tmp_path):
+    """The raw-JPEG baseline lists files with the packer's rule: nested folders walked (a linked
+    one followed), hidden files, hidden folders and hidden classes skipped, non-images left out.
+    So ``bench OUT --compare SRC`` measures the same samples on both sides."""
+    from conftest import make_tree, noise_image
+    src = make_tree(tmp_path / "src", {"a": 3, "b": 2})
+    (src / "a" / "nested" / "deeper").mkdir(parents=True)
+    noise_image(40, 30, 1).save(src / "a" / "nested" / "n1.jpg")
+    noise_image(30, 40, 2).save(src / "a" / "nested" / "deeper" / "n2.PNG")
+    noise_image(30, 30, 3).save(src / "a" / ".hidden.jpg")  # AppleDouble-like: skipped
+    (src / "a" / ".cache").mkdir()
+    noise_image(30, 30, 4).save(src / "a" / ".cache" / "c.jpg")  # in a hidden folder: skipped
+    (src / ".git").mkdir()
+    noise_image(30, 30, 5).save(src / ".git" / "g.jpg")  # a hidden "class": skipped
+    (src / "b" / "notes.txt").write_text("not an image")
+    (tmp_path / "elsewhere").mkdir()
+    noise_image(30, 30, 6).save(tmp_path / "elsewhere" / "linked.jpg")
+    (src / "b" / "link").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+
+    out = pack_quiet(src, tmp_path / "out", "npy", size=16).out
+    ds, raw = ShardDataset(out), JpegFolder(src, PilResizeCenterCrop(16))
+    packed = [(ds.source_path(i), int(ds.targets[i])) for i in range(len(ds))]
+    listed = [(str(Path(path).relative_to(src)), label) for path, label in raw.files]
+    assert raw.classes == ds.classes == ["a", "b"]
+    assert listed == packed and len(listed) == 3 + 2 + 2 + 1
+    assert {"a/nested/n1.jpg", "a/nested/deeper/n2.PNG", "b/link/linked.jpg"} <= {p for p, _ in listed}
+    assert not any("/." in "/" + p or p.endswith(".txt") for p, _ in listed)
+
+
+def test_cli_accepts_inprocess_as_main(tiny):
+    _, out = tiny
+    result = CliRunner().invoke(main, ["bench", str(out), "--mode", "inprocess", "--workers", "0",
+                                       "--batch-size", "4", "--seconds", "0.1", "--repeats", "1",
+                                       "--pin-memory", "off", "--no-check", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert "| main | 0 |" in result.output and 'make_loader(ds, 4, mode="main"' in result.output

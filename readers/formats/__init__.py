@@ -1,18 +1,22 @@
 """One reader per format, each the mirror of packer/writers/<same name>.py.
 
 A reader gives random access to the pixels of sample i as HWC uint8, opening its handles lazily
-in the process that reads (never inherited across fork, dropped on pickling).
+in the process that reads (never inherited across fork, dropped on pickling). Each format module
+names its reader class in a module-level ``READER``; :func:`open_reader` imports the module named
+by the manifest's format (h5py and lmdb only when used) and builds that class.
 """
 
 from __future__ import annotations
 
 import importlib
 
-_CLASSES = {"npy": "NpyReader", "hdf5": "Hdf5Reader", "lmdb": "LmdbReader", "wds": "WdsReader"}
+from ..manifest import FORMATS, ShardFormatError
 
 
-def reader_for(root, manifest):
-    """The reader of ``manifest["format"]``, imported on demand (h5py and lmdb only when used)."""
+def open_reader(root, manifest):
+    """The reader of the output at ``root``: ``READER`` of the module ``manifest["format"]``,
+    built from ``root`` and ``manifest``. Raises ShardFormatError for a format not in FORMATS."""
     fmt = manifest["format"]
-    module = importlib.import_module(f".{fmt}", __package__)
-    return getattr(module, _CLASSES[fmt])(root, manifest)
+    if fmt not in FORMATS:
+        raise ShardFormatError(f"{root}: unknown format {fmt!r}")
+    return importlib.import_module(f".{fmt}", __package__).READER(root, manifest)

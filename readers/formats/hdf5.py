@@ -1,7 +1,9 @@
-"""Reader of the ``hdf5`` format: ``images.h5`` with a contiguous, uncompressed ``images``
-dataset (count, N, N, 3) uint8 and ``labels``. h5py is used once per process, only to find where
-the dataset's bytes start; the pixels are then read through a read-only ``np.memmap`` at that
-offset, so no h5py handle is ever shared between processes (h5py is not fork-safe).
+"""Reader of the ``hdf5`` format: random access to ``images.h5`` through a memmap.
+
+``images.h5`` holds a contiguous, uncompressed ``images`` dataset (count, N, N, 3) uint8 and
+``labels``. h5py is used once per process, only to find where the dataset's bytes start; the
+pixels are then read through a read-only ``np.memmap`` at that offset, so no h5py handle is ever
+shared between processes (h5py is not fork-safe).
 
 Variable shapes (manifest ``shape`` null): ``images`` is one flat contiguous uint8 dataset,
 ``offsets`` int64 (count + 1,) gives each sample's byte range in it and ``shapes`` int32
@@ -49,3 +51,6 @@ class Hdf5Reader(MemmapReader):
             expect = str((self.count, *self.shape))
         if not ok or self._images.dtype != np.uint8:
             raise ShardFormatError(f"{path}: images {self._images.shape} {self._images.dtype}, the manifest says {expect} uint8")
+
+
+READER = Hdf5Reader  # what open_reader builds for format "hdf5"

@@ -1,7 +1,9 @@
-"""Reader of the ``lmdb`` format: OUT is one LMDB environment (data.mdb), key
-``sample_key(i)``, value the raw H*W*3 uint8 bytes (HWC). Variable-shape outputs (manifest
-``shape`` null) store each value in .npy format instead, its header carrying the sample's shape
-(``np.load(io.BytesIO(value))``). Opened read-only, without locking, once per process."""
+"""Reader of the ``lmdb`` format: random access to one LMDB environment, a record per sample.
+
+OUT is one LMDB environment (data.mdb), key ``sample_key(i)``, value the raw H*W*3 uint8 bytes
+(HWC). Variable-shape outputs (manifest ``shape`` null) store each value in .npy format instead,
+its header carrying the sample's shape (``np.load(io.BytesIO(value))``). Opened read-only,
+without locking, once per process."""
 
 from __future__ import annotations
 
@@ -75,3 +77,6 @@ def _npy_data_start(buf, root, key: bytes) -> int:
         raise ShardFormatError(f"{root}: LMDB record {key.decode()} is not in .npy format, as the "
                                "records of a variable-shape output are")
     return 10 + struct.unpack_from("<H", buf, 8)[0]
+
+
+READER = LmdbReader  # what open_reader builds for format "lmdb"

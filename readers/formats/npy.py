@@ -32,3 +32,6 @@ class NpyReader(MemmapReader):
                 f"{path}: array {self._images.shape} {self._images.dtype}, the manifest and "
                 f"{NPY_OFFSETS} say {expect} uint8"
             )
+
+
+READER = NpyReader  # what open_reader builds for format "npy"

@@ -1,7 +1,9 @@
-"""Reader of the ``wds`` format: WebDataset tar shards ``shard-000000.tar``... with members
-``<key>.npy`` and ``<key>.cls``, plus ``wds_offsets.npy`` (count, 2) int64 giving each sample's
-shard number and the byte offset of its raw pixels inside the tar (past the .npy header). Random
-access reads through one read-only mmap per shard, opened on first use."""
+"""Reader of the ``wds`` format: random access into WebDataset tar shards by byte offset.
+
+Tar shards ``shard-000000.tar``... with members ``<key>.npy`` and ``<key>.cls``, plus
+``wds_offsets.npy`` (count, 2) int64 giving each sample's shard number and the byte offset of its
+raw pixels inside the tar (past the .npy header). Random access reads through one read-only mmap
+per shard, opened on first use."""
 
 from __future__ import annotations
 
@@ -42,3 +44,6 @@ class WdsReader(Reader):
         size = out[0].size
         for k, (shard, offset) in enumerate(where.tolist()):
             out[k] = np.frombuffer(self._map(shard), np.uint8, size, offset).reshape(out.shape[1:])
+
+
+READER = WdsReader  # what open_reader builds for format "wds"

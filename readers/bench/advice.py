@@ -1,0 +1,106 @@
+"""Reading a measured grid: the knees, the recommended setting, speed-ups and the 40% rule.
+
+The knee of each curve, the recommended setting, the speed-up over raw JPEGs, and the 40% rule
+(data at or above 40% of a training step: loading is the bottleneck) with what to change.
+"""
+
+from __future__ import annotations
+
+from ..loading import MODES
+from .grid import TOLERANCE, Cell, Grid, Setting
+
+MODE_RANK = {m: k for k, m in enumerate(MODES)}  # lighter first: main (no workers), threads, processes
+BOTTLENECK_SHARE = 0.40  # data at or above this share of a step: loading is the bottleneck
+
+
+def knee(rates: dict[int, float], tolerance: float = TOLERANCE) -> int:
+    """Where adding workers stops paying: the fewest workers whose samples/s is within
+    ``tolerance`` (a fraction) of the best of the curve ``rates`` ({workers: samples/s}); more
+    workers than that gain less than ``tolerance``. Raises ValueError on an empty curve."""
+    if not rates:
+        raise ValueError("no measured points")
+    best = max(rates.values())
+    return min(w for w, r in rates.items() if r >= (1 - tolerance) * best)
+
+
+def curves(cells: list[Cell]) -> dict[tuple, dict[int, Cell]]:
+    """The measured cells as curves {line: {workers: cell}}; the ``main`` cell with the same
+    pin value is each curve's point at 0 workers (alone when no worker mode was measured)."""
+    cells = [c for c in cells if c.ok]
+    inproc = {c.setting.pin: c for c in cells if c.setting.mode == "main"}
+    out: dict[tuple, dict[int, Cell]] = {}
+    for c in cells:
+        if c.setting.mode != "main":
+            out.setdefault(c.setting.line, {})[c.setting.workers] = c
+    for line, points in out.items():
+        if line[3] in inproc:
+            points[0] = inproc[line[3]]
+    for pin, c in inproc.items():
+        if not any(line[3] == pin for line in out):
+            out[c.setting.line] = {0: c}
+    return {line: dict(sorted(points.items())) for line, points in out.items()}
+
+
+def knees(grid: Grid) -> dict[tuple, int]:
+    """{line: knee workers} of every curve of ``grid`` with at least two points."""
+    return {line: knee({w: c.rate for w, c in pts.items()}, grid.tolerance)
+            for line, pts in curves(grid.cells).items() if len(pts) > 1}
+
+
+def recommend(grid: Grid) -> tuple[Cell, str] | None:
+    """The setting to use and why, in one line: the lightest measured setting (fewest workers,
+    then main < threads < processes, then persistent workers) within the tolerance of the
+    fastest cell. None when nothing was measured."""
+    cells = grid.measured
+    if not cells:
+        return None
+    best = max(cells, key=lambda c: c.rate)
+    near = [c for c in cells if c.rate >= (1 - grid.tolerance) * best.rate]
+    pick = min(near, key=lambda c: (c.setting.workers, MODE_RANK[c.setting.mode],
+                                    c.setting.persistent is False, -c.rate))
+    why = f"{pick.rate:,.0f} samples/s, "
+    if pick is best:
+        why += f"the fastest cell, and no lighter setting came within {grid.tolerance:.0%} of it"
+    else:
+        why += (f"the lightest setting within {grid.tolerance:.0%} of the fastest cell "
+                f"({best.rate:,.0f} samples/s, {best.setting.label})")
+    if pick.setting.persistent:
+        why += f"; persistent workers start an epoch in {pick.epoch_start_ms:.0f} ms"
+    return pick, why
+
+
+def speedups(packed: Grid, raw: Grid) -> dict[Setting, float]:
+    """{setting: packed samples/s / raw samples/s} for every setting measured on both."""
+    raw_rates = {c.setting: c.rate for c in raw.measured}
+    return {c.setting: c.rate / raw_rates[c.setting] for c in packed.measured if c.setting in raw_rates}
+
+
+def data_share(data_ms: float, step_ms: float) -> float:
+    """Share of a serial training step spent on data: ``data / (data + compute)``."""
+    return data_ms / (data_ms + step_ms)
+
+
+def advice(grid: Grid, cell: Cell, step_ms: float, raw: Grid | None = None) -> list[str]:
+    """Lines saying whether loading is the bottleneck for ``cell`` against a model step of
+    ``step_ms`` (the 40% rule) and what to change."""
+    share = data_share(cell.ms_per_batch, step_ms)
+    head = (f"data {cell.ms_per_batch:.1f} ms + compute {step_ms:.1f} ms per batch of {grid.batch_size}: "
+            f"data is {share:.1%} of a step")
+    if share < BOTTLENECK_SHARE:
+        return [head + f" (< {BOTTLENECK_SHARE:.0%}): data loading is NOT the bottleneck; the model "
+                       f"sets the pace. Keep {cell.setting.make_loader_args()}; more workers will not train faster."]
+    lines = [head + f" (>= {BOTTLENECK_SHARE:.0%}): data loading IS the bottleneck. What to change:"]
+    if grid.kind == "raw":
+        lines.append("  - pack the images once (shardpack pack SRC --format npy --size N): no decode "
+                     "or resize per epoch; measure the gain with bench OUT --compare SRC")
+    elif raw is not None and raw.measured:
+        lines.append(f"  - packing already gave {cell.rate / max(c.rate for c in raw.measured):.1f}x "
+                     f"over the best raw-JPEG setting")
+    if grid.augment != "none":
+        lines.append("  - move the augmentation to the GPU: load plain uint8 batches (bench --augment "
+                     "none measures them) and run shardpack.BatchAugment on the device")
+    need = cell.ms_per_batch / step_ms * (1 - BOTTLENECK_SHARE) / BOTTLENECK_SHARE
+    lines.append(f"  - loading must get {need:.1f}x faster to fall under {BOTTLENECK_SHARE:.0%}: workers "
+                 f"past the knee do not give that; more CPU cores, a smaller stored --size or a "
+                 f"larger model step per batch do")
+    return lines

@@ -1,0 +1,117 @@
+"""What ``shardpack bench`` reads: a packed output, or the raw-JPEG baseline of an ImageFolder.
+
+A raw ImageFolder tree is decoded the ImageFolder way (the baseline packing is measured
+against), its files listed with the packer's own rule.
+
+The raw baseline must see the samples the packer packed, so :class:`JpegFolder` lists its files
+with :mod:`shardpack.readers.folder`, the listing rule of ``packer/scan.py`` (recursive, links
+followed, hidden names skipped), and its pixels are made as the packer's ``--resize
+center-crop`` makes them (:class:`PilResizeCenterCrop`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from ..folder import image_files
+from ..manifest import MANIFEST
+from ..transforms import resized_crop_params
+
+RAW_SIZE = 256  # a raw folder's Resize + CenterCrop side when no packed side is known
+
+
+class JpegFolder(torch.utils.data.Dataset):
+    """The ImageFolder way, for comparison: the images of the tree ``root`` listed by the
+    packer's rule (:func:`shardpack.readers.folder.image_files`: class folders, walked
+    recursively with links followed, hidden names skipped, in the packer's order), each sample
+    ``PIL.Image.open`` + ``convert("RGB")``, ``transform`` on the PIL image, then a uint8 CHW
+    tensor (torchvision's PILToTensor). Written here because torchvision is optional.
+    ``classes`` are the sorted class folder names; ``__getitems__`` lets ``make_loader`` fetch
+    whole batches (a per-sample loop here)."""
+
+    def __init__(self, root, transform=None, repeat: int = 1):
+        self.classes, samples = image_files(root)
+        self.files = [(os.path.join(root, path), k) for path, k in samples]
+        self.transform, self.repeat = transform, repeat
+
+    def __len__(self):
+        return len(self.files) * self.repeat
+
+    def __getitem__(self, i):
+        path, label = self.files[i % len(self.files)]
+        with Image.open(path) as img:
+            img = img.convert("RGB")
+        if self.transform is not None:
+            img = self.transform(img)
+        return torch.from_numpy(np.asarray(img).copy()).permute(2, 0, 1), label
+
+    def __getitems__(self, indices):
+        return [self[i] for i in indices]
+
+
+class PilResizeCenterCrop:
+    """torchvision's ``Resize(size)`` + ``CenterCrop(size)`` on a PIL image, as torchvision runs
+    them on PIL: the shorter side scaled to ``size`` (the longer to ``int(size * long / short)``)
+    with Pillow's antialiased BILINEAR, then the central ``size`` x ``size`` crop
+    (``round((h - size) / 2)`` from the top). What the packer stores at ``--size``."""
+
+    def __init__(self, size: int):
+        self.size = int(size)
+
+    def __call__(self, img):
+        w, h = img.size
+        s = self.size
+        nw, nh = (s, int(s * h / w)) if w <= h else (int(s * w / h), s)
+        img = img.resize((nw, nh), Image.Resampling.BILINEAR)
+        top, left = int(round((nh - s) / 2.0)), int(round((nw - s) / 2.0))
+        return img.crop((left, top, left + s, top + s))
+
+
+class PilResizedCropFlip:
+    """torchvision's ``RandomResizedCrop(size)`` + ``RandomHorizontalFlip()`` on a PIL image,
+    as torchvision runs them on PIL: ``crop`` then ``resize(BILINEAR)``, ``transpose``."""
+
+    def __init__(self, size: int, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
+        self.size, self.scale, self.ratio = size, scale, ratio
+
+    def __call__(self, img):
+        t, l, h, w = (int(v[0]) for v in resized_crop_params([img.height], [img.width],
+                                                              self.scale, self.ratio))
+        img = img.crop((l, t, l + w, t + h)).resize((self.size, self.size), Image.Resampling.BILINEAR)
+        if torch.rand(1).item() < 0.5:
+            img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        return img
+
+
+def open_source(path, size: int | None = None):
+    """``(dataset, kind, description)`` for ``path``: a shardpack output (a directory with
+    manifest.json) as ShardDataset, kind "packed"; or an ImageFolder tree as a JpegFolder that
+    decodes each image with Pillow and applies Resize(size) + CenterCrop(size) (default 256) so
+    batches stack, kind "raw". Raises ValueError when ``path`` is neither."""
+    from ..dataset import ShardDataset
+    path = Path(path)
+    if (path / MANIFEST).exists():
+        ds = ShardDataset(path)
+        shape = ds.reader.shape
+        if shape is None:
+            raise ValueError(f"{path}: samples have different shapes; bench needs a fixed-size output")
+        return ds, "packed", (f"packed {ds.manifest['format']}, {len(ds)} samples of "
+                              f"{shape[0]}x{shape[1]} uint8")
+    splits = [e.name for e in path.iterdir() if (e / MANIFEST).exists()] if path.is_dir() else []
+    if splits:
+        raise ValueError(f"{path} holds packed splits ({', '.join(sorted(splits))}): bench one of them, "
+                         f"e.g. {path / sorted(splits)[0]}")
+    if path.is_dir() and any(e.is_dir() for e in path.iterdir()):
+        size = size or RAW_SIZE
+        ds = JpegFolder(path, PilResizeCenterCrop(size))
+        if len(ds) == 0:
+            raise ValueError(f"{path}: no images in its class folders")
+        return ds, "raw", (f"raw ImageFolder, {len(ds)} images, Pillow decode + "
+                           f"Resize({size}) + CenterCrop({size})")
+    raise ValueError(f"{path}: neither a shardpack output (no manifest.json) nor an ImageFolder "
+                     f"tree (no class folders)")

@@ -1,0 +1,330 @@
+"""The settings grid of ``shardpack bench``, and each of its cells measured with make_loader.
+
+Which loader settings to try (mode, workers, prefetch, persistent workers, pinned memory), and
+each one timed with ``make_loader`` in about ``--seconds`` of wall time.
+
+Loader modes are ``make_loader``'s own: ``main`` (in this process, DataLoader's
+``num_workers=0``), ``threads`` and ``processes``; ``inprocess`` is accepted as another name of
+``main`` (what ``--mode`` called it before).
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils.data import Sampler
+
+from ..loading import MODES, BatchedDataset, make_loader
+from ..system import usable_cpus
+from ..transforms import CenterCrop, Compose, RandomCrop, RandomHorizontalFlip, RandomResizedCrop
+from .timing import Pass, time_pass
+
+MODE_ALIASES = {"inprocess": "main"}  # older names of make_loader's modes, still accepted
+TOLERANCE = 0.10
+AUGMENT_HELP = ("none, crop<N> (RandomCrop + flip), rrc<N> (RandomResizedCrop + flip) or "
+                "center<N> (CenterCrop), e.g. crop224, rrc224")
+NO_CUDA = ("no CUDA device (torch.cuda.is_available() is False): pinned memory only speeds up "
+           "copies to a GPU")
+
+
+# --- settings ---------------------------------------------------------------------------------
+
+def loader_modes(names) -> list[str]:
+    """``names`` as make_loader's modes, in MODES order, older names (MODE_ALIASES) mapped.
+    Raises ValueError naming an unknown mode."""
+    wanted = {MODE_ALIASES.get(n, n) for n in names}
+    unknown = sorted(wanted - set(MODES))
+    if unknown:
+        raise ValueError(f"mode {unknown[0]!r}: choose from {', '.join(MODES)}")
+    return [m for m in MODES if m in wanted]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One cell of the grid. ``mode`` is make_loader's; ``workers`` is 0 for ``main``
+    (DataLoader's num_workers=0); ``prefetch`` is None there; ``persistent`` is None except for
+    ``processes`` (threads are cheap to start each epoch)."""
+
+    mode: str
+    workers: int
+    prefetch: int | None
+    persistent: bool | None
+    pin: bool
+
+    @property
+    def line(self) -> tuple:
+        """The curve this cell belongs to (samples/s against workers): all but ``workers``."""
+        return (self.mode, self.prefetch, self.persistent, self.pin)
+
+    @property
+    def label(self) -> str:
+        return line_label(self.line, self.workers)
+
+    def loader_kwargs(self) -> dict:
+        """``make_loader`` keyword arguments for this setting."""
+        return {"mode": self.mode, "num_workers": self.workers or None,
+                "prefetch_factor": self.prefetch or 2, "pin_memory": self.pin,
+                "persistent_workers": bool(self.persistent)}
+
+    def make_loader_args(self) -> str:
+        """The setting as make_loader arguments in Python, e.g. ``mode="threads", num_workers=2, ...``."""
+        parts = [f'mode="{self.mode}"']
+        if self.workers:
+            parts += [f"num_workers={self.workers}", f"prefetch_factor={self.prefetch}"]
+        if self.persistent is not None:
+            parts.append(f"persistent_workers={self.persistent}")
+        parts.append(f"pin_memory={self.pin}")
+        return ", ".join(parts)
+
+    def as_dict(self) -> dict:
+        return {"mode": self.mode, "workers": self.workers, "prefetch": self.prefetch,
+                "persistent": self.persistent, "pin_memory": self.pin}
+
+
+def line_label(line: tuple, workers: int | None = None) -> str:
+    """A curve (mode, prefetch, persistent, pin) in words, with ``workers`` when given."""
+    mode, prefetch, persistent, pin = line
+    parts = [mode] + ([f"{workers} workers"] if workers else [])
+    if prefetch is not None:
+        parts.append(f"prefetch {prefetch}")
+    if persistent is not None:
+        parts.append("persistent" if persistent else "not persistent")
+    parts.append(f"pin {'on' if pin else 'off'}")
+    return ", ".join(parts)
+
+
+def default_workers(cpus: int | None = None) -> list[int]:
+    """0, then powers of two below the usable CPUs, then the usable CPUs: [0, 1, 2] on 2 CPUs,
+    [0, 1, 2, 4, 8, 12] on 12."""
+    cpus = cpus or usable_cpus()
+    return [0] + sorted({2 ** k for k in range(cpus.bit_length()) if 2 ** k < cpus} | {cpus})
+
+
+def pin_choices(choice: str) -> tuple[list[bool], list[str]]:
+    """``--pin-memory on|off|both`` -> (pin values to measure, skipped notes). Pinning is only
+    measured where CUDA is present; without it, "on" is dropped with the reason."""
+    wanted = {"on": [True], "off": [False], "both": [False, True]}[choice]
+    if torch.cuda.is_available() or True not in wanted:
+        return wanted, []
+    return [False], [f"pin_memory=on skipped: {NO_CUDA}"]
+
+
+def grid(modes, workers, prefetch, persistent, pins) -> list[Setting]:
+    """The cells to measure: one ``main`` cell per pin value when ``"main"`` is in ``modes`` or
+    0 in ``workers`` (that is num_workers=0), then for each other mode every worker count > 0 x
+    prefetch x (processes only) persistent x pin. ``modes`` as :func:`loader_modes` takes them;
+    ``persistent``: bools. Raises ValueError for an unknown mode."""
+    modes = loader_modes(modes)
+    cells = []
+    if "main" in modes or 0 in workers:
+        cells += [Setting("main", 0, None, None, pin) for pin in pins]
+    for mode in (m for m in modes if m != "main"):
+        for w in sorted(w for w in set(workers) if w > 0):
+            for p in prefetch:
+                for keep in (persistent if mode == "processes" else [None]):
+                    cells += [Setting(mode, w, p, keep, pin) for pin in pins]
+    return cells
+
+
+def augment_transform(name: str):
+    """``--augment`` name -> batch transform for make_loader (None for ``none``): ``crop<N>``
+    RandomCrop(N) + flip, ``rrc<N>`` RandomResizedCrop(N) + flip, ``center<N>`` CenterCrop(N).
+    Raises ValueError for another name."""
+    if name == "none":
+        return None
+    m = re.fullmatch(r"(crop|rrc|center)(\d+)", name)
+    if not m:
+        raise ValueError(f"--augment {name!r}: use {AUGMENT_HELP}")
+    kind, n = m.group(1), int(m.group(2))
+    if kind == "center":
+        return CenterCrop(n)
+    crop = RandomCrop(n) if kind == "crop" else RandomResizedCrop(n)
+    return Compose([crop, RandomHorizontalFlip(inplace=True)])  # the crop is a copy: flip in place
+
+
+def batch_shape(ds, augment: str) -> tuple[int, ...]:
+    """(3, H, W) of one sample as the loader delivers it after ``augment``."""
+    imgs, _ = BatchedDataset(ds, augment_transform(augment)).__getitems__([0])
+    return tuple(imgs.shape[1:])
+
+
+# --- measuring --------------------------------------------------------------------------------
+
+class EpochSampler(Sampler):
+    """Random indices of a dataset of ``n`` samples, ``length`` of them per epoch (set it before
+    each ``iter``), drawn as successive seeded permutations; so a pass can be sized in time."""
+
+    def __init__(self, n: int, seed: int = 0):
+        self.n, self.length = int(n), int(n)
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __len__(self):
+        return self.length
+
+    def __iter__(self):
+        left = self.length
+        while left > 0:
+            perm = torch.randperm(self.n, generator=self.generator)[:left]
+            left -= len(perm)
+            yield from perm.tolist()
+
+
+def warm_up(ds, batch_size: int, augment: str = "none", seconds: float = 1.0) -> int:
+    """Read and augment batches of ``ds`` in this process, untimed, for about ``seconds`` (at
+    least one batch): the page cache, the allocator and lazy imports warm up before the first
+    cell, which otherwise runs slower than the same cell later. Returns the batches read."""
+    view = BatchedDataset(ds, augment_transform(augment))
+    n, end = 0, time.perf_counter() + seconds
+    while n == 0 or time.perf_counter() < end:
+        start = (n * batch_size) % len(ds)
+        view.__getitems__([(start + k) % len(ds) for k in range(batch_size)])
+        n += 1
+    return n
+
+
+def plain_loop(ds, cell: "Cell", batch_size: int, augment: str = "none", seconds: float = 10.0,
+               device=None, seed: int = 1) -> Pass:
+    """The check of a cell: its setting as a plain training loop would run it, a fresh
+    make_loader over a RandomSampler of about ``seconds`` worth of samples at the cell's rate,
+    every batch timed from ``iter()`` (first batch and worker start-up included). Compare
+    ``.rate`` with ``cell.rate``."""
+    from torch.utils.data import RandomSampler
+    n = max(3 * batch_size, round(cell.rate * seconds))
+    sampler = RandomSampler(ds, num_samples=n, generator=torch.Generator().manual_seed(seed))
+    loader = make_loader(ds, batch_size, batch_transform=augment_transform(augment), seed=seed,
+                         sampler=sampler, **cell.setting.loader_kwargs())
+    return time_pass(loader, warmup=0, device=device)
+
+
+@dataclass
+class Cell:
+    """The measurement of one setting: ``passes`` timed epochs after a ``cold`` one (the
+    loader's first, with worker start-up). ``error`` when the cell could not be measured."""
+
+    setting: Setting
+    passes: list[Pass] = field(default_factory=list)
+    cold: Pass | None = None
+    wall_s: float = 0.0
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and bool(self.passes)
+
+    @property
+    def rate(self) -> float:
+        """Samples/s: the median over the timed passes."""
+        return statistics.median(p.rate for p in self.passes)
+
+    @property
+    def ms_per_batch(self) -> float:
+        """Milliseconds per batch: the median over the timed passes."""
+        return statistics.median(p.ms_per_batch for p in self.passes)
+
+    @property
+    def epoch_start_ms(self) -> float:
+        """Milliseconds from ``iter()`` to the first batch in later epochs (median): worker
+        start-up again unless workers are persistent."""
+        return 1000 * statistics.median(p.first_s for p in self.passes)
+
+    @property
+    def cold_start_ms(self) -> float:
+        """Milliseconds from the loader's first ``iter()`` to its first batch."""
+        return 1000 * self.cold.first_s
+
+    def as_dict(self) -> dict:
+        out = {**self.setting.as_dict(), "label": self.setting.label, "wall_s": self.wall_s,
+               "error": self.error}
+        if self.ok:
+            out.update({"samples_per_s": self.rate, "ms_per_batch": self.ms_per_batch,
+                        "first_batch_ms": self.epoch_start_ms, "cold_first_batch_ms": self.cold_start_ms})
+        out["passes"] = [{"first_batch_s": p.first_s, "batches": p.batches, "samples": p.samples,
+                          "seconds": p.seconds, "samples_per_s": p.rate} for p in self.passes]
+        return out
+
+
+def measure_cell(ds, setting: Setting, batch_size: int, augment: str = "none", seconds: float = 5.0,
+                 repeats: int = 3, device=None, seed: int = 0) -> Cell:
+    """Measure one setting on ``ds`` with make_loader in about ``seconds`` of wall time.
+
+    A short cold pass (the first epoch: worker start-up, pipeline fill) gives a first rate;
+    then ``repeats`` epochs, each sized from the rate so far to fill the time left, are timed
+    by :func:`~shardpack.readers.bench.timing.time_pass` after ``max(1, workers)`` warm-up batches (each worker's
+    first; at least 2 batches timed per pass, so a cell may run over on a slow source). ``device``: batches are
+    copied there. Loader errors are recorded in ``Cell.error``; Ctrl-C propagates.
+    """
+    cell, start = Cell(setting), time.perf_counter()
+    warmup = max(1, setting.workers)
+    sampler = EpochSampler(len(ds), seed)
+    loader = None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # the /dev/shm warning: an error shows it
+            loader = make_loader(ds, batch_size, batch_transform=augment_transform(augment), seed=seed,
+                                 sampler=sampler, **setting.loader_kwargs())
+        sampler.length = (warmup + 1) * batch_size
+        cell.cold = time_pass(loader, warmup, device)
+        for r in range(repeats):
+            rate = statistics.median([p.rate for p in cell.passes] or [cell.cold.rate])
+            per_pass = (seconds - (time.perf_counter() - start)) / (repeats - r)
+            sampler.length = max(warmup + 2, round(rate * per_pass / batch_size)) * batch_size
+            cell.passes.append(time_pass(loader, warmup, device))
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as err:  # a setting that fails (e.g. shared memory) is a result, not a crash
+        cell.error = f"{type(err).__name__}: {err}".splitlines()[0][:200]
+    finally:
+        del loader  # persistent workers end with their loader
+        cell.wall_s = time.perf_counter() - start
+    return cell
+
+
+@dataclass
+class Grid:
+    """All cells measured on one source, with what was asked and what was skipped."""
+
+    source: str
+    kind: str
+    description: str
+    count: int
+    shape: tuple
+    batch_size: int
+    augment: str
+    seconds: float
+    repeats: int
+    tolerance: float
+    device: str | None
+    cells: list[Cell] = field(default_factory=list)
+    planned: int = 0
+    skipped: list[str] = field(default_factory=list)
+    interrupted: bool = False
+
+    @property
+    def measured(self) -> list[Cell]:
+        return [c for c in self.cells if c.ok]
+
+
+def run_grid(ds, settings: list[Setting], *, source: str, kind: str, description: str, batch_size: int,
+             augment: str = "none", seconds: float = 5.0, repeats: int = 3, tolerance: float = TOLERANCE,
+             skipped=(), device=None, seed: int = 0, bar=None) -> Grid:
+    """Measure every setting in turn (see :func:`measure_cell`). ``bar``: a tqdm bar advanced
+    per cell. Ctrl-C stops the grid and returns what was measured, ``interrupted`` set."""
+    grid = Grid(str(source), kind, description, len(ds), batch_shape(ds, augment), batch_size, augment,
+                seconds, repeats, tolerance, None if device is None else str(device),
+                planned=len(settings), skipped=list(skipped))
+    try:
+        warm_up(ds, batch_size, augment)
+        for s in settings:
+            if bar is not None:
+                bar.set_postfix_str(f"{kind}: {s.label}", refresh=True)
+            grid.cells.append(measure_cell(ds, s, batch_size, augment, seconds, repeats, device, seed))
+            if bar is not None:
+                bar.update(1)
+    except KeyboardInterrupt:
+        grid.interrupted = True
+    return grid

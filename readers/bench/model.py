@@ -1,0 +1,81 @@
+"""The model side of ``shardpack bench``: a training step timed alone on one fixed batch.
+
+The data time is compared with it (``--model tiny`` or ``--model torchvision:NAME``).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from .grid import Grid
+
+
+def tiny_cnn(classes: int) -> torch.nn.Module:
+    """A small CNN (two strided 3x3 convolutions, global pooling, a linear layer) taking float
+    (B, 3, H, W) images of any size and giving (B, ``classes``) logits."""
+    nn = torch.nn
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.ReLU(inplace=True),
+        nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(inplace=True),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, classes))
+
+
+def model_step_ms(model: torch.nn.Module, shape, classes: int, device=None, seconds: float = 3.0,
+                  warmup: int = 3, max_steps: int = 50) -> list[float]:
+    """Milliseconds of each training step (forward, cross-entropy, backward, SGD step) of
+    ``model`` on one fixed random float batch of ``shape`` (B, 3, H, W), channels_last, with
+    random labels in ``range(classes)``, on ``device`` (default: CUDA when present, else the
+    CPU). After ``warmup`` untimed steps, steps run until ``seconds`` have passed (at least 3,
+    at most ``max_steps``); CUDA is synchronised after each. Returns the step times; take the
+    median."""
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model = model.to(dev).to(memory_format=torch.channels_last)
+    x = torch.randn(shape, device=dev).contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, classes, (shape[0],), device=dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step():
+        t0 = time.perf_counter()
+        loss = loss_fn(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        return 1000 * (time.perf_counter() - t0)
+
+    for _ in range(warmup):
+        step()
+    times, end = [], time.perf_counter() + seconds
+    while len(times) < 3 or (time.perf_counter() < end and len(times) < max_steps):
+        times.append(step())
+    return times
+
+
+def build_model(spec: str, classes: int) -> torch.nn.Module:
+    """``--model`` -> module: ``tiny`` (:func:`tiny_cnn`) or ``torchvision:NAME`` (any
+    torchvision.models constructor, when torchvision imports). Raises ValueError otherwise."""
+    if spec == "tiny":
+        return tiny_cnn(classes)
+    if spec.startswith("torchvision:"):
+        try:
+            import torchvision
+        except Exception as err:  # not installed, or a build that does not load beside this torch
+            raise ValueError(f"--model {spec}: torchvision does not import here ({err})") from None
+        ctor = getattr(torchvision.models, spec.split(":", 1)[1], None)
+        if ctor is None:
+            raise ValueError(f"--model {spec}: torchvision.models has no such model")
+        return ctor(num_classes=classes)
+    raise ValueError(f"--model {spec!r}: use tiny or torchvision:NAME (e.g. torchvision:resnet18)")
+
+
+def measure_step(spec: str, grid: Grid, classes: int, device=None) -> dict:
+    """Time ``spec``'s training step on a fixed batch shaped like ``grid``'s. Returns
+    {"model", "device", "ms" (median), "steps_ms"}."""
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    times = model_step_ms(build_model(spec, classes), (grid.batch_size, *grid.shape), classes, dev)
+    return {"model": spec, "device": str(dev), "ms": statistics.median(times), "steps_ms": times}

@@ -1,0 +1,130 @@
+"""Showing a measured grid: the markdown table, the JSON of every pass, and the plot.
+
+The table carries the knees and the recommendation; the plot is samples/s against workers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .advice import curves, knees, recommend, speedups
+from .grid import Grid, Setting, line_label
+from .timing import machine
+
+
+def _fmt(v, spec):
+    return "-" if v is None else format(v, spec)
+
+
+def _knee_mark(s: Setting, knee_of: dict) -> str:
+    """The knee column: "knee" on a curve's knee; on the ``main`` row (every curve's 0),
+    "knee" when it is the knee of every curve with its pin value, else how many."""
+    if s.workers:
+        return "knee" if knee_of.get(s.line) == s.workers else ""
+    mine = [w for line, w in knee_of.items() if line[3] == s.pin and line[0] != "main"]
+    at0 = sum(w == 0 for w in mine)
+    return "" if not at0 else "knee" if at0 == len(mine) else f"knee of {at0}/{len(mine)} curves"
+
+
+def render(grid: Grid, compare: Grid | None = None) -> str:
+    """The grid as a markdown table with its header lines, the knee of each curve and the
+    recommendation. ``compare``: the same grid on raw JPEGs, for the speed-up column."""
+    shape = "x".join(str(v) for v in grid.shape)
+    lines = [f"{grid.source}: {grid.description}; batch {grid.batch_size}, augment {grid.augment} "
+             f"-> uint8 {shape}",
+             f"each cell about {grid.seconds:g} s: samples/s and ms/batch are the median of "
+             f"{grid.repeats} epochs after a warm-up; 1st batch = ms from iter() to the first batch, "
+             f"cold (first epoch) / later epochs",
+             f"batches copied to {grid.device}" if grid.device else "batches stay in host memory (no GPU copy)"]
+    lines += grid.skipped
+    if grid.interrupted:
+        lines.append(f"INTERRUPTED: {len(grid.cells)} of {grid.planned} cells measured")
+    ups = speedups(grid, compare) if compare is not None else {}
+    knee_of = knees(grid)
+    cols = ["mode", "workers", "prefetch", "persistent", "pin", "samples/s", "ms/batch", "1st batch ms"]
+    cols += ["x raw"] if compare is not None else []
+    cols += ["knee"]
+    lines += ["", "| " + " | ".join(cols) + " |",
+              "|" + "|".join("---:" if c in ("workers", "prefetch", "samples/s", "ms/batch", "x raw")
+                             else "---" for c in cols) + "|"]
+    for c in grid.cells:
+        s = c.setting
+        row = [s.mode, str(s.workers), _fmt(s.prefetch, "d"),
+               "-" if s.persistent is None else ("on" if s.persistent else "off"), "on" if s.pin else "off"]
+        if c.ok:
+            row += [f"{c.rate:,.0f}", f"{c.ms_per_batch:.1f}", f"{c.cold_start_ms:.0f} / {c.epoch_start_ms:.0f}"]
+        else:
+            row += [f"error: {c.error}", "", ""]
+        if compare is not None:
+            row.append(f"{ups[s]:.1f}x" if s in ups else "-")
+        row.append(_knee_mark(s, knee_of) if c.ok else "")
+        lines.append("| " + " | ".join(row) + " |")
+    if knee_of:
+        lines.append(f"\nknee (the fewest workers within {grid.tolerance:.0%} of the curve's best; "
+                     f"more workers gain less):")
+        for line, w in knee_of.items():
+            pts = curves(grid.cells)[line]
+            lines.append(f"  {line_label(line)}: " + ", ".join(f"{k}w {c.rate:,.0f}" for k, c in pts.items())
+                         + f" -> knee at {w} workers")
+    rec = recommend(grid)
+    if rec:
+        lines.append(f"\nrecommended: make_loader(ds, {grid.batch_size}, {rec[0].setting.make_loader_args()}): {rec[1]}")
+    return "\n".join(lines)
+
+
+def to_json(grid: Grid) -> dict:
+    """The grid's raw numbers as a JSON-ready dict."""
+    rec = recommend(grid)
+    return {"source": grid.source, "kind": grid.kind, "description": grid.description, "count": grid.count,
+            "batch_shape": list(grid.shape), "batch_size": grid.batch_size, "augment": grid.augment,
+            "seconds_per_cell": grid.seconds, "repeats": grid.repeats, "tolerance": grid.tolerance,
+            "device": grid.device, "skipped": grid.skipped, "interrupted": grid.interrupted,
+            "planned_cells": grid.planned, "cells": [c.as_dict() for c in grid.cells],
+            "knees": [{"line": line_label(line), "workers": w} for line, w in knees(grid).items()],
+            "recommended": None if rec is None else {**rec[0].setting.as_dict(), "samples_per_s": rec[0].rate,
+                                                     "ms_per_batch": rec[0].ms_per_batch, "reason": rec[1]}}
+
+
+def plot(path, grid: Grid, compare: Grid | None = None) -> None:
+    """Draw samples/s against num_workers into ``path`` (PNG): one line per mode / prefetch /
+    persistent / pin curve, the knee circled; ``compare``'s curves dashed in the same colours
+    (log scale then), their knees boxed. Raises ImportError naming the extra when matplotlib is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError("--plot needs matplotlib: pip install 'shardpack[plot]'") from None
+    fig, ax = plt.subplots(figsize=(8, 5))
+    knee_of, raw_knee = knees(grid), knees(compare) if compare is not None else {}
+    for k, (line, pts) in enumerate(curves(grid.cells).items()):
+        color = f"C{k % 10}"
+        xs = list(pts)
+        ax.plot(xs, [pts[w].rate for w in xs], "o-", color=color, label=line_label(line))
+        if line in knee_of:
+            w = knee_of[line]
+            ax.plot([w], [pts[w].rate], "o", ms=14, mfc="none", mec=color)
+        raw = curves(compare.cells).get(line) if compare is not None else None
+        if raw:
+            ax.plot(list(raw), [c.rate for c in raw.values()], "s--", color=color, alpha=0.7)
+            if line in raw_knee:
+                ax.plot([raw_knee[line]], [raw[raw_knee[line]].rate], "s", ms=14, mfc="none", mec=color)
+    workers = sorted({c.setting.workers for c in grid.cells})
+    ax.set_xticks(workers or [0])
+    ax.set_xlabel("num_workers (0 = in the main process)")
+    ax.set_ylabel("samples/s")
+    if compare is not None:
+        ax.set_yscale("log")
+    ax.set_title(f"{Path(grid.source).name}: batch {grid.batch_size}, augment {grid.augment}"
+                 + ("; dashed: raw JPEG, same settings" if compare is not None else "") + "; circled: knee",
+                 fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def header() -> str:
+    """One line naming the machine the numbers come from."""
+    return f"machine: {machine()}"

@@ -1,0 +1,132 @@
+"""``shardpack bench`` as one call: :func:`run_bench` and the :class:`BenchResult` it returns.
+
+It measures the grid (and the raw-JPEG grid and the model step when asked); the result prints
+as the report and dumps as JSON.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .advice import BOTTLENECK_SHARE, advice, data_share, recommend, speedups
+from .baseline import open_source
+from .grid import (MODES, TOLERANCE, Grid, augment_transform, default_workers, grid, pin_choices, plain_loop,
+                   run_grid)
+from .model import build_model, measure_step
+from .render import header, render, to_json
+from .timing import machine
+
+
+@dataclass
+class BenchResult:
+    """What ``shardpack bench`` measured: the grid on PATH, the same grid on raw JPEGs
+    (``compare``), the model step (``step``: {"model", "device", "ms", ...}) and the advice."""
+
+    grid: Grid
+    compare: Grid | None = None
+    step: dict | None = None
+    advice: list[str] = field(default_factory=list)
+    check: dict | None = None
+    interrupted: bool = False
+
+    def text(self) -> str:
+        out = [header(), "", render(self.grid, self.compare)]
+        if self.compare is not None:
+            out += ["", "raw JPEG folder, the same grid:", render(self.compare)]
+        if self.check is not None:
+            c = self.check
+            out += ["", f"check: the recommended setting as a plain loop (fresh loader, {c['samples']} samples, "
+                        f"first batch included): {c['samples_per_s']:,.0f} samples/s = {c['ratio']:.0%} of the "
+                        f"cell's {c['cell_samples_per_s']:,.0f} "
+                        + ("(within 15%)" if abs(c['ratio'] - 1) <= 0.15 else
+                           "(NOT within 15%: the machine's load changed, or the cell was too short; "
+                           "rerun with a larger --seconds)")]
+        if self.step is not None:
+            how = (f"measured: {self.step['model']} on {self.step['device']}, median of "
+                   f"{len(self.step['steps_ms'])} steps" if self.step.get("model") else "given with --step-ms")
+            out += ["", f"training step: {self.step['ms']:.1f} ms per batch of {self.grid.batch_size} ({how})"]
+            out += self.advice
+        if self.interrupted:
+            out += ["", "interrupted: the numbers above are what was measured before Ctrl-C"]
+        return "\n".join(out)
+
+    def json(self) -> dict:
+        """Everything as a JSON-ready dict (raw numbers per pass)."""
+        return {"machine": machine(), "grid": to_json(self.grid),
+                "compare": None if self.compare is None else to_json(self.compare),
+                "speedups": None if self.compare is None else [
+                    {**s.as_dict(), "speedup": v} for s, v in speedups(self.grid, self.compare).items()],
+                "step": self.step, "advice": self.advice, "check": self.check,
+                "interrupted": self.interrupted}
+
+
+def run_bench(path, *, batch_size: int = 64, modes=MODES, workers=None, pin_memory: str = "both",
+          prefetch=(2, 4), persistent: str = "both", augment: str = "none", seconds: float = 5.0,
+          repeats: int = 3, tolerance: float = TOLERANCE, size: int | None = None, compare=None,
+          step_ms: float | None = None, model: str | None = None, check: bool = True,
+          progress: bool = True, seed: int = 0) -> BenchResult:
+    """Run ``shardpack bench``: the settings grid on ``path`` (a packed output or a raw
+    ImageFolder tree), the same grid on the raw tree ``compare`` when given, then the data share
+    of a training step for the recommended setting when ``step_ms`` (milliseconds) or ``model``
+    (``tiny`` or ``torchvision:NAME``) is given. ``modes`` are make_loader's (main, threads,
+    processes; ``inprocess`` is taken as main); ``workers`` defaults to
+    :func:`default_workers`; ``pin_memory`` and ``persistent`` are on, off or both; ``size``
+    is the raw folder's Resize + CenterCrop side (default: the packed side with ``compare``,
+    else 256). ``check``: rerun the recommended setting as a plain loop (:func:`plain_loop`,
+    about twice ``seconds``). Ctrl-C returns what was measured (``interrupted``). Raises
+    ValueError on a bad argument or source."""
+    from tqdm import tqdm
+    augment_transform(augment)  # validate before any work
+    ds, kind, description = open_source(path, size)
+    raw = None
+    if compare is not None:
+        if kind != "packed":
+            raise ValueError(f"--compare SRC compares a packed PATH with its raw JPEGs; {path} is not packed")
+        raw = open_source(compare, size or ds.reader.shape[0])
+        if raw[1] != "raw":
+            raise ValueError(f"--compare {compare}: give the raw ImageFolder tree, not a packed output")
+    if model is not None:
+        build_model(model, len(ds.classes))  # fail now, not after the grid
+    pins, skipped = pin_choices(pin_memory)
+    keep = {"on": [True], "off": [False], "both": [True, False]}[persistent]
+    settings = grid(modes, default_workers() if workers is None else workers, prefetch, keep, pins)
+    if not settings:
+        raise ValueError("the grid is empty: check --mode and --workers")
+    device = "cuda" if torch.cuda.is_available() else None
+    common = dict(batch_size=batch_size, augment=augment, seconds=seconds, repeats=repeats,
+                  tolerance=tolerance, skipped=skipped, device=device, seed=seed)
+    with tqdm(total=len(settings) * (2 if raw else 1), unit="cell", desc="bench", disable=not progress,
+              dynamic_ncols=True) as bar:
+        result = BenchResult(run_grid(ds, settings, source=str(path), kind=kind, description=description,
+                                      bar=bar, **common))
+        result.interrupted = result.grid.interrupted
+        if raw is not None and not result.interrupted:
+            result.compare = run_grid(raw[0], settings, source=str(compare), kind="raw",
+                                      description=raw[2], bar=bar, **common)
+            result.interrupted = result.compare.interrupted
+    rec = recommend(result.grid)
+    if rec is None or result.interrupted:
+        return result
+    try:
+        if check:
+            again = plain_loop(ds, rec[0], batch_size, augment, 2 * seconds, device)
+            result.check = {"samples": again.samples, "seconds": again.seconds, "samples_per_s": again.rate,
+                            "cell_samples_per_s": rec[0].rate, "ratio": again.rate / rec[0].rate}
+        if step_ms is None and model is None:
+            return result
+        result.step = ({"model": None, "device": None, "ms": float(step_ms), "steps_ms": []}
+                       if step_ms is not None else measure_step(model, result.grid, len(ds.classes)))
+    except KeyboardInterrupt:
+        result.interrupted = True
+        return result
+    share = data_share(rec[0].ms_per_batch, result.step["ms"])
+    result.step.update({"setting": rec[0].setting.as_dict(), "data_ms": rec[0].ms_per_batch,
+                        "data_share": share, "bottleneck": share >= BOTTLENECK_SHARE})
+    result.advice = advice(result.grid, rec[0], result.step["ms"], result.compare)
+    if result.compare is not None and (raw_rec := recommend(result.compare)):
+        share = data_share(raw_rec[0].ms_per_batch, result.step["ms"])
+        result.advice.append(f"before packing (raw JPEGs, {raw_rec[0].setting.label}): data would be "
+                             f"{share:.1%} of a step ({raw_rec[0].ms_per_batch:.1f} ms per batch)")
+    return result
