@@ -8,15 +8,14 @@ from pathlib import Path
 import click
 
 from ..readers.manifest import FORMATS
-from ..readers.system import mount_of
 
-from . import mounts
 from .config import effective_settings, load_config
 from .imaging import DECODERS, RESIZE_MODES, Recipe
+from .options import Options, PackError
 from .prefetch import DEFAULT_THREADS
-from .run import Options, PackError, check_out, default_out
+from .run import prepare
 from .scan import ScanError
-from .splits import describe, make_plan, pack_plan, plural
+from .splits import make_plan, pack_plan, plan_text, plural
 from .sizing import IMAGENET_1K_TRAIN
 
 
@@ -107,8 +106,9 @@ def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_siz
              decoder, allow_truncated, strict, overwrite, resume, no_space_check, quiet, splits,
              no_splits, labels, id_map, classes_from, dry_run, io_threads=None,
              allow_unsafe_output=False):
-    """Shared body of ``pack-dataset`` and ``shardpack pack``: scan, print the plan (with the
-    output size estimate), pack, print the summary."""
+    """Shared body of ``pack-dataset`` and ``shardpack pack``: decide (refusing a bad OUT before
+    the possibly long listing), scan, print the plan (with the output size estimate), pack, print
+    the summary. What is decided here is handed down, never decided again."""
     settings = effective_settings(click.get_current_context())
     try:
         recipe = Recipe(size=size, resize=resize, background=background, draft=draft,
@@ -116,21 +116,17 @@ def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_siz
         opts = Options(fmt=fmt, workers=workers, shard_size=shard_size, overwrite=overwrite,
                        resume=resume, strict=strict, space_check=not no_space_check, progress=not quiet,
                        io_threads=io_threads, allow_unsafe_output=allow_unsafe_output)
-        out_path = Path(out).expanduser() if out else default_out(src, fmt, size)
-        if not allow_unsafe_output:  # before listing a slow SRC (pack checks again, per split)
-            mounts.check_output(out_path, mount_of(out_path))
-        if not dry_run:  # refuse before the (possibly long) listing, not after the plan
-            check_out(src, out_path.absolute(), opts)
+        setup = prepare(src, out, recipe, opts, dry_run=dry_run)  # a dry run: OUT's mount only
         plan = make_plan(src, splits=splits, no_splits=no_splits, labels=labels, id_map=id_map,
-                         classes_from=classes_from)
-        click.echo(describe(plan, out_path, recipe, opts))
+                         classes_from=classes_from, mounts=setup.mounts)
+        click.echo(plan_text(plan, setup.named, recipe, opts, setup.workers))
         if dry_run:
             return None
         unmatched = [p for p in plan.parts if p.labels and (p.labels.missing or p.labels.unlisted)]
         if strict and unmatched:
             raise PackError(f"--strict: the labels of {unmatched[0].split or src} do not match its "
                             "files (see the plan above); no output written")
-        reports = pack_plan(plan, out, recipe, opts, extra={"settings": settings})
+        reports = pack_plan(plan, out, recipe, opts, extra={"settings": settings}, setup=setup)
     except (ScanError, PackError, ValueError, ImportError) as err:
         raise click.ClickException(str(err)) from None
     except KeyboardInterrupt:

@@ -10,7 +10,8 @@ import numpy as np
 from PIL import Image
 
 from .imaging import Recipe
-from .run import Options, pack
+from .options import Options
+from .run import pack
 
 CLASSES = ("apple", "brick", "cloud", "daisy")
 

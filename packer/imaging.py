@@ -1,5 +1,6 @@
-"""One file's bytes -> RGB uint8 HWC pixels at the target size: decode, orientation, colour
-mode, resize. The only place pixels are made.
+"""One file's bytes -> RGB uint8 HWC pixels at the target size: the only place pixels are made.
+
+Decode, orientation, colour mode, resize.
 
 The default ``center-crop`` equals torchvision's ``Resize(N)`` + ``CenterCrop(N)`` on the PIL
 image (Pillow BILINEAR with antialiasing, crop offsets rounded as torchvision rounds them), but is
@@ -28,7 +29,8 @@ RESIZE_MODES = ("center-crop", "squash", "shorter-side", "longer-side", "pad")
 VARIABLE_MODES = ("shorter-side", "longer-side")  # samples differ in shape
 SHORTER_SIDE_BOUND = 4  # default max_pixels of shorter-side: 4 N^2 keeps up to 4:1 pictures whole
 # simplejpeg (libjpeg-turbo, optional extra): decodes RGB and grayscale JPEGs bit-identically to
-# Pillow on the ImageNet sample, ~1.3x faster; every other file still goes through Pillow.
+# Pillow on the ImageNet sample, and faster (README, "Packing speed"); every other file still goes
+# through Pillow.
 DECODERS = ("pillow", "simplejpeg")
 _TRANSPOSE = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180,
               4: Image.Transpose.FLIP_TOP_BOTTOM, 5: Image.Transpose.TRANSPOSE,

@@ -1,11 +1,30 @@
-"""What the packer does about a high-latency mount: refuse it for OUT, read SRC there with many
-reads in flight. Detecting the mount is ``readers/system.py``'s (the bench needs it too)."""
+"""What the packer does about a high-latency mount: refuse it for OUT, read SRC with many reads.
+
+From the mount table, read once per run (MountTable). Detecting the mount is
+``readers/system.py``'s (the bench needs it too)."""
 
 from __future__ import annotations
 
 import os
 
+from ..readers import system
 from ..readers.system import Mount
+
+
+class MountTable:
+    """The mount table as read once for a run (``text``: /proc/self/mountinfo's, None where there
+    is none); ``of(path)`` answers from it, however many paths are asked about."""
+
+    def __init__(self, text: str | None):
+        self.text = text
+
+    @classmethod
+    def read(cls) -> MountTable:
+        return cls(system.read_mountinfo())
+
+    def of(self, path: str | os.PathLike) -> Mount | None:
+        """The mount holding ``path`` (see readers.system.mount_of), None without a table."""
+        return system.mount_of(path, self.text) if self.text else None
 
 
 class UnsafeOutput(ValueError):
@@ -18,7 +37,7 @@ def check_output(out: str | os.PathLike, mount: Mount | None) -> None:
     if mount is None or not mount.slow:
         return
     raise UnsafeOutput(
-        f"{out} is on {mount.describe()}, a high-latency {mount.kind} mount: LMDB and memory-mapped "
+        f"{out} is on {mount.in_words()}, a high-latency {mount.kind} mount: LMDB and memory-mapped "
         f"output written there can be corrupted, and every write is a round trip. Write to Linux-native "
         f"storage instead, e.g. -o ~/data/{os.path.basename(os.fspath(out).rstrip('/'))}, "
         f"or pass --allow-unsafe-output to write there anyway")
@@ -26,6 +45,6 @@ def check_output(out: str | os.PathLike, mount: Mount | None) -> None:
 
 def source_note(src: str | os.PathLike, mount: Mount, threads: int) -> str:
     """The line printed when SRC is on a high-latency mount."""
-    return (f"SRC {src} is on {mount.describe()}, a high-latency {mount.kind} mount: every file open "
+    return (f"SRC {src} is on {mount.in_words()}, a high-latency {mount.kind} mount: every file open "
             f"is a round trip, so {threads} I/O threads read files ahead of the decoders. Pack once "
             f"into Linux-native storage (e.g. ~/data) and train from there.")

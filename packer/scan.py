@@ -10,6 +10,9 @@ Names are kept exactly as the directory listing gives them; only the extension t
 case. Sibling names that differ only in case (``x.JPEG`` and ``x.jpeg``, class folders ``Dog``
 and ``dog``) are all kept and reported, since they would collide on a case-insensitive
 filesystem such as a Windows drive.
+
+The listing rule itself is readers/folder.py's, shared with the bench's raw baseline; this module
+adds the checks (split folders, empty trees), listing class folders in parallel, and the labels.
 """
 
 from __future__ import annotations
@@ -21,9 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ..readers.folder import LOOP_NOTE, case_clashes, class_folders, walk_class
 from ..readers.manifest import IMG_EXTENSIONS
-
 from ..readers.system import mount_of
+
+__all__ = ["scan", "find_classes", "Listing", "ScanError", "IMG_EXTENSIONS", "LOOP_NOTE", "SPLIT_NAMES",
+           "LIST_THREADS"]
 
 LIST_THREADS = 64  # folders listed at once on a high-latency mount: listing is latency, not CPU
 SPLIT_NAMES = ("train", "val", "valid", "validation", "test")
@@ -61,8 +67,7 @@ def find_classes(root: str | os.PathLike, splits_ok: bool = False) -> tuple[list
     root = Path(root)
     if not root.is_dir():
         raise ScanError(f"{root}: not a directory")
-    with os.scandir(root) as it:
-        classes = sorted(e.name for e in it if e.is_dir() and not e.name.startswith("."))
+    classes = class_folders(root)
     if not classes:
         raise ScanError(f"{root}: no class folders found (expected {root}/<class>/<image>)")
     if not splits_ok and all(c.lower() in SPLIT_NAMES for c in classes):
@@ -74,29 +79,31 @@ def find_classes(root: str | os.PathLike, splits_ok: bool = False) -> tuple[list
     return classes, {c: i for i, c in enumerate(classes)}
 
 
-def scan(root: str | os.PathLike, splits_ok: bool = False, threads: int | None = None) -> Listing:
+def scan(root: str | os.PathLike, splits_ok: bool = False, threads: int | None = None,
+         mounts=None) -> Listing:
     """List the samples of the ImageFolder tree ``root`` in ImageFolder's order.
 
     Only directory entries are read (no file is opened). ``threads`` class folders are listed at
     once; None picks LIST_THREADS when root is on a high-latency mount (9P, NFS, SMB, FUSE: see
     readers/system.py), where each folder costs round trips, else 1. The result does not depend on it.
+    ``mounts``: the run's mounts.MountTable (else the mount table is read here).
     Raises ScanError as find_classes does (``splits_ok`` passed on), and when no image file is
     found at all.
     """
     root = Path(root)
     classes, class_to_idx = find_classes(root, splits_ok)
     if threads is None:
-        mount = mount_of(root)
+        mount = mounts.of(root) if mounts is not None else mount_of(root)
         threads = LIST_THREADS if mount is not None and mount.slow else 1
     if threads > 1 and len(classes) > 1:
         with ThreadPoolExecutor(min(threads, len(classes)), thread_name_prefix="shardpack-scan") as ex:
-            per_class = list(ex.map(lambda c: _walk_class(root, c), classes))
+            per_class = list(ex.map(lambda c: walk_class(root, c), classes))
     else:
-        per_class = [_walk_class(root, c) for c in classes]
+        per_class = [walk_class(root, c) for c in classes]
     paths: list[str] = []
     labels: list[int] = []
     ignored: list[str] = []
-    clashes = _case_clashes("", classes)
+    clashes = case_clashes("", classes)
     for cls, (images, others, class_clashes) in zip(classes, per_class):
         paths += images
         labels += [class_to_idx[cls]] * len(images)
@@ -105,46 +112,3 @@ def scan(root: str | os.PathLike, splits_ok: bool = False, threads: int | None =
     if not paths:
         raise ScanError(f"{root}: no image files ({', '.join(IMG_EXTENSIONS)}) in its class folders")
     return Listing(root, classes, class_to_idx, paths, np.asarray(labels, np.int64), ignored, clashes)
-
-
-LOOP_NOTE = "/ (symlink loop, not followed)"  # suffix of a loop's entry in Listing.ignored
-
-
-def _walk_class(root: Path, cls: str) -> tuple[list[str], list[str], list[tuple[str, ...]]]:
-    """(image paths, other files, case clashes) under root/cls, relative to root, sorted."""
-    walked = []
-    top = os.path.join(root, cls)
-    seen = {os.path.realpath(top)}
-    loops = []
-    for dirpath, dirnames, filenames in os.walk(top, followlinks=True):
-        keep = []
-        for d in dirnames:
-            if d.startswith("."):
-                continue  # hidden folders
-            # A linked folder seen before, or one holding this class folder (a link to an
-            # ancestor), would be walked again and again: follow each real folder once.
-            real = os.path.realpath(os.path.join(dirpath, d))
-            if real in seen or os.path.join(os.path.realpath(top), "").startswith(os.path.join(real, "")):
-                loops.append(os.path.join(os.path.relpath(dirpath, root), d) + LOOP_NOTE)
-                continue
-            seen.add(real)
-            keep.append(d)
-        dirnames[:] = keep
-        walked.append((dirpath, dirnames[:], filenames))
-    images, others, clashes = [], list(loops), []
-    for dirpath, dirnames, filenames in sorted(walked):
-        rel_dir = os.path.relpath(dirpath, root)
-        names = sorted(n for n in filenames if not n.startswith("."))
-        for name in names:
-            rel = os.path.join(rel_dir, name)
-            (images if name.lower().endswith(IMG_EXTENSIONS) else others).append(rel)
-        clashes += _case_clashes(rel_dir, names + dirnames)
-    return images, others, clashes
-
-
-def _case_clashes(parent: str, names: list[str]) -> list[tuple[str, ...]]:
-    """Groups (sorted tuples of paths ``parent/name``) of sibling ``names`` equal but for case."""
-    groups: dict[str, list[str]] = {}
-    for name in names:
-        groups.setdefault(name.casefold(), []).append(os.path.join(parent, name))
-    return [tuple(sorted(g)) for g in groups.values() if len(g) > 1]

@@ -1,5 +1,7 @@
-"""How big an output will be, stated before packing: per sample, for the run, and extrapolated
-to ImageNet-1k's training set (1,281,167 images), so the resize modes can be compared.
+"""How big an output will be, stated before packing (and checked against the free space).
+
+Per sample, for the run, and extrapolated to ImageNet-1k's training set (1,281,167 images), so
+the resize modes can be compared.
 
 Fixed-shape modes are exact (N*N*3 bytes a sample). For the variable-shape modes the sizes of
 up to ``HEADERS`` files spread evenly over the listing are read from their headers (Pillow opens
@@ -68,3 +70,10 @@ def estimate_size(listing: Listing, recipe: Recipe, headers: int = HEADERS) -> S
         sizes.append(oh * ow * c)
     mean = float(np.mean(sizes)) if sizes else float(recipe.max_sample_bytes())
     return SizeEstimate(mean, n, len(sizes))
+
+
+def output_bytes(listing: Listing, recipe: Recipe, estimate: SizeEstimate | None = None) -> int:
+    """Bytes of OUT for ``listing``, for the free-space check; ``estimate``: estimate_size's
+    result when already taken (it may open HEADERS files)."""
+    per_sample = (estimate or estimate_size(listing, recipe)).sample_bytes
+    return int(len(listing) * (per_sample + 4096))  # overhead: tar headers, LMDB pages, index columns

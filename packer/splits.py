@@ -1,5 +1,7 @@
-"""Whole-dataset layouts on top of run.pack: split folders, flat folders with a labels file, the
-plan printed before packing, and the splits root (OUT/<split>/ plus a top-level manifest).
+"""Whole-dataset layouts on top of run.pack: the plan of splits, labels and classes, and its run.
+
+Split folders, flat folders with a labels file, the plan printed before packing, and the splits
+root (OUT/<split>/ plus a top-level manifest).
 
 A SRC whose sub-directories are all split names (scan.SPLIT_NAMES: train, val, valid, validation,
 test; any case) is packed split by split, each into a complete dataset ``OUT/<split>/`` with its own
@@ -15,22 +17,24 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
-from ..readers.manifest import FORMAT_VERSION, MANIFEST, SKIPPED, SPLITS_KIND, partial_dir, write_json_atomic
-from ..readers.system import usable_cpus
+from ..readers.manifest import MANIFEST, SKIPPED, partial_dir
 
 from .imaging import Recipe
 from .labels import LabelsReport, flat_listing, is_flat, read_classes
-from .run import (IGNORED_KINDS, Options, PackError, Report, _estimate_bytes, _replace, check_out,
-                  default_out, pack)
+from .ledger import split_skipped_json
+from .mounts import MountTable
+from .options import Options, Report, say
+from .run import Setup, pack, prepare
 from .scan import SPLIT_NAMES, Listing, ScanError, find_classes, scan
-from .sizing import estimate_size
+from .sizing import SizeEstimate, estimate_size, output_bytes
+from .staging import Staging, fingerprint
+from .writers.manifest import run_info, splits_manifest
 
 
 @dataclass
@@ -46,16 +50,28 @@ class Part:
 @dataclass
 class Plan:
     """What a run will write: ``parts`` in packing order (train first), the shared class list and
-    where it came from."""
+    where it came from; ``mounts``: the mount table read for the run."""
 
     src: Path
     parts: list[Part]
     classes: list[str]
     classes_from: str
+    mounts: MountTable | None = None
+    _estimates: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def is_splits(self) -> bool:
         return self.parts[0].split is not None
+
+    def estimates(self, recipe: Recipe) -> list[SizeEstimate]:
+        """The size estimate of each part for ``recipe``, taken once (it may open file headers)."""
+        if recipe not in self._estimates:
+            self._estimates[recipe] = [estimate_size(part.listing, recipe) for part in self.parts]
+        return self._estimates[recipe]
+
+    def need_bytes(self, recipe: Recipe) -> int:
+        """Bytes of the whole output, for the free-space check."""
+        return sum(output_bytes(p.listing, recipe, e) for p, e in zip(self.parts, self.estimates(recipe)))
 
 
 def find_splits(src: str | os.PathLike) -> list[str] | None:
@@ -70,15 +86,17 @@ def find_splits(src: str | os.PathLike) -> list[str] | None:
 
 def make_plan(src: str | os.PathLike, *, splits: list[str] | None = None, no_splits: bool = False,
               labels: dict[str | None, str] | None = None, id_map: str | None = None,
-              classes_from: str | None = None) -> Plan:
+              classes_from: str | None = None, mounts: MountTable | None = None) -> Plan:
     """Scan SRC into a Plan (no file is opened but labels files).
 
     ``splits`` picks some of the split folders; ``no_splits`` reads SRC as one ImageFolder even if
     its folders are named like splits. ``labels`` maps a split name (None: SRC itself, or the one
     flat split) to a labels file; a flat split without one uses a file found beside it (see
-    find_labels_file). Raises ScanError (LabelsError) naming the folder, file or class at fault.
+    find_labels_file). ``mounts``: the run's mount table (else read here, once). Raises
+    ScanError (LabelsError) naming the folder, file or class at fault.
     """
     src = Path(src)
+    mounts = mounts or MountTable.read()
     labels = dict(labels or {})
     found = None if no_splits else find_splits(src)
     train = next((s for s in found or [] if s.lower() == "train"), None)
@@ -135,14 +153,14 @@ def make_plan(src: str | os.PathLike, *, splits: list[str] | None = None, no_spl
             if name in labels:
                 raise ScanError(f"--labels {name}=...: {folder} has class folders, which give its "
                                 "labels; --labels is for flat folders")
-            listing = scan(folder, splits_ok=True)
+            listing = scan(folder, splits_ok=True, mounts=mounts)
             if classes is None:
                 classes, origin = listing.classes, ("class folders" if name is None
                                                     else f"{name}/ class folders")
             else:
                 listing = relabel(listing, classes, origin)
         parts.append(Part(name, listing, report))
-    return Plan(src, parts, classes, origin)
+    return Plan(src, parts, classes, origin, mounts)
 
 
 def _pick(src: Path, found: list[str], wanted: list[str] | None) -> list[str]:
@@ -187,9 +205,9 @@ def find_labels_file(src: Path, split: str | None) -> Path | None:
 
 # ---------------------------------------------------------------- the plan, in words
 
-def describe(plan: Plan, out: Path, recipe: Recipe, opts: Options) -> str:
+def plan_text(plan: Plan, out: Path, recipe: Recipe, opts: Options, workers: int) -> str:
     """The plan as printed before decoding: splits, classes, images per split, labels reports,
-    output size estimate, free space, workers."""
+    output size estimate, free space, ``workers``."""
     cls = plan.classes
     shown = ", ".join(cls[:3]) + (f", ..., {cls[-1]}" if len(cls) > 4 else "".join(f", {c}" for c in cls[3:]))
     lines = [f"plan: {plan.src} -> {out}",
@@ -210,13 +228,13 @@ def describe(plan: Plan, out: Path, recipe: Recipe, opts: Options) -> str:
                 if names:
                     lines.append(f"    {len(names)} {what}: {', '.join(names[:10])}"
                                  + (f" and {len(names) - 10} more" if len(names) > 10 else ""))
-    estimates = [estimate_size(part.listing, recipe) for part in plan.parts]  # may open files: once
-    need = sum(_estimate_bytes(part.listing, recipe, e) for part, e in zip(plan.parts, estimates))
     shape = "x".join(map(str, recipe.shape())) + " uint8" if recipe.shape() else "variable-shape uint8"
-    lines.append(f"  output: about {_gb(need)} for {total} images ({opts.fmt}, {shape}, {recipe.resize})")
-    lines.append("  per image: " + estimates[0].describe(recipe))
-    lines.append(f"  free space: {_gb(_free(out))} at {_existing(out)}")
-    lines.append(f"  workers: {max(1, opts.workers or usable_cpus())}")
+    lines.append(f"  output: about {_gb(plan.need_bytes(recipe))} for {total} images ({opts.fmt}, {shape}, "
+                 f"{recipe.resize})")
+    lines.append("  per image: " + plan.estimates(recipe)[0].describe(recipe))
+    free_at = _existing(out)
+    lines.append(f"  free space: {_gb(shutil.disk_usage(free_at).free)} at {free_at}")
+    lines.append(f"  workers: {workers}")
     return "\n".join(lines)
 
 
@@ -236,88 +254,52 @@ def _existing(path: Path) -> Path:
     return path
 
 
-def _free(path: Path) -> int:
-    return shutil.disk_usage(_existing(path)).free
-
-
 # ---------------------------------------------------------------- the run
 
 def pack_plan(plan: Plan, out: str | os.PathLike | None, recipe: Recipe, opts: Options,
-              extra: dict | None = None) -> list[Report]:
+              extra: dict | None = None, setup: Setup | None = None) -> list[Report]:
     """Write ``plan``: one dataset at OUT, or a splits root OUT/<split>/ (see the module docstring).
 
     ``extra`` adds manifest keys (e.g. "settings") to every dataset manifest and the top-level
-    one. Returns one Report per part. Raises PackError as run.pack does (OUT exists without
-    overwrite, an interrupted run without resume, space short, ...), and on ``resume`` when the
-    plan changed since the interrupted run.
+    one; ``setup``: what run.prepare() decided, when the caller already did (``out`` is then
+    ``setup.out``). Returns one Report per part. Raises PackError as run.pack does (OUT exists
+    without overwrite, an interrupted run without resume, space short, ...), and on ``resume``
+    when the plan changed since the interrupted run.
     """
     extra = dict(extra or {})
+    setup = setup or prepare(plan.src, out, recipe, opts, mounts=plan.mounts)
     if not plan.is_splits:
         part = plan.parts[0]
         more = {"labels": part.labels.describe()} if part.labels else {}
-        return [pack(plan.src, out, recipe, opts, listing=part.listing, extra={**extra, **more})]
-    out = (Path(out).expanduser() if out else default_out(plan.src, opts.fmt, recipe.size)).absolute()
-    tmp = partial_dir(out)
-    check_out(plan.src, out, opts)
-    state = {"format": opts.fmt, "recipe": recipe.describe(), "shard_size": opts.shard_size,
-             "splits": {p.split: len(p.listing) for p in plan.parts}, "classes": plan.classes}
-    if tmp.exists():
-        if opts.resume:
-            _check_resume(tmp, state)
-        elif opts.overwrite:
-            shutil.rmtree(tmp)
-        else:
-            raise PackError(f"an interrupted run left {tmp}; pass --resume to continue it "
-                            "or --overwrite to start over")
-    elif opts.resume:
-        raise PackError(f"--resume: no interrupted run to resume at {tmp}")
-    if opts.space_check and not tmp.exists():
-        need = sum(_estimate_bytes(p.listing, recipe) for p in plan.parts)
-        if need > _free(out):
-            raise PackError(f"{_existing(out)}: about {need / 1e9:.2f} GB needed but only "
-                            f"{_free(out) / 1e9:.2f} GB free; free space or pass --no-space-check")
-    tmp.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(tmp / "plan.json", state)
+        return [pack(plan.src, setup.out, recipe, opts, listing=part.listing, extra={**extra, **more},
+                     setup=replace(setup, estimate=lambda: plan.estimates(recipe)[0]))]
+    splits = {p.split: len(p.listing) for p in plan.parts}
+    staging = Staging.open(setup.out, fingerprint(recipe, opts, splits=splits, classes=plan.classes), opts,
+                           need=lambda: plan.need_bytes(recipe), count=sum(splits.values()))
+    notes = [say(note) for note in setup.notes]
     t0 = time.perf_counter()
     reports = []
     for part in plan.parts:
-        d = tmp / part.split
+        d = staging.tmp / part.split
         more = {"split": part.split, **({"labels": part.labels.describe()} if part.labels else {})}
         if (d / MANIFEST).is_file():  # finished before the interruption
             reports.append(_report_of(d))
             continue
         sub = replace(opts, overwrite=False, resume=partial_dir(d).exists(), space_check=False)
-        reports.append(pack(plan.src / part.split, d, recipe, sub, listing=part.listing,
-                            extra={**extra, **more}))
-    top = {"kind": SPLITS_KIND, "format_version": FORMAT_VERSION, "format": opts.fmt,
-           "splits": {p.split: {"path": p.split, "count": r.count, "scanned": r.scanned,
-                                **({"labels": p.labels.describe()} if p.labels else {})}
-                      for p, r in zip(plan.parts, reports)},
-           "classes": plan.classes, "class_to_idx": {c: i for i, c in enumerate(plan.classes)},
-           "classes_from": plan.classes_from, "pixels": recipe.describe(), **extra,
-           "run": {"source_root": str(plan.src.absolute()), "seconds": round(time.perf_counter() - t0, 3),
-                   "host": socket.gethostname(), "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}}
-    (tmp / "plan.json").unlink()
-    write_json_atomic(tmp / MANIFEST, top)  # last: its presence means every split is complete
-    _replace(tmp, out)
+        report = pack(plan.src / part.split, d, recipe, sub, listing=part.listing, extra={**extra, **more},
+                      setup=replace(setup, out=d, named=d, notes=()))
+        report.notes[:0] = notes
+        reports.append(report)
+    run = run_info(plan.src, time.perf_counter() - t0)
+    staging.commit(splits_manifest(opts.fmt, recipe, plan, reports, run, extra))
     for r in reports:
-        r.out = out / r.out.name
+        r.out = setup.out / r.out.name
     return reports
 
 
-def _check_resume(tmp: Path, state: dict) -> None:
-    try:
-        old = json.loads((tmp / "plan.json").read_text())
-    except (OSError, ValueError) as err:
-        raise PackError(f"{tmp}: cannot resume, its state is unreadable ({err}); start over with --overwrite") from None
-    diffs = [k for k in state if old.get(k) != state[k]]
-    if diffs:
-        raise PackError(f"--resume refused: {', '.join(diffs)} changed since the interrupted run in {tmp}")
-
-
 def _report_of(d: Path) -> Report:
+    """The Report of a split finished by an interrupted run, from its manifest and skipped.json."""
     m = json.loads((d / MANIFEST).read_text())
-    rows = json.loads((d / SKIPPED).read_text())
-    return Report(d, m["count"], m["scanned"], [r for r in rows if r["kind"] not in IGNORED_KINDS],
-                  [r["path"] for r in rows if r["kind"] in IGNORED_KINDS], len(m["classes"]),
+    skipped, ignored = split_skipped_json(json.loads((d / SKIPPED).read_text()))
+    return Report(d, m["count"], m["scanned"], skipped, ignored, len(m["classes"]),
                   sum(f.stat().st_size for f in d.rglob("*") if f.is_file()), 0.0, m["run"]["workers"])

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from PIL import Image
 from torch.utils.data import DataLoader
 
-import shardpack.packer.run as run_module
+import shardpack.packer.decode as decode_module
 from conftest import make_tree, noise_image
 from helpers import all_samples, pack_quiet
 from shardpack.packer import Recipe
@@ -195,7 +195,7 @@ def test_loader_batches_variable_shapes_after_a_crop(tree, tmp_path):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_interrupted_variable_run_resumes_to_the_same_bytes(tree, tmp_path, monkeypatch, fmt):
     pack_quiet(tree, tmp_path / "whole", fmt, size=40, resize="shorter-side")
-    real = run_module.decode
+    real = decode_module.decode
     calls = []
 
     def flaky(data, recipe, name):
@@ -204,10 +204,10 @@ def test_interrupted_variable_run_resumes_to_the_same_bytes(tree, tmp_path, monk
             raise KeyboardInterrupt
         return real(data, recipe, name)
 
-    monkeypatch.setattr(run_module, "decode", flaky)
+    monkeypatch.setattr(decode_module, "decode", flaky)
     with pytest.raises(KeyboardInterrupt):
         pack_quiet(tree, tmp_path / "cut", fmt, size=40, resize="shorter-side")
-    monkeypatch.setattr(run_module, "decode", real)
+    monkeypatch.setattr(decode_module, "decode", real)
     pack_quiet(tree, tmp_path / "cut", fmt, size=40, resize="shorter-side", resume=True)
     a, b = ShardDataset(tmp_path / "whole"), ShardDataset(tmp_path / "cut")
     assert b.manifest["run"]["resumed_at"] == 10

@@ -15,7 +15,7 @@ from conftest import ODD_IMAGES, need_shared, noise_image
 from helpers import pack_quiet
 from shardpack.packer.cli import pack_dataset
 from shardpack.packer.imaging import Recipe, decode, to_rgb
-from shardpack.packer.run import PackError
+from shardpack.packer import PackError
 from shardpack.readers import ShardDataset
 from shardpack.readers.manifest import SOURCE_MODES
 from reference import mean_abs_diff, open_rgb, resize_center_crop

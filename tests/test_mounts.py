@@ -11,7 +11,7 @@ from shardpack.readers import system as mounts
 from shardpack.packer.cli import pack_dataset
 from shardpack.readers.system import Mount, find_mount, parse_mountinfo
 from shardpack.packer.prefetch import DEFAULT_THREADS, ReadAhead
-from shardpack.packer.run import PackError
+from shardpack.packer import PackError
 from shardpack.readers import ShardDataset
 from helpers import all_samples, pack_quiet
 
@@ -55,7 +55,7 @@ def test_wsl2_mountinfo_is_parsed_field_by_field():
     assert (d.fstype, d.source) == ("9p", "D:\\")  # the kernel's \134 is a backslash
     assert "aname=drvfs;path=D:\\;uid=1000" in d.options and d.options.startswith("rw,noatime,rw,")
     assert d.slow and d.windows_drive and d.kind == "9P"
-    assert d.describe() == "/mnt/d (9p from D:\\, a Windows drive under WSL)"
+    assert d.in_words() == "/mnt/d (9p from D:\\, a Windows drive under WSL)"
     root = table[0]
     assert (root.fstype, root.source, root.slow, root.windows_drive) == ("ext4", "/dev/sda", False, False)
 

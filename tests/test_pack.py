@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from shardpack.packer.cli import pack_dataset
-from shardpack.packer.run import PackError
+from shardpack.packer import PackError
 from shardpack.readers import ShardDataset
 from shardpack.readers.manifest import sample_key
 from shardpack.packer.scan import scan

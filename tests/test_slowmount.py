@@ -5,7 +5,7 @@ import lmdb
 import numpy as np
 import pytest
 
-from shardpack.packer.run import PackError
+from shardpack.packer import PackError
 from shardpack.readers import ShardDataset
 from conftest import make_tree
 from fusemount import MountUnavailable, is_mounted, slow_mount

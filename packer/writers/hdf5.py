@@ -1,5 +1,7 @@
-"""Writer of the ``hdf5`` format: ``images.h5`` with datasets ``images`` (count, H, W, 3) uint8,
-contiguous, uncompressed, allocated at creation, and ``labels`` int64.
+"""Writer of the ``hdf5`` format: ``images.h5``, the mirror of readers/formats/hdf5.py.
+
+Datasets ``images`` (count, H, W, 3) uint8, contiguous, uncompressed, allocated at creation, and
+``labels`` int64.
 
 Workers fill ``images`` in place through a memmap at its byte offset (h5py never runs in them).
 HDF5 cannot shrink a contiguous dataset, so when files were skipped the kept rows are copied
@@ -87,3 +89,6 @@ class Hdf5Writer(InPlaceWriter):
             f.attrs["shardpack"] = json.dumps(self.options.get("attrs", {}))
         fsync_path(self.path)
         return {"files": {HDF5_FILE: self.path.stat().st_size}}
+
+
+WRITER, VARIABLE_WRITER = Hdf5Writer, RaggedHdf5Writer  # what open_writer builds for format "hdf5"

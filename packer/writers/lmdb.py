@@ -1,7 +1,8 @@
-"""Writer of the ``lmdb`` format: OUT is one LMDB environment; key ``sample_key(i)`` -> the
-raw H*W*3 uint8 bytes (HWC) of sample i, written in order in batched transactions. When samples
-differ in shape each value is instead the sample in .npy format (header with its shape, then the
-bytes), so ``np.load(io.BytesIO(value))`` reads it.
+"""Writer of the ``lmdb`` format: one LMDB environment, the mirror of readers/formats/lmdb.py.
+
+Key ``sample_key(i)`` -> the raw H*W*3 uint8 bytes (HWC) of sample i, written in order in
+batched transactions. When samples differ in shape each value is instead the sample in .npy
+format (header with its shape, then the bytes), so ``np.load(io.BytesIO(value))`` reads it.
 
 The map size is computed from the data (each value needs whole overflow pages) with headroom,
 and grown before any put that could overflow it, so MDB_MAP_FULL cannot happen.
@@ -99,3 +100,6 @@ class LmdbWriter(Writer):
         if self.env is not None:
             self.env.close()
             self.env = None
+
+
+WRITER = VARIABLE_WRITER = LmdbWriter  # what open_writer builds for format "lmdb" (values carry shapes)

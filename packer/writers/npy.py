@@ -70,3 +70,6 @@ def _header(count: int, shape, length: int) -> bytes:
     d = repr({"descr": "|u1", "fortran_order": False, "shape": (count, *shape)}).encode("latin1")
     hlen = length - 10
     return b"\x93NUMPY\x01\x00" + struct.pack("<H", hlen) + d.ljust(hlen - 1) + b"\n"
+
+
+WRITER, VARIABLE_WRITER = NpyWriter, RaggedNpyWriter  # what open_writer builds for format "npy"

@@ -1,7 +1,9 @@
-"""Writer of the ``wds`` format: WebDataset tar shards ``shard-000000.tar``, ... each holding
-``<key>.npy`` (the uint8 HWC array in .npy format) and ``<key>.cls`` (the label as ASCII) per
-sample, in order, so that stock ``webdataset.WebDataset(urls).decode()`` reads them. A new shard
-starts before one would exceed ``shard_size`` bytes. ``wds_offsets.npy`` records (shard, byte
+"""Writer of the ``wds`` format: WebDataset tar shards, the mirror of readers/formats/wds.py.
+
+Shards ``shard-000000.tar``, ... each holding ``<key>.npy`` (the uint8 HWC array in .npy
+format) and ``<key>.cls`` (the label as ASCII) per sample, in order, so that stock
+``webdataset.WebDataset(urls).decode()`` reads them. A new shard starts before one would exceed
+``shard_size`` bytes. ``wds_offsets.npy`` records (shard, byte
 offset of the pixels) per sample for random access. Members carry mtime 0 and no owner, so the
 tars are byte-identical for identical content. Variable shapes need nothing more: each
 member's .npy header carries its sample's shape.
@@ -121,3 +123,6 @@ class WdsWriter(Writer):
 
     def close(self):
         self._close_shard()
+
+
+WRITER = VARIABLE_WRITER = WdsWriter  # what open_writer builds for format "wds" (members carry shapes)
