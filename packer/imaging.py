@@ -118,7 +118,7 @@ class Recipe:
         """The most bytes one sample can take: max_pixels * 3 (N*N*3 in fixed-shape modes)."""
         return self.max_pixels * 3
 
-    def describe(self) -> dict:
+    def as_manifest(self) -> dict:
         d = asdict(self)
         d["background"] = list(self.background)
         d.update(filter="bilinear", antialias=True, reference=REFERENCES[self.resize],

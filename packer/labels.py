@@ -48,7 +48,7 @@ class LabelsReport:
     missing: list[str] = field(default_factory=list)  # listed in the file, not in the folder
     unlisted: list[str] = field(default_factory=list)  # in the folder, not in the file (not packed)
 
-    def describe(self) -> dict:
+    def as_manifest(self) -> dict:
         return {"file": self.file, "format": self.format, "missing": self.missing, "unlisted": self.unlisted}
 
 

@@ -42,7 +42,7 @@ class SizeEstimate:
         """The same mean sample size times ImageNet-1k's 1,281,167 training images."""
         return int(round(self.sample_bytes * IMAGENET_1K_TRAIN))
 
-    def describe(self, recipe: Recipe) -> str:
+    def per_image_text(self, recipe: Recipe) -> str:
         how = "exact" if not self.measured else f"from {self.measured} file headers"
         return (f"{recipe.resize} {recipe.size}: about {self.total_bytes / 1e6:.1f} MB of pixels for "
                 f"{self.files} images ({self.sample_bytes / 1e3:.1f} KB each, {how}); "

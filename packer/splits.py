@@ -231,7 +231,7 @@ def plan_text(plan: Plan, out: Path, recipe: Recipe, opts: Options, workers: int
     shape = "x".join(map(str, recipe.shape())) + " uint8" if recipe.shape() else "variable-shape uint8"
     lines.append(f"  output: about {_gb(plan.need_bytes(recipe))} for {total} images ({opts.fmt}, {shape}, "
                  f"{recipe.resize})")
-    lines.append("  per image: " + plan.estimates(recipe)[0].describe(recipe))
+    lines.append("  per image: " + plan.estimates(recipe)[0].per_image_text(recipe))
     free_at = _existing(out)
     lines.append(f"  free space: {_gb(shutil.disk_usage(free_at).free)} at {free_at}")
     lines.append(f"  workers: {workers}")
@@ -270,7 +270,7 @@ def pack_plan(plan: Plan, out: str | os.PathLike | None, recipe: Recipe, opts: O
     setup = setup or prepare(plan.src, out, recipe, opts, mounts=plan.mounts)
     if not plan.is_splits:
         part = plan.parts[0]
-        more = {"labels": part.labels.describe()} if part.labels else {}
+        more = {"labels": part.labels.as_manifest()} if part.labels else {}
         return [pack(plan.src, setup.out, recipe, opts, listing=part.listing, extra={**extra, **more},
                      setup=replace(setup, estimate=lambda: plan.estimates(recipe)[0]))]
     splits = {p.split: len(p.listing) for p in plan.parts}
@@ -281,7 +281,7 @@ def pack_plan(plan: Plan, out: str | os.PathLike | None, recipe: Recipe, opts: O
     reports = []
     for part in plan.parts:
         d = staging.tmp / part.split
-        more = {"split": part.split, **({"labels": part.labels.describe()} if part.labels else {})}
+        more = {"split": part.split, **({"labels": part.labels.as_manifest()} if part.labels else {})}
         if (d / MANIFEST).is_file():  # finished before the interruption
             reports.append(_report_of(d))
             continue

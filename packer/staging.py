@@ -60,7 +60,7 @@ def check_out(src: str | os.PathLike, out: Path, opts: Options) -> None:
 def fingerprint(recipe: Recipe, opts: Options, **what) -> dict:
     """What a resumed run must share with the interrupted one: format, pixel recipe, shard size,
     and ``what`` is packed (see listing_what; a splits root: its split sizes and classes)."""
-    return {"format": opts.fmt, "recipe": recipe.describe(), "shard_size": opts.shard_size, **what}
+    return {"format": opts.fmt, "recipe": recipe.as_manifest(), "shard_size": opts.shard_size, **what}
 
 
 def listing_what(listing: Listing) -> dict:

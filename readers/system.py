@@ -100,9 +100,6 @@ class Mount:
         what = ", a Windows drive under WSL" if self.windows_drive else ""
         return f"{self.mount_point} ({self.fstype} from {self.source}{what})"
 
-    # The old name, kept only until packer/mounts.py, packer/run.py and tests/test_mounts.py call
-    # in_words(); then delete it.
-    describe = in_words
 
 
 def _unescape(field: str) -> str:

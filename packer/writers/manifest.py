@@ -50,7 +50,7 @@ def dataset_manifest(fmt: str, recipe, listing, count: int, skipped: int, writte
         "format_version": FORMAT_VERSION, "format": fmt, "count": int(count),
         "shape": list(shape) if shape else None, "dtype": "uint8", "layout": "HWC",
         "classes": listing.classes, "class_to_idx": listing.class_to_idx,
-        "pixels": {**recipe.describe(), "versions": library_versions()},
+        "pixels": {**recipe.as_manifest(), "versions": library_versions()},
         "checksum": "xxh3_64 of each sample's HWC uint8 bytes (index/checksums.npy)",
         "source_modes": list(SOURCE_MODES), "scanned": len(listing), "skipped": skipped,
         "not_images": len(listing.ignored), **{k: v for k, v in written.items() if k != "files"},
@@ -64,12 +64,12 @@ def dataset_manifest(fmt: str, recipe, listing, count: int, skipped: int, writte
 def splits_manifest(fmt: str, recipe, plan, reports, run: dict, extra: dict | None = None) -> dict:
     """The top-level manifest of a splits root: each split's folder and counts, the shared class
     list, the pixel recipe, ``extra`` keys and how the run went."""
-    labels = {p.split: {"labels": p.labels.describe()} if p.labels else {} for p in plan.parts}
+    labels = {p.split: {"labels": p.labels.as_manifest()} if p.labels else {} for p in plan.parts}
     return {"kind": SPLITS_KIND, "format_version": FORMAT_VERSION, "format": fmt,
             "splits": {p.split: {"path": p.split, "count": r.count, "scanned": r.scanned, **labels[p.split]}
                        for p, r in zip(plan.parts, reports)},
             "classes": plan.classes, "class_to_idx": {c: i for i, c in enumerate(plan.classes)},
-            "classes_from": plan.classes_from, "pixels": recipe.describe(), **(extra or {}),
+            "classes_from": plan.classes_from, "pixels": recipe.as_manifest(), **(extra or {}),
             "run": run}
 
 
