@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
 import click
 
-from ..readers.manifest import FORMATS
+from ..readers.manifest import FORMATS, partial_dir
 
 from .config import effective_settings, load_config
 from .imaging import DECODERS, RESIZE_MODES, Recipe
-from .options import Options, PackError
+from .options import AlreadyComplete, Options, PackError, os_error_text, stop_on_sigterm, stopped_text
 from .prefetch import DEFAULT_THREADS
 from .run import prepare
 from .scan import ScanError
@@ -108,8 +109,10 @@ def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_siz
              allow_unsafe_output=False):
     """Shared body of ``pack-dataset`` and ``shardpack pack``: decide (refusing a bad OUT before
     the possibly long listing), scan, print the plan (with the output size estimate), pack, print
-    the summary. What is decided here is handed down, never decided again."""
+    the summary. What is decided here is handed down, never decided again. Exits 0 (also for
+    --resume on a complete OUT), 1 on errors (one line), 130 on Ctrl-C, 143 on SIGTERM."""
     settings = effective_settings(click.get_current_context())
+    setup, on_term = None, stop_on_sigterm()
     try:
         recipe = Recipe(size=size, resize=resize, background=background, draft=draft,
                         allow_truncated=allow_truncated, decoder=decoder, max_pixels=max_pixels)
@@ -127,13 +130,23 @@ def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_siz
             raise PackError(f"--strict: the labels of {unmatched[0].split or src} do not match its "
                             "files (see the plan above); no output written")
         reports = pack_plan(plan, out, recipe, opts, extra={"settings": settings}, setup=setup)
+    except AlreadyComplete as err:
+        click.echo(str(err))
+        return []
     except (ScanError, PackError, ValueError, ImportError) as err:
         raise click.ClickException(str(err)) from None
-    except KeyboardInterrupt:
-        click.echo("\ninterrupted; once packing had started its progress is saved: rerun the same command "
-                   "with --resume to continue",
-                   err=True)
-        sys.exit(130)
+    except OSError as err:  # one not foreseen where it happened: still one line, the path and the reason
+        raise click.ClickException(os_error_text(err)) from None
+    except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM (Stopped): 130 or 143
+        signum = getattr(err, "signum", signal.SIGINT)
+        saved = setup is not None and setup.lock is not None and partial_dir(setup.out).exists()
+        click.echo("\n" + stopped_text(signum, saved), err=True)
+        sys.exit(128 + signum)
+    finally:
+        if setup is not None:
+            setup.release()
+        if on_term is not None:
+            stop_on_sigterm(on_term)
     for report in reports:
         click.echo(summary(report))
     return reports

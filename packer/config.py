@@ -40,30 +40,80 @@ def option_keys(command: click.Command) -> dict[str, click.Parameter]:
 def load_config(ctx: click.Context, param, value):
     """``--config`` callback (eager): read the TOML file and put its values in ctx.default_map.
 
-    Raises click.BadParameter naming the file and key for unreadable TOML, an unknown key or a
-    value the option rejects."""
+    Raises click.BadParameter (a usage error, exit status 2, one line: no usage text) naming the
+    file and key for unreadable TOML, an unknown key, a value of the wrong TOML type (a table for
+    ``size``, a number for ``out``) or a value the option rejects."""
     if value is None:
         return None
     path = Path(value)
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
-        raise click.BadParameter(f"{path}: {err}", ctx, param) from None
+        raise _bad(f"{path}: {err}", param) from None
     keys = option_keys(ctx.command)
     values = {}
     for key, raw in data.items():
         opt = keys.get(key.replace("-", "_"))
         if opt is None:
-            raise click.BadParameter(f"{path}: unknown key {key!r}; keys are the long option names: "
-                                     f"{', '.join(sorted(k.replace('_', '-') for k in keys))}", ctx, param)
+            raise _bad(f"{path}: unknown key {key!r}; keys are the long option names: "
+                       f"{', '.join(sorted(k.replace('_', '-') for k in keys))}", param)
+        wrong = _wrong_type(opt, raw)
+        if wrong:
+            raise _bad(f"{path}: {key} = {_shown(raw)}: {wrong}", param)
         v = _normalise(opt, raw)
         try:
             opt.type_cast_value(ctx, v)
         except click.BadParameter as err:
-            raise click.BadParameter(f"{path}: {key} = {raw!r}: {err.message}", ctx, param) from None
+            raise _bad(f"{path}: {key} = {_shown(raw)}: {err.message}", param) from None
+        except (TypeError, ValueError) as err:  # a type the option's converter does not take
+            raise _bad(f"{path}: {key} = {_shown(raw)}: {err}", param) from None
         values[opt.name] = v
     ctx.default_map = {**(ctx.default_map or {}), **values}
     return str(path)
+
+
+class ConfigError(click.BadParameter):
+    """A bad ``--config`` file: a usage error (exit status 2) shown as one line, ``Error:
+    Invalid value for '--config': FILE: key = value: why``, without click's usage text."""
+
+    def show(self, file=None) -> None:
+        click.echo(f"Error: {self.format_message()}", file=file, err=file is None)
+
+
+def _bad(message: str, param) -> ConfigError:
+    return ConfigError(" ".join(message.split()), None, param)
+
+
+def _shown(raw) -> str:
+    text = repr(raw)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _kind(raw) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a decimal number", str: "a string", list: "an array",
+            dict: "a table"}.get(type(raw), type(raw).__name__)
+
+
+def _wrong_type(opt: click.Option, raw) -> str | None:
+    """Why the TOML value ``raw`` cannot be what ``opt`` takes, or None: flags take booleans,
+    numbers numbers (or strings click converts; not booleans), ``labels`` a string, an array
+    of strings or a table, ``background`` and ``splits`` a string or an array, everything else
+    a string."""
+    if opt.is_flag:
+        ok, want = isinstance(raw, bool), "true or false"
+    elif opt.multiple:
+        items = list(raw.values()) if isinstance(raw, dict) else raw if isinstance(raw, list) else [raw]
+        ok, want = all(isinstance(v, str) for v in items), "a string, an array of strings or a table of strings"
+    elif isinstance(opt.type, (click.types.IntParamType, click.types.FloatParamType)):
+        ok, want = isinstance(raw, (int, float, str)) and not isinstance(raw, bool), "a number"
+        if isinstance(opt.type, click.types.IntParamType) and isinstance(raw, float):
+            ok, want = False, "a whole number"
+    elif isinstance(raw, list):
+        ok, want = opt.name in ("background", "splits") and all(isinstance(v, (str, int)) and not
+                                                                 isinstance(v, bool) for v in raw), "a string"
+    else:
+        ok, want = isinstance(raw, str), "a string"
+    return None if ok else f"expected {want}, not {_kind(raw)}"
 
 
 def _normalise(opt: click.Option, raw):

@@ -36,6 +36,7 @@ from ..readers.manifest import SOURCE_MODES
 from .imaging import DecodeError, Recipe, decode
 from .prefetch import ReadAhead, read_bytes
 from .scan import Listing
+from .writers.base import reserved_memmap
 
 # ---------------------------------------------------------------- worker side
 
@@ -144,9 +145,14 @@ _worker: Decoder | None = None  # a pool process's own Decoder (set by _start_wo
 
 
 def _start_worker(root: str, recipe: Recipe, sink, main_pid: int) -> None:
-    """Set up a pool process: Ctrl-C is the main process's; leave when it is gone."""
+    """Set up a pool process: signals to the whole group (Ctrl-C in a terminal, ``timeout``) are
+    the main process's, which stops the pool at a checkpoint; leave when it is gone."""
     global _worker
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        os.setpgid(0, 0)  # out of the caller's process group; a SIGTERM to this pid still ends it
+    except OSError:
+        pass
     threading.Thread(target=_exit_with, args=(main_pid,), daemon=True).start()
     _worker = Decoder(root, recipe, FileRows(*sink))
 
@@ -204,7 +210,10 @@ class Writes:
             for f in self.pending:
                 f.cancel()
             self.pending.clear()
-            self.pool.submit(self.writer.close).result()
+            try:
+                self.pool.submit(self.writer.close).result()
+            except Exception:  # noqa: BLE001 -- already failing: that first error is the one reported
+                pass
         self.pool.shutdown(wait=True, cancel_futures=True)
         self.pool = None
 
@@ -221,8 +230,7 @@ class Runner:
     def __init__(self, listing: Listing, writer, start: int, workers: int, io_threads: int):
         n = len(listing)
         self.paths, self.writer, self.start, self.n = listing.paths, writer, start, n
-        self.chunk = max(1, min(16, (n - start) // (workers * 8) or 1))
-        self.window = 3 * workers  # tasks in flight
+        self.chunk, self.window = chunking(n - start, workers)
         self.streamed = not writer.in_place
         self.reader = ReadAhead(listing.root, listing.paths, range(start, n), io_threads,
                                 ahead=self.window * self.chunk + 2 * io_threads) if io_threads else None
@@ -291,8 +299,7 @@ class PoolRunner(Runner):
         self.row_shape = recipe.shape() or (recipe.max_sample_bytes(),)  # variable: flat rows, max size
         if self.streamed:
             slots = self.window * self.chunk
-            mm = np.lib.format.open_memmap(run_dir / "ring.bin", mode="w+", dtype=np.uint8,
-                                           shape=(slots, *self.row_shape))
+            mm = reserved_memmap(run_dir / "ring.bin", np.uint8, (slots, *self.row_shape))  # no SIGBUS when full
             sink = (str(run_dir / "ring.bin"), mm.offset, mm.shape)
             self.ring = np.asarray(mm)  # a plain view: memmap slicing is slow
             self.free_rows = deque(range(slots))
@@ -332,6 +339,17 @@ class PoolRunner(Runner):
     def close(self, failed):
         super().close(failed)
         self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def chunking(files: int, workers: int) -> tuple[int, int]:
+    """(files per task, tasks in flight) for ``files`` files and ``workers`` processes."""
+    return max(1, min(16, files // (workers * 8) or 1)), 3 * workers
+
+
+def ring_bytes(files: int, workers: int, recipe: Recipe) -> int:
+    """Bytes of the pool runner's ring buffer (streamed samples, K > 1), for the space check."""
+    chunk, window = chunking(files, workers)
+    return chunk * window * recipe.max_sample_bytes()
 
 
 def open_runner(listing: Listing, recipe: Recipe, writer, start: int, workers: int, io_threads: int,

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from .decode import Decoded, Skipped
+from .writers.base import reserved_memmap
 from .options import StrictError
 from .scan import LOOP_NOTE
 
@@ -38,8 +39,9 @@ class Ledger:
 
         def column(name, dtype, shape):
             p = run_dir / f"{name}.npy"
-            mode = "r+" if p.exists() else "w+"
-            return np.lib.format.open_memmap(p, mode=mode, dtype=dtype, shape=shape)
+            if p.exists():
+                return np.lib.format.open_memmap(p, mode="r+", dtype=dtype, shape=shape)
+            return reserved_memmap(p, dtype, shape)
 
         self.status = column("status", np.uint8, (n,))
         self.checksum = column("checksum", np.uint64, (n,))

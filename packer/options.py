@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import re
+import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +17,80 @@ class PackError(RuntimeError):
 
 class StrictError(PackError):
     """--strict met a file it would have skipped."""
+
+
+class OutputBusy(PackError):
+    """Another process holds OUT's lock (lock.py); ``holder``: what it wrote there (pid, host)."""
+
+    def __init__(self, message: str, holder: dict | None = None):
+        super().__init__(message)
+        self.holder = holder or {}
+
+
+class AlreadyComplete(PackError):
+    """``--resume`` on an OUT that is complete and was made the same way: nothing to do (the
+    command line exits 0, so a requeued job can rerun its command as it is)."""
+
+
+class Stopped(KeyboardInterrupt):
+    """The run was stopped by signal ``signum`` (SIGINT: Ctrl-C; SIGTERM: docker stop, timeout,
+    SLURM preemption) at a checkpoint that --resume continues from. A KeyboardInterrupt, so
+    whatever handles Ctrl-C handles both; the command line exits 128 + signum (130, 143)."""
+
+    def __init__(self, signum: int = signal.SIGINT):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = int(signum)
+
+
+def stop_on_sigterm(previous=None):
+    """Make SIGTERM (docker stop, timeout, SLURM preemption) raise Stopped in the main thread,
+    as Ctrl-C raises KeyboardInterrupt (the decode stage takes both at its next checkpoint);
+    returns the handler it replaced. ``previous``: put that handler back instead. Off the main
+    thread nothing can be installed: returns None."""
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, previous if previous is not None else _raise_stopped)
+
+
+def _raise_stopped(signum, _frame):
+    raise Stopped(signum)
+
+
+def stopped_text(signum: int, saved: bool) -> str:
+    """What the command line says when a signal stopped the run (``saved``: a partial
+    directory holds its progress)."""
+    what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+    if saved:
+        return f"{what}; the progress is saved: rerun the same command with --resume to continue"
+    return f"{what} before anything was written: rerun the same command"
+
+
+DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}  # EIO: how LMDB reports a short write
+
+
+def errno_of(err: BaseException) -> int | None:
+    """The errno of an OS error, also where a library only put it in the text (h5py:
+    ``errno = 28``; LMDB: ``mdb_txn_commit: No space left on device``)."""
+    if getattr(err, "errno", None):
+        return err.errno
+    text = str(err)
+    found = re.search(r"errno\s*=\s*(\d+)", text)
+    if found:
+        return int(found.group(1))
+    for code in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EACCES, errno.EFBIG,
+                 errno.ENOMEM, errno.ENOENT):
+        if text.endswith(os.strerror(code)) or f": {os.strerror(code)}" in text:
+            return code
+    return None
+
+
+def os_error_text(err: BaseException) -> str:
+    """One line for an OS error: the path it names (both for a rename), then the reason."""
+    reason = getattr(err, "strerror", None) or str(err)
+    paths = [p for p in (getattr(err, "filename", None), getattr(err, "filename2", None)) if p]
+    text = f"{' -> '.join(map(os.fsdecode, paths))}: {reason}" if paths else reason
+    return " ".join(text.split())
 
 
 @dataclass(frozen=True)

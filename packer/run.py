@@ -14,9 +14,11 @@ the run wait for the disk (2-3 % slower at one process, measured).
 from __future__ import annotations
 
 import errno
+import os
 import signal
 import threading
 import time
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -24,15 +26,18 @@ from typing import Callable
 from ..readers.manifest import FORMATS, SKIPPED, write_json_atomic
 from ..readers.system import usable_cpus
 
-from .decode import Decoded, keep_freed_memory, open_runner, start_forkserver
+from .decode import Decoded, keep_freed_memory, open_runner, ring_bytes, start_forkserver
 from .imaging import Recipe
 from .ledger import Ledger, skipped_json
+from .lock import OutputLock
 from .mounts import MountTable, UnsafeOutput, check_output, source_note
-from .options import Options, PackError, Report, StrictError, default_out, say
+from .options import (DISK_FULL, Options, PackError, Report, Stopped, StrictError, default_out, errno_of,
+                      say)
 from .prefetch import DEFAULT_THREADS
 from .scan import Listing, scan
-from .sizing import SizeEstimate, output_bytes
-from .staging import Staging, check_out, fingerprint, listing_what
+from .sizing import SizeEstimate, estimate_size, output_bytes
+from .staging import (COMPACTING, Staging, check_complete, check_existing, check_out, check_place, fingerprint,
+                      listing_what, source_identity)
 from .writers import open_writer
 from .writers.manifest import dataset_manifest, run_info, write_index
 
@@ -43,10 +48,12 @@ __all__ = ["pack", "prepare", "Setup", "Decoding", "Options", "Report", "PackErr
 @dataclass(frozen=True)
 class Setup:
     """What a run decided before writing anything (prepare()); the CLI and splits.pack_plan hand
-    it down, so nothing is decided twice. ``out``: OUT, absolute (``named``: as the user named
-    it, for messages); ``workers``: decode processes; ``mounts``: the mount table, read once;
-    ``notes``: to say when packing starts; ``estimate``: gives the listing's size estimate when
-    one was already taken (the plan printed), else None."""
+    it down, so nothing is decided twice. ``out``: OUT, absolute (a symlink's target: the run
+    writes there and the link stays; ``named``: as the user named it, for messages);
+    ``workers``: decode processes; ``mounts``: the mount table, read once; ``notes``: to say
+    when packing starts; ``estimate``: gives the listing's size estimate when one was already
+    taken (the plan printed), else None; ``lock``: OUT's lock (lock.py), held from prepare() to
+    release() by whoever called prepare() (None for a dry run)."""
 
     out: Path
     named: Path
@@ -54,79 +61,172 @@ class Setup:
     mounts: MountTable
     notes: tuple[str, ...] = ()
     estimate: Callable[[], SizeEstimate] | None = None
+    lock: OutputLock | None = None
+
+    def release(self) -> None:
+        """Let go of OUT's lock (the run is over, whichever way)."""
+        if self.lock is not None:
+            self.lock.release()
 
 
 def prepare(src: str | Path, out: str | Path | None, recipe: Recipe, opts: Options, *,
             dry_run: bool = False, mounts: MountTable | None = None) -> Setup:
-    """Stage 1: decide everything once, write nothing. Reads the mount table (unless given);
-    refuses (PackError) an unknown format and OUT on a high-latency mount (unless
-    ``allow_unsafe_output``), and, unless ``dry_run``, an OUT that check_out refuses; starts the
-    forkserver for K > 1 (not for a dry run), so it boots while SRC is listed."""
+    """Stage 1: decide everything once, write nothing but the lock. Reads the mount table
+    (unless given); refuses (PackError) an unknown format and OUT on a high-latency mount
+    (unless ``allow_unsafe_output``). Unless ``dry_run``: refuses an OUT that is or holds SRC,
+    lies in it or under a file; takes OUT's lock (OutputBusy naming the run that holds it),
+    before the scan, so a slow SRC does not delay the refusal; then, under the lock, answers
+    ``--resume`` on a complete OUT (AlreadyComplete) and refuses an existing OUT as check_out
+    does; starts the forkserver for K > 1, so it boots while SRC is listed. The caller
+    releases the lock: ``setup.release()``."""
     if opts.fmt not in FORMATS:
         raise PackError(f"unknown format {opts.fmt!r}; choose one of {', '.join(FORMATS)}")
     named = Path(out).expanduser() if out else default_out(src, opts.fmt, recipe.size)
+    target, notes = named.absolute(), ()
+    if named.is_symlink():  # write where the link points (the data stays on that filesystem)
+        target = Path(os.path.realpath(named))
+        notes = (f"{named} is a symlink: writing its target {target} (the link stays)",)
     mounts = mounts or MountTable.read()
-    out_mount, notes = mounts.of(named), ()
+    out_mount = mounts.of(target)
     if not opts.allow_unsafe_output:
         try:
             check_output(named, out_mount)
         except UnsafeOutput as err:
             raise PackError(str(err)) from None
     elif out_mount is not None and out_mount.slow:
-        notes = (f"--allow-unsafe-output: writing {named.absolute()} on {out_mount.in_words()}",)
+        notes += (f"--allow-unsafe-output: writing {target} on {out_mount.in_words()}",)
+    lock = None
     if not dry_run:
-        check_out(src, named.absolute(), opts)
+        check_place(src, target)
+        lock = OutputLock.take(target)
+        try:
+            check_complete(src, target, recipe, opts)
+            check_existing(target, opts)
+        except BaseException:
+            lock.release()
+            raise
     workers = max(1, opts.workers or usable_cpus())
     if not dry_run:
         start_forkserver(workers)
-    return Setup(named.absolute(), named, workers, mounts, notes)
+    return Setup(target, named, workers, mounts, notes, lock=lock)
 
 
 def pack(src: str | Path, out: str | Path | None, recipe: Recipe, opts: Options,
          listing: Listing | None = None, extra: dict | None = None, *, setup: Setup | None = None) -> Report:
     """Pack the ImageFolder tree ``src`` into ``out`` (see the README for the layout).
 
-    Returns a Report. Raises ScanError for an unusable SRC and PackError when OUT exists (without
-    ``overwrite``), an interrupted run exists (without ``resume``), space is short, ``strict`` meets
-    a skipped file, the source vanishes (``max_io_errors`` consecutive I/O errors) or nothing is
-    usable. OUT only ever appears complete: everything is written to a hidden partial directory
-    that is renamed into place last. ``listing`` replaces the scan of ``src`` (packer.splits
-    builds it); ``extra`` adds top-level manifest keys (e.g. "split", "settings"); ``setup``:
-    what prepare() decided, when the caller already did (``out`` is then ``setup.out``).
+    Returns a Report. Raises ScanError for an unusable SRC and PackError when another run is
+    writing OUT (OutputBusy), OUT exists (without ``overwrite``), an interrupted run exists
+    (without ``resume``), ``resume`` finds OUT complete (AlreadyComplete) or another source,
+    space is short, a write fails (disk full: resumable), ``strict`` meets a skipped file, the
+    source vanishes (``max_io_errors`` consecutive I/O errors) or nothing is usable; Stopped
+    (a KeyboardInterrupt) on SIGINT/SIGTERM, at a checkpoint. OUT only ever appears complete:
+    everything is written to a hidden partial directory that is renamed into place last.
+    ``listing`` replaces the scan of ``src`` (packer.splits builds it); ``extra`` adds top-level
+    manifest keys (e.g. "split", "settings"); ``setup``: what prepare() decided, when the caller
+    already did (``out`` is then ``setup.out``, and the caller releases its lock).
     """
     t0 = time.perf_counter()
-    # 1. prepare: decide everything once, write nothing
-    setup = setup or prepare(src, out, recipe, opts)
+    own = setup is None
+    setup = setup or prepare(src, out, recipe, opts)  # 1. prepare: decide once, lock OUT
+    try:
+        return _pack(src, recipe, opts, listing, extra, setup, t0)
+    finally:
+        if own:
+            setup.release()
+
+
+def _pack(src, recipe: Recipe, opts: Options, listing: Listing | None, extra: dict | None, setup: Setup,
+          t0: float) -> Report:
     opts, notes = _read_source(src, opts, setup)
     listing = listing or scan(src, mounts=setup.mounts)
     notes += _case_clash_notes(listing)
     n = len(listing)
+    what = {**listing_what(listing), "source": source_identity(listing.root, [listing])}
+
+    def need() -> int:
+        estimate = setup.estimate() if setup.estimate else estimate_size(listing, recipe)
+        return (output_bytes(listing, recipe, estimate)
+                + scratch_bytes(listing, recipe, opts.fmt, setup.workers, estimate))
     # 2. the partial directory: fresh, resumed, replaced or refused
-    staging = Staging.open(setup.out, fingerprint(recipe, opts, **listing_what(listing)), opts, count=n,
-                           need=lambda: output_bytes(listing, recipe, setup.estimate() if setup.estimate else None))
-    # 3. the writer, continued from the checkpoint
-    writer = _open_writer(staging, listing, recipe, opts)
-    ledger = Ledger(staging.run_dir, n, opts.strict, opts.max_io_errors)
-    # 4. decode all
+    staging = Staging.open(setup.out, fingerprint(recipe, opts, **what), opts, count=n, need=need,
+                           previous=setup.lock.previous if setup.lock else None)
+    notes += [say(note) for note in staging.notes]
+    if setup.lock is not None:
+        setup.lock.writing_begins()
+    start = int(staging.start["done"])
+    writer = decoding = None
     try:
-        Decoding(listing, recipe, opts, writer, ledger, staging, setup.workers).run()
+        # 3. the writer, continued from the checkpoint
+        writer = _open_writer(staging, listing, recipe, opts)
+        ledger = Ledger(staging.run_dir, n, opts.strict, opts.max_io_errors)
+        # 4. decode all
+        decoding = Decoding(listing, recipe, opts, writer, ledger, staging, setup.workers)
+        decoding.run()
+        # 5. finish: squeeze out the skipped, write the index and skipped.json
+        kept, skips, written = _squeeze(staging, listing, writer, ledger)
+        seconds = time.perf_counter() - t0
+        index = write_index(staging.tmp, listing, ledger, kept, variable=recipe.shape() is None)
+        write_json_atomic(staging.tmp / SKIPPED, skipped_json(skips, listing.ignored))
+        # 6. commit: the manifest last, then the rename to OUT
+        run = run_info(listing.root, seconds, setup.workers, start)
+        staging.commit(dataset_manifest(opts.fmt, recipe, listing, len(kept), len(skips), written, index, run, extra))
     except BaseException as err:
-        writer.close()
+        if writer is not None:
+            _quietly(writer.close)  # the error that stopped the run is the one to report
         if isinstance(err, StrictError):
             staging.discard()  # --strict: no OUT, nothing to resume
+        if isinstance(err, OSError):
+            finishing = bool(decoding and decoding.finished)
+            raise PackError(write_failure(err, staging, n, finishing)) from None
         raise
-    # 5. finish: squeeze out the skipped, write the index and skipped.json
-    kept, skips, written = _squeeze(staging, listing, writer, ledger)
-    seconds = time.perf_counter() - t0
-    index = write_index(staging.tmp, listing, ledger, kept, variable=recipe.shape() is None)
-    write_json_atomic(staging.tmp / SKIPPED, skipped_json(skips, listing.ignored))
-    # 6. commit: the manifest last, then the rename to OUT
-    start = int(staging.start["done"])
-    run = run_info(listing.root, seconds, setup.workers, start)
-    staging.commit(dataset_manifest(opts.fmt, recipe, listing, len(kept), len(skips), written, index, run, extra))
     total = sum(f.stat().st_size for f in setup.out.rglob("*") if f.is_file())
     return Report(setup.out, int(len(kept)), n, skips, listing.ignored, len(listing.classes), total,
                   seconds, setup.workers, notes=notes, case_clashes=listing.case_clashes, resumed_at=start)
+
+
+def write_failure(err: OSError, staging: Staging, n: int, finishing: bool = False) -> str:
+    """The one line for an OS error while writing: the path, the reason, how far the run got (its
+    last checkpoint, where --resume continues) and what to do (a full disk, EIO included, as
+    LMDB reports a short write: free space, --resume)."""
+    code, reason = errno_of(err), " ".join((getattr(err, "strerror", None) or str(err)).split())
+    where = os.fsdecode(err.filename) if getattr(err, "filename", None) else staging.tmp
+    when = f"after {staging.done} of {n} files" + (", while finishing the output" if finishing else "")
+    if (staging.tmp / COMPACTING).exists():
+        then = "this step cannot be resumed: start over with --overwrite"
+    else:
+        then = "rerun with --resume (it continues from the last checkpoint)"
+    if code in DISK_FULL:
+        full = "disk full" if code != errno.EIO else "disk full (or failing)"
+        return f"{where}: {full} {when} ({reason}); free space, then {then}"
+    return f"{where}: cannot write {when} ({reason}); fix that, then {then}"
+
+
+def scratch_bytes(listing: Listing, recipe: Recipe, fmt: str, workers: int, estimate: SizeEstimate) -> int:
+    """Bytes a run writes besides its output, for the free-space check: the ledger's columns,
+    skip log and checkpoints, the ring buffer (streamed samples, K > 1), the writer's own state,
+    LMDB's whole pages per value, and for variable-shape HDF5 the data a second time (copied
+    into images.h5 at the end)."""
+    n, fixed = len(listing), recipe.shape() is not None
+    total = n * 26 + (1 << 20)  # status, checksum, size, mode, shape per file; logs, checkpoints
+    if workers > 1 and not (fixed and fmt in ("npy", "hdf5")):
+        total += ring_bytes(n, workers, recipe)
+    total += {"wds": 16 * n}.get(fmt, 0) if fixed else 16 * n
+    if fmt == "lmdb":
+        from .writers.lmdb import PAGE, value_pages
+        total += n * max(0, value_pages(int(estimate.sample_bytes) + (0 if fixed else 128)) * PAGE
+                         - int(estimate.sample_bytes) - 4096)
+    if fmt == "hdf5" and not fixed:
+        total += estimate.total_bytes
+    return int(total)
+
+
+def _quietly(fn, *args) -> None:
+    """fn(*args) on a path that is already failing: its own error must not hide the first."""
+    try:
+        fn(*args)
+    except Exception:  # noqa: BLE001 -- cleanup after a failure; the first error is reported
+        pass
 
 
 def _read_source(src, opts: Options, setup: Setup) -> tuple[Options, list[str]]:
@@ -155,11 +255,13 @@ def _open_writer(staging: Staging, listing: Listing, recipe: Recipe, opts: Optio
     keep_freed_memory()
     try:
         writer = open_writer(opts.fmt, staging.tmp, len(listing), recipe.shape(), listing.labels,
-                             {"shard_size": opts.shard_size, "attrs": {"classes": listing.classes}})
+                             {"shard_size": opts.shard_size, "attrs": {"classes": listing.classes},
+                              "scratch": staging.run_dir})
     except OSError as err:
-        if err.errno == errno.ENOSPC:
-            raise PackError(f"{staging.tmp}: cannot reserve the output's space ({err}); free space at "
-                            f"{staging.out.parent} or choose another -o") from None
+        if errno_of(err) in DISK_FULL and not staging.start["done"]:
+            staging.discard()  # nothing written yet: a plain rerun starts over
+            raise PackError(f"{staging.tmp}: cannot reserve the output's space ({err.strerror or err}); free "
+                            f"space at {staging.out.parent} or choose another -o") from None
         raise
     if staging.start["done"]:
         writer.resume(staging.start.get("writer", {}))
@@ -186,8 +288,9 @@ def _squeeze(staging: Staging, listing: Listing, writer, ledger: Ledger):
 class Decoding:
     """Stage 4: decode files start..n-1 in scan order with ``workers`` processes (decode.py),
     record each in the ledger, hand each sample to the writer, checkpoint every few seconds.
-    Ctrl-C (taken between chunks, never inside a write) and a full disk stop at a checkpoint
-    that --resume continues from; so does a source that vanished (the streak re-read)."""
+    Ctrl-C and SIGTERM (taken between chunks, never inside a write) stop at a checkpoint that
+    --resume continues from (Stopped); so do a killed worker and a source that vanished (the
+    streak re-read); a failed write (a full disk) leaves the last checkpoint (see pack)."""
 
     def __init__(self, listing: Listing, recipe: Recipe, opts: Options, writer, ledger: Ledger,
                  staging: Staging, workers: int):
@@ -195,7 +298,8 @@ class Decoding:
         self.writer, self.ledger, self.staging = writer, ledger, staging
         self.start = self.done = int(staging.start["done"])
         self.written = int(staging.start["written"])
-        self.interrupted = False
+        self.interrupted = 0  # the signal received, taken at the next chunk
+        self.finished = False  # every file decoded and written, the last checkpoint taken
         self.runner = None
 
     def run(self) -> None:
@@ -203,38 +307,45 @@ class Decoding:
         self.runner = runner = open_runner(self.listing, self.recipe, self.writer, self.start, self.workers,
                                            self.opts.io_threads, self.staging.run_dir)
         bar = _progress_bar(n, self.start, self.opts.progress)
-        self.ledger.open_log(self.start)
-        main_thread = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGINT, self._on_ctrl_c) if main_thread else None
+        previous = {}
+        if threading.current_thread() is threading.main_thread():  # SIGTERM as Ctrl-C: stop at a checkpoint
+            previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         self.last_checkpoint = self.last_durable = time.monotonic()
         finished = False
         try:
+            self.ledger.open_log(self.start)
             for results in runner.chunks():
                 self._take(results)
                 bar.update(len(results))
                 self._maybe_checkpoint()
             self._checkpoint(self.done)
-            finished = True
+            finished = self.finished = True
         except KeyboardInterrupt:
-            if not self.ledger.in_streak:
-                self._checkpoint(self.done, durable=True)
-                say(f"stopped after {self.done} of {n} files; the progress is in {self.staging.tmp}")
+            self._stop_at_checkpoint()
             raise
-        except OSError as err:
-            if err.errno == errno.ENOSPC:
-                raise PackError(f"{self.staging.tmp}: disk full after {self.done} of {n} files ({err}); "
-                                "free space, then rerun with --resume (it continues from the last "
-                                "checkpoint)") from None
-            raise
+        except BrokenProcessPool:  # a decode process was killed (a signal to all, the OOM killer)
+            time.sleep(0.2)  # a signal to this process too is handled by now
+            self._stop_at_checkpoint()
+            if self.interrupted:
+                raise Stopped(self.interrupted) from None
+            raise PackError(f"a decode process died (killed, or out of memory?) after {self.done} of {n} "
+                            f"files; rerun with --resume to continue from {self.staging.tmp}") from None
         finally:
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
-            bar.close()
-            self.ledger.close_log()
-            runner.close(failed=not finished)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            cleanup = (lambda fn, *args: fn(*args)) if finished else _quietly
+            cleanup(bar.close)
+            cleanup(self.ledger.close_log)
+            cleanup(runner.close, not finished)
 
-    def _on_ctrl_c(self, *_) -> None:
-        self.interrupted = True
+    def _stop_at_checkpoint(self) -> None:
+        """Stopped (a signal, a dead worker): checkpoint at the last file taken, say where."""
+        if not self.ledger.in_streak:
+            self._checkpoint(self.done, durable=True)
+            say(f"stopped after {self.done} of {len(self.listing)} files; the progress is in {self.staging.tmp}")
+
+    def _on_signal(self, signum, _frame) -> None:
+        self.interrupted = signum
 
     def _take(self, results) -> None:
         """Record one chunk's results in scan order; each sample is stored at the next position."""
@@ -252,7 +363,7 @@ class Decoding:
 
     def _maybe_checkpoint(self) -> None:
         if self.interrupted:
-            raise KeyboardInterrupt
+            raise Stopped(self.interrupted)
         if time.monotonic() - self.last_checkpoint > self.opts.checkpoint_seconds and not self.ledger.in_streak:
             self._checkpoint(self.done, durable=time.monotonic() - self.last_durable > self.opts.durable_seconds)
             self.last_checkpoint = time.monotonic()
@@ -279,6 +390,6 @@ def _settle(writer, durable: bool) -> dict:
 
 
 def _progress_bar(n: int, start: int, enabled: bool):
-    from tqdm import tqdm
-    return tqdm(total=n, initial=start, unit="img", disable=not enabled, smoothing=0.1,
-                dynamic_ncols=True, desc="packing")
+    from ..readers.progress import progress  # tqdm's conventions off a terminal (TQDM_DISABLE, ...)
+    return progress(total=n, initial=start, unit="img", enabled=enabled, smoothing=0.1,
+                    dynamic_ncols=True, desc="packing")

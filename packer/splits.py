@@ -30,10 +30,10 @@ from .labels import LabelsReport, flat_listing, is_flat, read_classes
 from .ledger import split_skipped_json
 from .mounts import MountTable
 from .options import Options, Report, say
-from .run import Setup, pack, prepare
+from .run import Setup, pack, prepare, scratch_bytes
 from .scan import SPLIT_NAMES, Listing, ScanError, find_classes, scan
 from .sizing import SizeEstimate, estimate_size, output_bytes
-from .staging import Staging, fingerprint
+from .staging import Staging, fingerprint, source_identity
 from .writers.manifest import run_info, splits_manifest
 
 
@@ -267,16 +267,33 @@ def pack_plan(plan: Plan, out: str | os.PathLike | None, recipe: Recipe, opts: O
     when the plan changed since the interrupted run.
     """
     extra = dict(extra or {})
-    setup = setup or prepare(plan.src, out, recipe, opts, mounts=plan.mounts)
+    own = setup is None
+    setup = setup or prepare(plan.src, out, recipe, opts, mounts=plan.mounts)  # takes OUT's lock
+    try:
+        return _pack_plan(plan, recipe, opts, extra, setup)
+    finally:
+        if own:
+            setup.release()
+
+
+def _pack_plan(plan: Plan, recipe: Recipe, opts: Options, extra: dict, setup: Setup) -> list[Report]:
     if not plan.is_splits:
         part = plan.parts[0]
         more = {"labels": part.labels.as_manifest()} if part.labels else {}
         return [pack(plan.src, setup.out, recipe, opts, listing=part.listing, extra={**extra, **more},
                      setup=replace(setup, estimate=lambda: plan.estimates(recipe)[0]))]
     splits = {p.split: len(p.listing) for p in plan.parts}
-    staging = Staging.open(setup.out, fingerprint(recipe, opts, splits=splits, classes=plan.classes), opts,
-                           need=lambda: plan.need_bytes(recipe), count=sum(splits.values()))
-    notes = [say(note) for note in setup.notes]
+    source = source_identity(plan.src, [p.listing for p in plan.parts])
+
+    def need() -> int:  # every split's output, and the largest run's own files (one split at a time)
+        return plan.need_bytes(recipe) + max(scratch_bytes(p.listing, recipe, opts.fmt, setup.workers, e)
+                                             for p, e in zip(plan.parts, plan.estimates(recipe)))
+    staging = Staging.open(setup.out, fingerprint(recipe, opts, splits=splits, classes=plan.classes, source=source),
+                           opts, need=need, count=sum(splits.values()),
+                           previous=setup.lock.previous if setup.lock else None)
+    notes = [say(note) for note in (*setup.notes, *staging.notes)]
+    if setup.lock is not None:
+        setup.lock.writing_begins()
     t0 = time.perf_counter()
     reports = []
     for part in plan.parts:

@@ -6,8 +6,11 @@ Opened fresh, resumed, replaced or refused by one rule, checkpointed while packi
 One protocol for a plain dataset (run.pack) and for a splits root (splits.pack_plan, whose
 splits are each such a dataset inside it):
 
-- ``plan.json`` holds the run's *fingerprint* (format, pixel recipe, shard size and what is being
-  packed); ``--resume`` refuses, naming each difference, when the fingerprint changed;
+- every step runs under OUT's lock (lock.py, taken by run.prepare before anything here), so a
+  partial directory found is an interrupted run's, never one being written;
+- ``plan.json`` holds the run's *fingerprint* (format, pixel recipe, shard size, what is being
+  packed and the source's identity: source_identity); ``--resume`` refuses, naming each
+  difference, when the fingerprint changed;
 - ``progress.json`` is the last checkpoint (survives a killed process: the page cache outlives
   it), ``durable.json`` the last fsynced one (survives a crash of the machine); a resume on
   another kernel boot id starts from the durable one;
@@ -26,10 +29,13 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+
 from ..readers.manifest import MANIFEST, partial_dir, write_json_atomic
 
 from .imaging import Recipe
-from .options import Options, PackError
+from .lock import holder_text
+from .options import AlreadyComplete, Options, PackError
 from .scan import Listing
 
 FINGERPRINT = "plan.json"  # the run's fingerprint (the file name predates the word)
@@ -37,11 +43,19 @@ PROGRESS, DURABLE = "progress.json", "durable.json"
 COMPACTING = "compacting.json"  # present while skipped rows are squeezed out
 RUN_DIR = "run"  # per-file state of a dataset run (ledger.py) and the ring (decode.py)
 FRESH = {"done": 0, "written": 0, "writer": {}}  # the checkpoint of a run that has not begun
+SOURCE_SAMPLE = 64  # files per listing whose size and mtime identify the source
 
 
 def check_out(src: str | os.PathLike, out: Path, opts: Options) -> None:
-    """Refuse an OUT that would destroy or pollute SRC, or that exists and is not a shardpack
-    output: ``--overwrite`` replaces earlier outputs only, never other folders or files."""
+    """Refuse an OUT that would destroy or pollute SRC (check_place), or that exists and is not
+    a shardpack output (check_existing): ``--overwrite`` replaces earlier outputs only."""
+    check_place(src, out)
+    check_existing(out, opts)
+
+
+def check_place(src: str | os.PathLike, out: Path) -> None:
+    """Refuse, before anything is written, an OUT that is or holds SRC, lies inside it, or lies
+    under a regular file (``-o somefile/out.npy``)."""
     s, o = Path(src).resolve(), Path(out).resolve()
     if o == s or o in s.parents:
         raise PackError(f"{out} is or contains SRC {src}: writing there would delete the images; "
@@ -49,12 +63,45 @@ def check_out(src: str | os.PathLike, out: Path, opts: Options) -> None:
     if s in o.parents:
         raise PackError(f"{out} is inside SRC {src}: the next scan would take it for a class "
                         "folder; choose an -o outside SRC")
+    above = Path(out).absolute().parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        raise PackError(f"{above} is a file, not a folder, so {out} cannot be made there; choose another -o")
+
+
+def check_existing(out: Path, opts: Options) -> None:
+    """Refuse an existing OUT without --overwrite, and one that is not a shardpack output even
+    with it (run with the lock held, so the answer cannot change under the run)."""
     if out.exists() and not opts.resume:
         if not (out.is_dir() and (out / MANIFEST).is_file()):
             raise PackError(f"{out} exists and is not a shardpack output (no {MANIFEST}); "
                             "refusing to replace it, even with --overwrite")
         if not opts.overwrite:
             raise PackError(f"{out} already exists; pass --overwrite to replace it")
+
+
+def check_complete(src: str | os.PathLike, out: Path, recipe: Recipe, opts: Options) -> None:
+    """``--resume`` where no run was interrupted but OUT is complete: AlreadyComplete when it was
+    made from the same SRC in the same format with the same pixels (nothing to do), else
+    PackError naming the difference."""
+    if not opts.resume or partial_dir(out).exists() or not (out / MANIFEST).is_file():
+        return
+    try:
+        made = json.loads((out / MANIFEST).read_text())
+        was = {"format": made.get("format"), **{k: made.get("pixels", {}).get(k) for k in recipe.as_manifest()},
+               "source": made.get("run", {}).get("source_root")}
+    except (OSError, ValueError, AttributeError) as err:
+        raise PackError(f"--resume: {out} holds no interrupted run and its {MANIFEST} is unreadable "
+                        f"({err})") from None
+    now = {"format": opts.fmt, **recipe.as_manifest(), "source": str(Path(src).absolute())}
+    if was["source"] and Path(was["source"]).resolve() == Path(now["source"]).resolve():
+        was["source"] = now["source"]
+    diffs = [f"{k}: {was[k]!r} -> {v!r}" for k, v in now.items() if was.get(k) != v]
+    if diffs:
+        raise PackError(f"--resume: {out} is complete but was made differently ({'; '.join(diffs)}); "
+                        "nothing to resume: pass --overwrite to pack it again")
+    raise AlreadyComplete(f"{out} is already complete ({made.get('count', '?')} samples); nothing to resume")
 
 
 def fingerprint(recipe: Recipe, opts: Options, **what) -> dict:
@@ -72,9 +119,51 @@ def listing_what(listing: Listing) -> dict:
     return {"files": len(listing), "listing_sha256": h.hexdigest()}
 
 
+def source_identity(root: str | os.PathLike, listings: list[Listing]) -> dict:
+    """What says a resumed run reads the same source: SRC's resolved path and the sizes and
+    modification times of up to SOURCE_SAMPLE files of each listing, spread evenly (those that
+    can be stat'ed), as [listing, file, size, mtime_ns]; device and inode only as a hint (a
+    shared SRC has other numbers on another machine)."""
+    files = []
+    for k, listing in enumerate(listings):
+        n = len(listing)
+        for i in np.unique(np.linspace(0, n - 1, min(n, SOURCE_SAMPLE)).round().astype(int)) if n else ():
+            try:
+                st = os.stat(os.path.join(listing.root, listing.paths[i]))
+            except OSError:  # gone for now (a vanished mount): compared only where both runs saw it
+                continue
+            files.append([k, int(i), st.st_size, st.st_mtime_ns])
+    st = os.stat(root)
+    return {"path": str(Path(root).resolve()), "files": files, "device": st.st_dev, "inode": st.st_ino}
+
+
+def _source_difference(old: dict | None, new: dict) -> tuple[str | None, str | None]:
+    """(refusal, note) for the source identities of an interrupted run and this one: refused
+    when sampled files both runs could see differ, naming both sources; a note when only the
+    path moved."""
+    if not old or "files" not in old:  # a partial directory from before the source was recorded
+        return None, None
+    was = {(k, i): (size, mtime) for k, i, size, mtime in old["files"]}
+    now = {(k, i): (size, mtime) for k, i, size, mtime in new["files"]}
+    both = [key for key in now if key in was]
+    changed = sum(was[key] != now[key] for key in both)
+    if changed:
+        share = f"{changed} of {len(both)} sampled files differ in size or modification time"
+        where = (f"{new['path']}: {share}" if old.get("path") == new["path"] else
+                 f"the interrupted run read {old.get('path')}, this one {new['path']}; {share}")
+        if old.get("device") != new["device"] or old.get("inode") != new["inode"]:
+            where += " (and it is another folder or filesystem)"
+        return f"the source ({where})", None
+    if old.get("path") != new["path"]:
+        return None, (f"--resume: SRC is {new['path']} now, the interrupted run read {old.get('path')}; "
+                      f"its {len(both)} sampled files have the same sizes and modification times, so it is "
+                      "taken as the same source")
+    return None, None
+
+
 def differences(old: dict, new: dict) -> list[str]:
     """Each fingerprint key that changed, in words: the recipe's changed keys with their values,
-    the listing as such, other keys with both values when they are short."""
+    the listing as such, the source naming both, other keys with both values when they are short."""
     diffs = []
     for key, value in new.items():
         if old.get(key) == value:
@@ -85,6 +174,10 @@ def differences(old: dict, new: dict) -> list[str]:
             diffs.append(f"recipe ({', '.join(changed)})")
         elif key == "listing_sha256":
             diffs.append("the source listing (files added, removed or renamed)")
+        elif key == "source":
+            refusal = _source_difference(old.get(key), value)[0]
+            if refusal:
+                diffs.append(refusal)
         else:
             both = f"{old.get(key)!r} -> {value!r}"
             diffs.append(f"{key} ({both})" if len(both) <= 80 else key)
@@ -103,22 +196,30 @@ class Staging:
     """The partial directory ``tmp`` of the output ``out``, open for one run.
 
     ``start``: the checkpoint this run continues from (FRESH unless resumed); ``boot``: the
-    kernel's boot id, read once (None where unknown: then every checkpoint is durable).
+    kernel's boot id, read once (None where unknown: then every checkpoint is durable);
+    ``notes``: what opening it had to say (a source found at another path); ``done``: the files
+    done at the last checkpoint, where a --resume would continue.
     """
 
     def __init__(self, out: Path):
         self.out = Path(out)
         self.tmp = partial_dir(self.out)
         self.start = dict(FRESH)
+        self.done = 0
         self.boot = boot_id()
+        self.notes: list[str] = []
 
     @classmethod
     def open(cls, out: Path, fingerprint: dict, opts: Options, need: Callable[[], int] | None = None,
-             count: int = 0) -> Staging:
+             count: int = 0, previous: dict | None = None) -> Staging:
         """Open the partial directory of ``out`` for a run with ``fingerprint``: fresh, resumed
         (``opts.resume``: refused when the fingerprint changed or compaction was under way),
         replaced (``opts.overwrite``) or refused (an interrupted run, neither flag). A fresh one
-        checks the free space for ``need()`` bytes of ``count`` samples (``opts.space_check``)."""
+        checks the free space for ``need()`` bytes of ``count`` samples (``opts.space_check``).
+
+        The caller holds OUT's lock (lock.py; a split: its root's), so no other process is
+        writing here and a partial directory is an interrupted run's; ``previous``: the record
+        that run left in the lock file (its pid), for the messages."""
         staging = cls(out)
         tmp = staging.tmp
         if tmp.exists():
@@ -127,15 +228,25 @@ class Staging:
             elif opts.overwrite:
                 shutil.rmtree(tmp)
             else:
-                raise PackError(f"an interrupted run left {tmp}; pass --resume to continue it "
+                by = f" ({holder_text(previous)}, no longer running)" if previous and previous.get("pid") else ""
+                raise PackError(f"an interrupted run{by} left {tmp}; pass --resume to continue it "
                                 f"or --overwrite to start over")
         elif opts.resume:
-            done = f"{out} is already complete" if (out / MANIFEST).is_file() else f"no interrupted run at {tmp}"
-            raise PackError(f"--resume: {done}")
+            if (out / MANIFEST).is_file():
+                raise AlreadyComplete(f"{out} is already complete; nothing to resume")
+            raise PackError(f"--resume: no interrupted run at {tmp}")
+        staging.done = int(staging.start["done"])
         if opts.space_check and need is not None and not tmp.exists():
             staging._check_space(need(), count)
-        tmp.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(tmp / FINGERPRINT, fingerprint)
+        fresh = not tmp.exists()
+        try:
+            tmp.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(tmp / FINGERPRINT, fingerprint)
+        except OSError as err:
+            if fresh:  # nothing begun: leave nothing that asks for --resume
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise PackError(f"{tmp}: cannot write ({err.strerror or err}); free space or choose "
+                            "another -o") from None
         return staging
 
     def _resumable(self, fingerprint: dict) -> dict:
@@ -152,6 +263,9 @@ class Staging:
         diffs = differences(old, fingerprint)
         if diffs:
             raise PackError(f"--resume refused: {'; '.join(diffs)} changed since the interrupted run in {tmp}")
+        if "source" in fingerprint:
+            note = _source_difference(old.get("source"), fingerprint["source"])[1]
+            self.notes += [note] if note else []
         return progress
 
     def _last_checkpoint(self) -> dict:
@@ -190,6 +304,7 @@ class Staging:
         write_json_atomic(self.tmp / PROGRESS, record, sync=False)  # durable.json is the fsynced copy
         if durable:
             write_json_atomic(self.tmp / DURABLE, record)
+        self.done = int(record["done"])
 
     def compacting(self, kept: int, scanned: int) -> None:
         """Mark the step that moves finished data (npy in place, HDF5 swap): a kill in between
@@ -209,9 +324,9 @@ class Staging:
             (self.tmp / name).unlink(missing_ok=True)
         write_json_atomic(self.tmp / MANIFEST, manifest)
         old = None
-        if self.out.exists():  # --overwrite: moved aside, deleted once the new one is in place
+        if self.out.exists() or self.out.is_symlink():  # --overwrite: moved aside, deleted once replaced
             old = self.out.with_name(f".{self.out.name}.old-{os.getpid()}")
             self.out.rename(old)
         self.tmp.rename(self.out)
         if old is not None:
-            shutil.rmtree(old) if old.is_dir() else old.unlink()
+            shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()

@@ -16,6 +16,9 @@ class Writer:
     ``tmp``: the run's partial directory (renamed to OUT at the end). ``n``: files scanned.
     ``shape``: (H, W, 3) of every sample, or None when samples differ in shape (then ``write``
     gets each sample's own (H_i, W_i, 3)). ``labels``: int64 (n,) in scan order.
+    ``options["scratch"]``: where the writer keeps its own state while packing (the run
+    directory, removed at commit; default ``tmp``). Nothing there is removed by ``finish``, so
+    a run that fails while finishing (a full disk) can be resumed and finish again.
     """
 
     in_place = False
@@ -23,6 +26,8 @@ class Writer:
     def __init__(self, tmp: Path, n: int, shape, labels: np.ndarray, options: dict):
         self.tmp, self.n, self.labels, self.options = Path(tmp), n, labels, options
         self.shape = tuple(shape) if shape is not None else None
+        self.scratch = Path(options.get("scratch") or tmp)
+        self.scratch.mkdir(parents=True, exist_ok=True)
 
     def sink(self):
         """For in-place writers: (path, byte offset, shape) of the (n, H, W, 3) array workers fill."""
@@ -57,7 +62,8 @@ class Writer:
         raise NotImplementedError
 
     def close(self) -> None:
-        """Release handles (also after a failure)."""
+        """Release handles (also after a failure: then nothing more is written; the resume
+        cuts the data back to the last checkpoint)."""
 
 
 class RaggedWriter(Writer):
@@ -72,9 +78,9 @@ class RaggedWriter(Writer):
 
     def __init__(self, tmp, n, shape, labels, options):
         super().__init__(tmp, n, shape, labels, options)
-        part = self.tmp / "shapes.partial.npy"
-        self.shapes = np.lib.format.open_memmap(part, mode="r+" if part.exists() else "w+",
-                                                dtype=np.int32, shape=(n, 3))
+        part = self.scratch / "shapes.partial.npy"
+        self.shapes = (np.lib.format.open_memmap(part, mode="r+", dtype=np.int32, shape=(n, 3))
+                       if part.exists() else reserved_memmap(part, np.int32, (n, 3)))
         self.count = self.nbytes = 0
         self.file = None
 
@@ -125,8 +131,7 @@ class RaggedWriter(Writer):
         self.file.close()
         self.file = None
         offsets, shapes = self.offsets(), np.array(self.shapes[:self.count])
-        del self.shapes
-        os.remove(self.tmp / "shapes.partial.npy")
+        del self.shapes  # its file stays until the commit: a failed finish is redone from it
         return offsets, shapes
 
     def close(self):
@@ -220,6 +225,15 @@ def reserve(path: Path, offset: int, nbytes: int) -> None:
         raise
     finally:
         os.close(fd)
+
+
+def reserved_memmap(path: Path, dtype, shape) -> np.memmap:
+    """A new .npy file opened as a writable memmap, its blocks allocated now (``reserve``): a
+    store into a sparse memmap on a full disk is SIGBUS, which kills the process unannounced;
+    allocated up front, a full disk is an ENOSPC here, reported and resumable."""
+    mm = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
+    reserve(path, 0, mm.offset + mm.nbytes)
+    return mm
 
 
 def compact_rows(mm: np.ndarray, kept: np.ndarray, chunk_bytes: int = 64 << 20) -> None:

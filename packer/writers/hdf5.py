@@ -16,7 +16,6 @@ A contiguous dataset's size is fixed at creation, so the samples are appended to
 from __future__ import annotations
 
 import json
-import os
 import shutil
 
 import h5py
@@ -45,7 +44,7 @@ class RaggedHdf5Writer(RaggedWriter):
     def __init__(self, tmp, n, shape, labels, options):
         super().__init__(tmp, n, shape, labels, options)
         self.path = self.tmp / HDF5_FILE
-        self.data_path = self.tmp / "images.raw"
+        self.data_path = self.scratch / "images.raw"
         self.data_path.touch()
         self._open_data()
 
@@ -54,8 +53,7 @@ class RaggedHdf5Writer(RaggedWriter):
         offset = _create(self.path, self.nbytes, ())
         with open(self.data_path, "rb") as src, open(self.path, "r+b") as dst:
             dst.seek(offset)
-            shutil.copyfileobj(src, dst, 16 << 20)
-        os.remove(self.data_path)
+            shutil.copyfileobj(src, dst, 16 << 20)  # images.raw stays until the commit (a failed finish is redone)
         with h5py.File(self.path, "r+") as f:
             f.create_dataset("offsets", data=offsets)
             f.create_dataset("shapes", data=shapes)
@@ -85,6 +83,8 @@ class Hdf5Writer(InPlaceWriter):
             del src, dst
             final.replace(self.path)
         with h5py.File(self.path, "r+") as f:
+            if "labels" in f:  # a finish redone after a failure
+                del f["labels"]
             f.create_dataset("labels", data=self.labels[kept])
             f.attrs["shardpack"] = json.dumps(self.options.get("attrs", {}))
         fsync_path(self.path)

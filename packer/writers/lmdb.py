@@ -6,14 +6,22 @@ format (header with its shape, then the bytes), so ``np.load(io.BytesIO(value))`
 
 The map size is computed from the data (each value needs whole overflow pages) with headroom,
 and grown before any put that could overflow it, so MDB_MAP_FULL cannot happen.
+
+LMDB's own errors (``lmdb.Error: mdb_txn_commit: Input/output error``, which is how it reports a
+full disk) leave this writer as OSError with the errno and data.mdb named, like every other
+writer's, so the run reports them in one line and stays resumable.
 """
 
 from __future__ import annotations
+
+import errno
+import functools
 
 import lmdb
 import numpy as np
 
 from ...readers.manifest import sample_key
+from ..options import errno_of
 
 from .base import Writer, drop_cache, npy_header
 
@@ -25,16 +33,30 @@ PAGE = 4096
 TXN_BYTES = 4 << 20
 
 
-def _pages(nbytes: int) -> int:
+def value_pages(nbytes: int) -> int:
+    """Pages one value of ``nbytes`` takes in the data file."""
     return -(-(nbytes + 16) // PAGE) + 1  # overflow pages + share of a leaf/branch page
 
 
 def initial_map_size(n: int, sample_bytes: int) -> int:
     """Bytes to map for n samples: whole overflow pages per value, 5% + 16 MB for the B-tree."""
-    return int(n * _pages(sample_bytes) * PAGE * 1.05) + (16 << 20)
+    return int(n * value_pages(sample_bytes) * PAGE * 1.05) + (16 << 20)
+
+
+def os_errors(method):
+    """Turn lmdb.Error raised by ``method`` into OSError(errno, text, data.mdb)."""
+    @functools.wraps(method)
+    def call(self, *args):
+        try:
+            return method(self, *args)
+        except lmdb.Error as err:
+            code = errno.ENOSPC if isinstance(err, lmdb.DiskError) else errno_of(err)
+            raise OSError(code or errno.EIO, f"LMDB: {err}", str(self.tmp / "data.mdb")) from err
+    return call
 
 
 class LmdbWriter(Writer):
+    @os_errors
     def __init__(self, tmp, n, shape, labels, options):
         super().__init__(tmp, n, shape, labels, options)
         sample = int(np.prod(self.shape)) if self.shape else PAGE  # variable: grown as records come
@@ -48,13 +70,14 @@ class LmdbWriter(Writer):
     def _used(self) -> int:
         return (self.env.info()["last_pgno"] + 1) * PAGE
 
+    @os_errors
     def write(self, index, pixels, label):
         if self.shape:
             value, nbytes = pixels.data, pixels.nbytes
         else:
             value = b"".join((npy_header(pixels.shape), np.ascontiguousarray(pixels).data))
             nbytes = len(value)
-        need = _pages(nbytes) * PAGE
+        need = value_pages(nbytes) * PAGE
         if self.used + self.pending + need + (8 << 20) > self.map_size:
             self._commit()
             self.map_size = int((self.used + need + (8 << 20)) * 1.5)
@@ -68,20 +91,23 @@ class LmdbWriter(Writer):
 
     def _commit(self):
         if self.txn is not None:
-            self.txn.commit()
-            self.txn = None
+            txn, self.txn = self.txn, None  # a failed commit has ended the transaction too
+            txn.commit()
             self.pending = 0
             self.used = self._used()
 
+    @os_errors
     def flush(self):
         self._commit()
 
+    @os_errors
     def sync(self):
         self.env.sync(True)
 
     def release(self, done):
         drop_cache(self.tmp / "data.mdb")  # pages LMDB has mapped (the B-tree's) are kept
 
+    @os_errors
     def finish(self, kept):
         self.flush()
         self.sync()
@@ -93,6 +119,7 @@ class LmdbWriter(Writer):
         # lock.mdb holds no data (readers open without locking): not listed
         return {"files": {"data.mdb": (self.tmp / "data.mdb").stat().st_size}}
 
+    @os_errors
     def close(self):
         if self.txn is not None:
             self.txn.abort()

@@ -18,7 +18,7 @@ import numpy as np
 
 from ...readers.manifest import WDS_OFFSETS, WDS_SHARD, sample_key
 
-from .base import Writer, drop_cache, npy_header, save_synced
+from .base import Writer, drop_cache, npy_header, reserved_memmap, save_synced
 
 DEFAULT_SHARD_SIZE = 1 << 30
 BLOCK, RECORD = tarfile.BLOCKSIZE, tarfile.RECORDSIZE
@@ -39,9 +39,9 @@ class WdsWriter(Writer):
     def __init__(self, tmp, n, shape, labels, options):
         super().__init__(tmp, n, shape, labels, options)
         self.shard_size = int(options.get("shard_size") or DEFAULT_SHARD_SIZE)
-        partial = self.tmp / (WDS_OFFSETS + ".partial")
-        self.offsets = np.lib.format.open_memmap(partial, mode="r+" if partial.exists() else "w+",
-                                                 dtype=np.int64, shape=(n, 2))
+        partial = self.scratch / (WDS_OFFSETS + ".partial")
+        self.offsets = (np.lib.format.open_memmap(partial, mode="r+", dtype=np.int64, shape=(n, 2))
+                        if partial.exists() else reserved_memmap(partial, np.int64, (n, 2)))
         self.header = npy_header(self.shape) if self.shape else None
         self.shard, self.file, self.offset, self.in_shard = -1, None, 0, 0
 
@@ -115,14 +115,17 @@ class WdsWriter(Writer):
         self._close_shard()
         count = len(kept)
         save_synced(self.tmp / WDS_OFFSETS, np.asarray(self.offsets[:count]))
-        del self.offsets
-        os.remove(self.tmp / (WDS_OFFSETS + ".partial"))
+        del self.offsets  # its file stays until the commit: a failed finish is redone from it
         files = {name: (self.tmp / name).stat().st_size for name in sorted(os.listdir(self.tmp))
                  if name.startswith("shard-") or name == WDS_OFFSETS}
         return {"files": files, "shards": self.shard + 1}
 
     def close(self):
-        self._close_shard()
+        """Close the open shard as it is (finish() ends shards properly; after a failure the
+        resume cuts it back to the checkpoint, so nothing more is written)."""
+        if self.file is not None:
+            file, self.file = self.file, None
+            file.close()
 
 
 WRITER = VARIABLE_WRITER = WdsWriter  # what open_writer builds for format "wds" (members carry shapes)

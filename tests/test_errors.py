@@ -1,0 +1,357 @@
+"""Every error of a pack is one line on stderr with the path and the reason, and the exit codes:
+1 errors, 2 usage, 130 Ctrl-C, 143 SIGTERM, 0 for --resume on a complete OUT."""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from conftest import make_tree
+from helpers import pack_quiet
+from test_resume import big_tree, done_fraction, same_content  # noqa: F401 -- big_tree is a fixture
+from shardpack.packer.lock import OutputLock
+from shardpack.packer.scan import scan
+from shardpack.readers import ShardDataset
+from shardpack.readers.manifest import partial_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = "from shardpack.packer.cli import pack_dataset; pack_dataset()"
+
+# seams: the real command line with one write failing the way a full disk makes it fail
+LMDB_EIO = """
+import lmdb
+from shardpack.packer.writers.lmdb import LmdbWriter
+real, calls = LmdbWriter._commit, []
+def commit(self):
+    calls.append(1)
+    if len(calls) >= 2:  # what LMDB says when a page write comes up short on a full disk
+        raise lmdb.Error("mdb_txn_commit: Input/output error")
+    return real(self)
+LmdbWriter._commit = commit
+""" + CLI
+WDS_FULL = """
+import errno
+from shardpack.packer.writers.wds import WdsWriter
+real, calls = WdsWriter._add, []
+def add(self, *args):
+    calls.append(1)
+    if len(calls) > 9:
+        raise OSError(errno.ENOSPC, "No space left on device")
+    return real(self, *args)
+def close(self):  # and again from close(), in a finally, as a buffered file's flush would
+    self.file = None
+    raise OSError(errno.ENOSPC, "No space left on device")
+WdsWriter._add, WdsWriter.close = add, close
+""" + CLI
+HDF5_FULL = """
+from shardpack.packer.writers.hdf5 import Hdf5Writer
+def finish(self, kept):  # h5py's way: an OSError whose errno is only in its text
+    raise OSError("Unable to synchronously create dataset (file write failed: time = Mon, filename = "
+                  "'images.h5', file descriptor = 5, errno = 28, error message = 'No space left on device')")
+Hdf5Writer.finish = finish
+""" + CLI
+
+
+def env():
+    return dict(os.environ, PYTHONPATH=str(ROOT))
+
+
+def run_cli(*args, script=CLI, namespace=None, timeout=120):
+    """The command line in a subprocess; ``namespace``: shell commands run first in a mount
+    namespace of its own (a read-only bind mount, a small tmpfs), then the command."""
+    cmd = [sys.executable, "-c", script, *map(str, args)]
+    if namespace:
+        cmd = ["unshare", "-m", "sh", "-c", f'{namespace} && exec "$0" "$@"', *cmd]
+    return subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def can_mount(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ns")
+    try:
+        ok = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=1m tmpfs {d}"],
+                            capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        ok = False
+    if not ok:
+        pytest.skip("needs a mount namespace (unshare -m, as root) for a real full or read-only filesystem")
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    """40 pictures large enough that a few MB of output cannot fit a 300 KB filesystem."""
+    return make_tree(tmp_path_factory.mktemp("photos") / "src", {"a": 20, "b": 20},
+                     sizes=[(300, 200), (200, 300)])
+
+
+def interrupted(src, out, fmt="npy"):
+    """A run stopped by Ctrl-C after its first files (progress saved, OUT not made)."""
+    script = ("import shardpack.packer.run as run\n"
+              "real = run.Decoding._maybe_checkpoint\n"
+              "def stop(self):\n"
+              "    if self.done >= 4:\n"
+              "        raise KeyboardInterrupt\n"
+              "    return real(self)\n"
+              "run.Decoding._maybe_checkpoint = stop\n" + CLI)
+    r = run_cli(src, "--format", fmt, "--size", 16, "-o", out, "--quiet", "--workers", 1, script=script)
+    assert r.returncode == 130 and partial_dir(out).is_dir(), r.stderr
+
+
+@dataclass
+class Case:
+    args: list
+    code: int
+    message: str  # a regex the one line must match
+    script: str = CLI
+    namespace: str | None = None
+    resumable: bool = False  # a rerun with --resume (no seam) completes it
+    needs_mount: bool = False
+    held: list = field(default_factory=list)
+
+
+def make_case(name, tree, photos, tmp):
+    out = tmp / "out"
+    base = ["--quiet", "--workers", 1]
+    if name.endswith("-disk-full"):  # a real full filesystem: a 300 KB tmpfs
+        fmt = name.split("-")[0]
+        full = tmp / "full"
+        full.mkdir()
+        resize = "center-crop" if fmt == "npy" else "shorter-side"
+        message = (r"cannot reserve the output's space \(No space left on device\)" if fmt == "npy" else
+                   r"disk full( \(or failing\))? after \d+ of 40 files \(.*\); free space, then rerun with --resume")
+        return Case([photos, "--format", fmt, "--size", 64, "--resize", resize, "-o", full / "out",
+                     "--no-space-check", *base], 1, message,
+                    namespace=f"mount -t tmpfs -o size=300k tmpfs {full}", needs_mount=True)
+    if name == "lmdb-eio-from-mdb_txn_commit":
+        return Case([tree, "--format", "lmdb", "--size", 24, "-o", out, *base], 1,
+                    r"data\.mdb: disk full \(or failing\) after \d+ of 18 files.*mdb_txn_commit: "
+                    r"Input/output error.*--resume", script=LMDB_EIO, resumable=True)
+    if name == "wds-enospc-also-from-close":
+        return Case([tree, "--format", "wds", "--size", 24, "-o", out, *base], 1,
+                    r"disk full after \d+ of 18 files \(No space left on device\).*--resume", script=WDS_FULL,
+                    resumable=True)
+    if name == "hdf5-enospc-in-h5py-text":
+        return Case([tree, "--format", "hdf5", "--size", 24, "-o", out, *base], 1,
+                    r"disk full after 18 of 18 files, while finishing the output.*--resume", script=HDF5_FULL,
+                    resumable=True)
+    if name == "read-only-filesystem":
+        ro = tmp / "ro"
+        ro.mkdir()
+        return Case([tree, "--format", "npy", "--size", 16, "-o", ro / "out.npy", *base], 1,
+                     rf"{ro}: cannot write the output there \(Read-only file system\)",
+                     namespace=f"mount --bind {ro} {ro} && mount -o remount,bind,ro {ro}", needs_mount=True)
+    if name == "read-only-filesystem-deeper":
+        ro = tmp / "ro"
+        ro.mkdir()
+        return Case([tree, "--format", "lmdb", "--size", 16, "-o", ro / "new" / "out", *base], 1,
+                    r"cannot write the output there \(Read-only file system\)",
+                    namespace=f"mount --bind {ro} {ro} && mount -o remount,bind,ro {ro}", needs_mount=True)
+    if name.startswith("out-under-a-file"):
+        (tmp / "somefile").write_text("x")
+        where = tmp / "somefile" / "out.npy" if name == "out-under-a-file" else tmp / "somefile" / "a" / "out"
+        return Case([tree, "--format", "npy", "--size", 16, "-o", where, *base], 1,
+                    rf"{tmp / 'somefile'} is a file, not a folder")
+    if name == "overwrite-symlink-to-a-folder-not-an-output":
+        (tmp / "home").mkdir()
+        (tmp / "home" / "notes.txt").write_text("mine")
+        out.symlink_to(tmp / "home")
+        return Case([tree, "--format", "npy", "--size", 16, "-o", out, "--overwrite", *base], 1,
+                    r"home exists and is not a shardpack output .*even with --overwrite")
+    if name == "overwrite-symlink-to-a-file":
+        (tmp / "file").write_text("x")
+        out.symlink_to(tmp / "file")
+        return Case([tree, "--format", "npy", "--size", 16, "-o", out, "--overwrite", *base], 1,
+                    r"file exists and is not a shardpack output")
+    if name.startswith("config-"):
+        toml = {"config-table-for-size": ("size = {a = 1}", r"size = \{'a': 1\}: expected a number, not a table"),
+                "config-number-for-out": ("out = 5", r"out = 5: expected a string, not an integer"),
+                "config-boolean-for-size": ("size = true", r"size = True: expected a number, not a boolean"),
+                "config-string-for-a-flag": ('overwrite = "yes"', r"overwrite = 'yes': expected true or false"),
+                "config-not-toml": ("size = ", r"cfg\.toml: ")}[name]
+        (tmp / "cfg.toml").write_text(toml[0] + "\n")
+        return Case([tree, "--format", "npy", "--size", 16, "-o", out, "--config", tmp / "cfg.toml"], 2,
+                    r"Error: Invalid value for '--config': .*" + toml[1])
+    if name == "resume-on-a-complete-out-made-otherwise":
+        pack_quiet(tree, out, "npy", size=16)
+        return Case([tree, "--format", "npy", "--size", 24, "-o", out, "--resume", *base], 1,
+                    r"is complete but was made differently \(size: 16 -> 24[;)].*nothing to resume")
+    if name == "resume-with-nothing-to-resume":
+        return Case([tree, "--format", "npy", "--size", 16, "-o", out, "--resume", *base], 1,
+                    r"--resume: no interrupted run at")
+    if name == "an-interrupted-run-and-no-flag":
+        interrupted(tree, out)
+        return Case([tree, "--format", "npy", "--size", 16, "-o", out, *base], 1,
+                    r"an interrupted run \(pid \d+, .*no longer running\) left .*--resume")
+    if name == "resume-from-another-source":
+        interrupted(tree, out)
+        other = shutil.copytree(tree, tmp / "other", copy_function=shutil.copy)  # new mtimes
+        return Case([other, "--format", "npy", "--size", 16, "-o", out, "--resume", *base], 1,
+                    rf"--resume refused: the source \(the interrupted run read {tree}, this one {other}")
+    if name == "another-run-holds-the-lock":
+        lock = OutputLock.take(out)
+        return Case([tree, "--format", "npy", "--size", 16, "-o", out, "--overwrite", *base], 1,
+                    rf"is being written by another run \(pid {os.getpid()}", held=[lock])
+    if name == "out-exists":
+        pack_quiet(tree, out, "npy", size=16)
+        return Case([tree, "--format", "npy", "--size", 16, "-o", out, *base], 1,
+                    r"already exists; pass --overwrite")
+    if name == "out-is-src":
+        return Case([tree, "--format", "npy", "--size", 16, "-o", tree, *base], 1, r"is or contains SRC")
+    raise AssertionError(name)
+
+
+CASES = ["lmdb-disk-full", "wds-disk-full", "hdf5-disk-full", "npy-disk-full",
+         "lmdb-eio-from-mdb_txn_commit", "wds-enospc-also-from-close", "hdf5-enospc-in-h5py-text",
+         "read-only-filesystem", "read-only-filesystem-deeper", "out-under-a-file", "out-under-a-file-deeper",
+         "overwrite-symlink-to-a-folder-not-an-output", "overwrite-symlink-to-a-file",
+         "config-table-for-size", "config-number-for-out", "config-boolean-for-size",
+         "config-string-for-a-flag", "config-not-toml", "resume-on-a-complete-out-made-otherwise",
+         "resume-with-nothing-to-resume", "an-interrupted-run-and-no-flag", "resume-from-another-source",
+         "another-run-holds-the-lock", "out-exists", "out-is-src"]
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_every_error_is_one_line_with_its_exit_code(name, tree, photos, tmp_path, request):
+    case = make_case(name, tree, photos, tmp_path)
+    if case.needs_mount:
+        request.getfixturevalue("can_mount")
+    try:
+        result = run_cli(*case.args, script=case.script, namespace=case.namespace)
+    finally:
+        for lock in case.held:
+            lock.release()
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in result.stderr, result.stderr
+    assert len(lines) == 1, result.stderr
+    assert result.returncode == case.code, result.stderr
+    assert re.search(case.message, lines[0]), lines[0]
+    if case.resumable:
+        out = Path(case.args[case.args.index("-o") + 1])
+        assert not out.exists() and partial_dir(out).is_dir()
+        again = run_cli(*case.args, "--resume")
+        assert again.returncode == 0, again.stderr
+        fmt = case.args[case.args.index("--format") + 1]
+        same_content(pack_quiet(tree, tmp_path / "ref", fmt, size=24).out, out, fmt)
+
+
+@pytest.mark.parametrize("fmt,workers", [("lmdb", 1), ("lmdb", 2), ("wds", 1), ("wds", 2), ("hdf5", 2),
+                                         ("npy", 1)])
+def test_a_full_disk_is_resumable_once_there_is_room(photos, tmp_path, can_mount, fmt, workers):
+    """A real full filesystem (tmpfs) fails the run in one line; grown, --resume completes it and
+    the output equals an uninterrupted pack (variable shapes: every writer streams)."""
+    full, saved = tmp_path / "full", tmp_path / "saved"
+    full.mkdir()
+    args = [photos, "--format", fmt, "--size", 64, "--resize", "shorter-side", "-o", full / "out", "--quiet",
+            "--workers", workers]
+    first = " ".join(map(str, [sys.executable, "-c", f'"{CLI}"', *args, "--no-space-check"]))
+    then = " ".join(map(str, [sys.executable, "-c", f'"{CLI}"', *args, "--resume"]))
+    script = (f"mount -t tmpfs -o size=400k tmpfs {full} && {{ {first} 2>{tmp_path}/err1; echo $? > {tmp_path}/rc1; "
+              f"mount -o remount,size=64m {full} && {then} 2>{tmp_path}/err2 >/dev/null; echo $? > {tmp_path}/rc2; "
+              f"cp -a {full}/out {saved}; }}")
+    subprocess.run(["unshare", "-m", "sh", "-c", script], env=env(), timeout=300, check=True)
+    err1 = (tmp_path / "err1").read_text()
+    assert (tmp_path / "rc1").read_text().strip() == "1", err1
+    assert len([line for line in err1.splitlines() if line.strip()]) == 1 and "disk full" in err1, err1
+    assert (tmp_path / "rc2").read_text().strip() == "0", (tmp_path / "err2").read_text()
+    ref = pack_quiet(photos, tmp_path / "ref", fmt, size=64, resize="shorter-side").out
+    same_content(ref, saved, fmt)
+
+
+# ---------------------------------------------------------------- signals and exit codes
+
+def start_cli(args, **kw):
+    return subprocess.Popen([sys.executable, "-c", CLI, *map(str, args)], env=env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+@pytest.mark.parametrize("workers,group", [(1, False), (2, False), (2, True)])
+def test_sigterm_checkpoints_says_how_to_resume_and_exits_143(big_tree, tmp_path, workers, group):
+    """docker stop (the main process), timeout and SLURM (group: the workers get it too)."""
+    out = tmp_path / "out"
+    n = len(scan(big_tree))
+    args = [big_tree, "--format", "wds", "--size", 48, "-o", out, "--workers", workers, "--quiet"]
+    proc = start_cli(args, start_new_session=group)
+    deadline = time.monotonic() + 60
+    while done_fraction(out, n) < 0.3 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    if group:
+        os.killpg(proc.pid, signal.SIGTERM)
+    else:
+        proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err[-2000:]
+    assert "Traceback" not in err and "stopped by SIGTERM; the progress is saved" in err and "--resume" in err
+    progress = json.loads((partial_dir(out) / "progress.json").read_text())
+    assert 0 < progress["done"] < n and not out.exists()
+    resumed = subprocess.run([sys.executable, "-c", CLI, *map(str, args), "--resume"], env=env(),
+                             capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"resumed at file {progress['done']}" in resumed.stdout
+    ref = pack_quiet(big_tree, tmp_path / "ref", "wds", size=48).out
+    same_content(ref, out, "wds")
+
+
+def test_sigterm_before_anything_is_written_says_so(tree, tmp_path):
+    script = ("import time, shardpack.packer.cli as cli\n"
+              "def slow(*a, **k):\n    print('scanning', flush=True); time.sleep(60)\n"
+              "cli.make_plan = slow\ncli.pack_dataset()\n")
+    proc = subprocess.Popen([sys.executable, "-c", script, str(tree), "--format", "npy", "--size", "16", "-o",
+                             str(tmp_path / "out")], env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline().strip() == "scanning"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143 and "Traceback" not in err
+    assert "before anything was written: rerun the same command" in err
+    assert not (tmp_path / ".out.lock").exists()
+
+
+@pytest.mark.parametrize("splits", [False, True])
+def test_resume_on_a_complete_out_exits_0_saying_so(tree, tmp_path, splits):
+    src = tree
+    if splits:
+        src = tmp_path / "splits"
+        make_tree(src / "train", {"a": 3, "b": 3})
+        make_tree(src / "val", {"a": 2, "b": 2}, seed=4)
+    args = [src, "--format", "lmdb", "--size", 16, "-o", tmp_path / "out", "--quiet", "--resume"]
+    first = run_cli(*args[:-1])
+    assert first.returncode == 0, first.stderr
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "out").rglob("*"))
+    again = run_cli(*args)  # a requeued job reruns its command line as it is
+    assert again.returncode == 0, again.stderr
+    assert "is already complete" in again.stdout and "nothing to resume" in again.stdout
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "out").rglob("*")) == before
+
+
+def test_the_space_check_counts_the_runs_own_files(tree, tmp_path, monkeypatch):
+    """Free space for the output alone is not enough: the ledger, the ring (K > 1), the writer's
+    state and, for variable-shape HDF5, the copy at the end need room too."""
+    import shardpack.packer.staging as staging
+    from shardpack.packer import Recipe
+    from shardpack.packer.run import scratch_bytes
+    from shardpack.packer.sizing import estimate_size, output_bytes
+    listing = scan(tree)
+    for fmt, workers, resize in (("lmdb", 2, "center-crop"), ("hdf5", 1, "shorter-side"), ("npy", 1, "center-crop")):
+        recipe = Recipe(size=64, resize=resize)
+        estimate = estimate_size(listing, recipe)
+        output = output_bytes(listing, recipe, estimate)
+        scratch = scratch_bytes(listing, recipe, fmt, workers, estimate)
+        assert scratch > 1 << 20
+        if resize == "shorter-side":
+            assert scratch > estimate.total_bytes  # the copy into images.h5
+        monkeypatch.setattr(staging.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(0, 0, output + 4096))
+        with pytest.raises(Exception, match=r"GB needed for 18 samples but only"):
+            pack_quiet(tree, tmp_path / f"{fmt}-out", fmt, size=64, workers=workers, resize=resize)
+        monkeypatch.setattr(staging.shutil, "disk_usage",
+                            lambda p: shutil._ntuple_diskusage(0, 0, output + scratch + 4096))
+        assert pack_quiet(tree, tmp_path / f"{fmt}-out", fmt, size=64, workers=workers, resize=resize).count == 18
+        monkeypatch.undo()
+        assert len(ShardDataset(tmp_path / f"{fmt}-out")) == 18
