@@ -10,7 +10,8 @@ import click
 
 from ..readers.manifest import FORMATS, partial_dir
 
-from .config import effective_settings, load_config
+from .. import __version__
+from .config import complete_config, effective_settings, load_config, presets
 from .imaging import DECODERS, RESIZE_MODES, Recipe
 from .options import AlreadyComplete, Options, PackError, os_error_text, stop_on_sigterm, stopped_text
 from .prefetch import DEFAULT_THREADS
@@ -49,9 +50,12 @@ def _parse_splits(ctx, param, value):
 def pack_options(f):
     options = [
         click.argument("src", type=click.Path(exists=True, file_okay=False)),
-        click.option("--config", type=click.Path(exists=True, dir_okay=False), is_eager=True,
-                     callback=load_config, expose_value=True,
-                     help="TOML preset of these options (see configs/); flags typed here win."),
+        click.option("--config", metavar="FILE|NAME", is_eager=True, callback=load_config, expose_value=True,
+                     shell_complete=complete_config,
+                     help=f"TOML preset of these options: a file, or a shipped preset's name "
+                          f"({', '.join(presets())}); flags typed here win."),
+        click.option("--report", type=click.Path(dir_okay=False), default=None,
+                     help="Also write the summary (or the error) to this file as JSON."),
         click.option("--format", "fmt", type=click.Choice(FORMATS), required=True, help="Output format."),
         click.option("--size", type=click.IntRange(1, 16384), required=True, help="Output side N in pixels."),
         click.option("-o", "--out", type=click.Path(), default=None,
@@ -177,23 +181,38 @@ def summary(report) -> str:
     return "\n".join(lines)
 
 
-@click.command(name="pack-dataset")
+def run_pack_reporting(report, **kwargs):
+    """:func:`run_pack`, and with ``--report FILE`` its summary, or its error, as JSON there."""
+    from .records import reporting
+    with reporting(report, kwargs) as done:
+        done(run_pack(**kwargs))
+
+
+CONTEXT = {"help_option_names": ["-h", "--help"]}
+
+
+@click.command(name="pack-dataset", context_settings=CONTEXT)
+@click.version_option(__version__, message="%(prog)s %(version)s")
 @pack_options
 def pack_dataset(**kwargs):
     """Pack the ImageFolder tree SRC (SRC/<class>/<image>) into pre-resized uint8 shards."""
-    run_pack(**kwargs)
+    run_pack_reporting(**kwargs)
 
 
-@click.group()
+@click.group(context_settings=CONTEXT)
+@click.version_option(__version__, prog_name="shardpack", message="%(prog)s %(version)s")
 def main():
-    """shardpack: pack image folders into pre-resized uint8 shards, and check them."""
+    """shardpack: pack image folders into pre-resized uint8 shards, and check them.
+
+    Exit status: 0 done, 1 an error, 2 a usage error. Shell completion (bash, zsh, fish):
+    eval "$(_SHARDPACK_COMPLETE=bash_source shardpack)", see the README."""
 
 
 @main.command(name="pack")
 @pack_options
 def pack_command(**kwargs):
     """Same as pack-dataset."""
-    run_pack(**kwargs)
+    run_pack_reporting(**kwargs)
 
 
 @main.command()
@@ -207,8 +226,12 @@ def demo(workdir, fmt):
 
 @main.command()
 @click.argument("out", type=click.Path(exists=True, file_okay=False))
-def info(out):
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout (also on failure).")
+def info(out, as_json):
     """Describe the packed output OUT: count, classes, shape, size, how the pixels were made."""
+    if as_json:
+        from ..readers.records import info_document, print_document
+        print_document(*info_document(out))
     from ..readers.manifest import ShardFormatError, dataset_dirs
     from ..readers.verify import info_text
     try:
@@ -221,10 +244,15 @@ def info(out):
 @main.command()
 @click.argument("out", type=click.Path(exists=True, file_okay=False))
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def verify(out, quiet):
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON document on stdout, pass or fail (same exit status); progress on stderr.")
+def verify(out, quiet, as_json):
     """Reread every sample of OUT and compare it with the checksums written at pack time.
 
     Exit status 1 when any sample differs, naming each by index and source path."""
+    if as_json:
+        from ..readers.records import verify_document, print_document
+        print_document(*verify_document(out, progress=not quiet))
     from ..readers.manifest import ShardFormatError, dataset_dirs
     from ..readers.verify import verify as run_verify
     failed = False
@@ -308,10 +336,22 @@ def bench(path, json_path, plot_path, no_check, quiet, **kwargs):
     >= 40% of a step). Ctrl-C prints what was measured so far."""
     import json
 
-    from ..readers.bench import run_bench
-    from ..readers.bench.render import plot
+    try:
+        from ..readers.bench import run_bench
+        from ..readers.bench.grid import augment_transform
+        from ..readers.bench.render import plot
+    except ModuleNotFoundError as err:
+        from .. import torch_missing
+        if (err.name or "").split(".")[0] != "torch":
+            raise
+        raise click.ClickException(str(torch_missing("shardpack bench"))) from None
     if kwargs["step_ms"] is not None and kwargs["model"] is not None:
         raise click.UsageError("give --step-ms or --model, not both")
+    try:
+        augment_transform(kwargs["augment"])  # a bad name is a usage error (exit status 2)
+    except ValueError as err:
+        raise click.BadParameter(str(err).removeprefix(f"--augment {kwargs['augment']!r}: "),
+                                 param_hint="'--augment'") from None
     try:
         result = run_bench(path, check=not no_check, progress=not quiet, **kwargs)
     except ValueError as err:

@@ -1,4 +1,5 @@
-"""Presets: a TOML file of pack-dataset options, loaded with ``--config FILE``.
+"""Presets: a TOML file of pack-dataset options, loaded with ``--config FILE`` or ``--config NAME``
+(a preset shipped in the package, :func:`presets`).
 
 Keys are the long option names without the dashes (``format``, ``size``, ``resize``,
 ``shard-size`` or ``shard_size``, ``no-space-check``, ...); values are what the flag takes:
@@ -45,7 +46,7 @@ def load_config(ctx: click.Context, param, value):
     ``size``, a number for ``out``) or a value the option rejects."""
     if value is None:
         return None
-    path = Path(value)
+    path = resolve_config(value, param)
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
@@ -70,6 +71,37 @@ def load_config(ctx: click.Context, param, value):
         values[opt.name] = v
     ctx.default_map = {**(ctx.default_map or {}), **values}
     return str(path)
+
+
+def presets() -> dict[str, Path]:
+    """The presets shipped inside the package (``shardpack/configs/*.toml``, the repository's
+    ``configs/``): {name: path}, sorted by name."""
+    from importlib.resources import files
+    found = (p for p in files("shardpack.configs").iterdir() if p.name.endswith(".toml"))
+    return {p.name[:-5]: Path(str(p)) for p in sorted(found, key=lambda p: p.name)}
+
+
+def resolve_config(value: str, param=None) -> Path:
+    """``--config`` VALUE -> a TOML file: an existing file as given, else the shipped preset of
+    that name (``imagenet-256-lmdb`` or ``imagenet-256-lmdb.toml``). Raises ConfigError
+    listing the shipped presets when it is neither."""
+    path = Path(value).expanduser()
+    if path.is_file():
+        return path
+    shipped = presets()
+    name = value[:-5] if value.endswith(".toml") else value
+    if "/" not in value and name in shipped:
+        return shipped[name]
+    what = "is a directory, not a TOML file" if path.is_dir() else "is no file and no shipped preset"
+    raise _bad(f"{value} {what}; shipped presets: {', '.join(shipped) or 'none'} "
+               "(pass a name or the path of a TOML file)", param)
+
+
+def complete_config(ctx, param, incomplete: str) -> list:
+    """Shell completion of ``--config``: the shipped presets' names, then files."""
+    from click.shell_completion import CompletionItem
+    names = [CompletionItem(name) for name in presets() if name.startswith(incomplete)]
+    return names + [CompletionItem(incomplete, type="file")]
 
 
 class ConfigError(click.BadParameter):

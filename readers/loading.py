@@ -83,7 +83,7 @@ class SortedBatchSampler(Sampler):
             if len(chunk) < self.batch_size and self.drop_last:
                 break
             batch = Batch(np.sort(chunk).tolist())
-            batch.seed = int(np.random.SeedSequence([self.seed, epoch, n]).generate_state(1, np.uint64)[0] >> 1)
+            batch.seed = int(np.random.SeedSequence([self.seed, epoch, n]).generate_state(1, np.uint64)[0]) >> 1
             yield batch
 
 

@@ -45,8 +45,8 @@ def verify(root, progress: bool = False, limit: int = 1000) -> VerifyResult:
     reader = open_reader(root, manifest)
     result = VerifyResult(root, index.count)
     buf = np.empty(int(np.prod(manifest["shape"])) if manifest.get("shape") else 0, np.uint8)
-    from tqdm import tqdm
-    for i in tqdm(range(index.count), disable=not progress, unit="img", desc="verifying"):
+    from .progress import progress as bar
+    for i in bar(range(index.count), enabled=progress, unit="img", desc="verifying"):
         shape = tuple(int(v) for v in index.shapes[i])
         size = int(np.prod(shape))
         if buf.size < size:

@@ -4,7 +4,8 @@ The code lives in the repository's ``packer/`` (writes the on-disk contract) and
 (owns it), installed as ``shardpack.packer`` and ``shardpack.readers``; this module is the one
 public name. ``import shardpack`` does not import torch: the torch-side names (``ShardDataset``,
 ``make_loader``, ``BatchAugment``, ``transforms``, ...) are imported on first use, so decode
-workers, the CLI and a torch-free install stay light.
+workers, the CLI and a torch-free install stay light. Without torch installed, packing, ``info``
+and ``verify`` work, and the torch-side names raise an ImportError saying what to install.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from .packer import (Options, PackError, Plan, Recipe, Report, ScanError, make_p
                      pack_plan)
 from .readers import FORMAT_VERSION, FORMATS, ShardFormatError, load_manifest
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"  # pyproject.toml reads it from here
 
 # name -> module (relative to this package) that defines it; imported on first access
 _LAZY = {
@@ -33,7 +34,21 @@ _LAZY = {
     "BatchAugment": ".readers.gpu",
     "transforms": ".readers.transforms",
     "verify": ".readers.verify",
+    "export_imagefolder": ".packer.export",
 }
+# the names that need torch: a clear ImportError for them when it is not installed
+_TORCH = {"ShardDataset", "make_loader", "stack_collate", "BatchAugment", "transforms"}
+
+TORCH_HINT = ("PyTorch is not installed. Install the torch build for your machine first (the command for "
+              "your CUDA version is on https://pytorch.org/get-started/locally/, e.g. `pip install torch`), "
+              "or, from a clone of shardpack, `pip install -e '.[torch]'`. Packing, `shardpack info` and "
+              "`shardpack verify` work without it.")
+
+
+def torch_missing(what: str) -> ImportError:
+    """The ImportError for ``what`` (e.g. ``shardpack.ShardDataset``) needing torch."""
+    return ImportError(f"{what} needs torch (>= 2.13): {TORCH_HINT}", name="torch")
+
 
 __all__ = ["pack", "make_plan", "pack_plan", "Options", "Recipe", "Report", "Plan", "PackError",
            "ScanError", "ShardFormatError", "load_manifest", "FORMATS", "FORMAT_VERSION",
@@ -43,7 +58,12 @@ __all__ = ["pack", "make_plan", "pack_plan", "Options", "Recipe", "Report", "Pla
 def __getattr__(name: str):
     if name not in _LAZY:
         raise AttributeError(f"module 'shardpack' has no attribute {name!r}")
-    module = importlib.import_module(_LAZY[name], __name__)
+    try:
+        module = importlib.import_module(_LAZY[name], __name__)
+    except ModuleNotFoundError as err:
+        if name in _TORCH and (err.name or "").split(".")[0] == "torch":
+            raise torch_missing(f"shardpack.{name}") from None
+        raise
     value = module if name == "transforms" else getattr(module, name)
     globals()[name] = value  # later lookups skip __getattr__
     return value

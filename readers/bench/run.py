@@ -77,7 +77,7 @@ def run_bench(path, *, batch_size: int = 64, modes=MODES, workers=None, pin_memo
     else 256). ``check``: rerun the recommended setting as a plain loop (:func:`plain_loop`,
     about twice ``seconds``). Ctrl-C returns what was measured (``interrupted``). Raises
     ValueError on a bad argument or source."""
-    from tqdm import tqdm
+    from ..progress import progress as progress_bar
     augment_transform(augment)  # validate before any work
     ds, kind, description = open_source(path, size)
     raw = None
@@ -97,8 +97,8 @@ def run_bench(path, *, batch_size: int = 64, modes=MODES, workers=None, pin_memo
     device = "cuda" if torch.cuda.is_available() else None
     common = dict(batch_size=batch_size, augment=augment, seconds=seconds, repeats=repeats,
                   tolerance=tolerance, skipped=skipped, device=device, seed=seed)
-    with tqdm(total=len(settings) * (2 if raw else 1), unit="cell", desc="bench", disable=not progress,
-              dynamic_ncols=True) as bar:
+    with progress_bar(total=len(settings) * (2 if raw else 1), unit="cell", desc="bench", enabled=progress,
+                      dynamic_ncols=True) as bar:
         result = BenchResult(run_grid(ds, settings, source=str(path), kind=kind, description=description,
                                       bar=bar, **common))
         result.interrupted = result.grid.interrupted

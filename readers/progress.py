@@ -1,0 +1,58 @@
+"""Progress bars that follow tqdm's conventions off a terminal: one place decides for the packer,
+``verify`` and ``bench``.
+
+- ``enabled=False`` (``--quiet``) or ``TQDM_DISABLE`` set to a true value (``1``, ``true``,
+  ``yes``, ``on``): no bar at all;
+- ``TQDM_MININTERVAL`` (seconds) is honoured, on every tqdm version;
+- stderr not a terminal (CI logs, ``2> file``) and no ``TQDM_MININTERVAL``: the bar redraws at
+  most every :data:`LOG_MININTERVAL` seconds, one line each, instead of several a second.
+
+The bar writes to stderr (tqdm's default), so stdout carries only results (``--json``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+LOG_MININTERVAL = 30.0  # seconds between lines when stderr is not a terminal
+_TRUE = {"1", "true", "yes", "on", "y", "t"}
+
+
+def progress_disabled(enabled: bool = True) -> bool:
+    """Whether no bar is shown: ``enabled`` is false or ``TQDM_DISABLE`` is set true."""
+    return not enabled or os.environ.get("TQDM_DISABLE", "").strip().lower() in _TRUE
+
+
+def bar_settings(enabled: bool = True, stream=None) -> dict:
+    """The tqdm keyword arguments for a bar on ``stream`` (default stderr): ``disable`` and, off
+    a terminal or under ``TQDM_MININTERVAL``, ``mininterval``."""
+    if progress_disabled(enabled):
+        return {"disable": True}
+    out: dict = {"disable": False}
+    env = os.environ.get("TQDM_MININTERVAL", "").strip()
+    try:
+        out["mininterval"] = float(env) if env else None
+    except ValueError:
+        out["mininterval"] = None
+    if out["mininterval"] is None:
+        stream = sys.stderr if stream is None else stream
+        try:
+            tty = stream.isatty()
+        except (AttributeError, ValueError):  # closed or replaced stream
+            tty = False
+        if tty:
+            del out["mininterval"]
+        else:
+            out["mininterval"] = LOG_MININTERVAL
+    if out.get("mininterval") is not None:  # tqdm's monitor would redraw every maxinterval (10 s)
+        out["maxinterval"] = max(10.0, out["mininterval"])
+    return out
+
+
+def progress(iterable=None, *, enabled: bool = True, **kwargs):
+    """``tqdm(iterable, **kwargs)`` with :func:`bar_settings` applied (they win over ``kwargs``'
+    ``disable`` and ``mininterval``)."""
+    from tqdm import tqdm
+    kwargs.update(bar_settings(enabled, kwargs.get("file")))
+    return tqdm(iterable, **kwargs)

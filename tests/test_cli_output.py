@@ -1,0 +1,203 @@
+"""The command line as scripts and CI see it: -h, --version, one JSON document from
+``info --json`` / ``verify --json`` whatever happens (same exit status as the text), the pack
+summary with ``--report``, exit status 1 for errors and 2 for usage, presets by name, progress
+that follows tqdm's conventions off a terminal, shell completion."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import shardpack
+from helpers import pack_quiet
+from shardpack.readers.progress import LOG_MININTERVAL, bar_settings
+
+
+def cli(*args, cwd=None, env=None, command="shardpack", timeout=300):
+    """Run the command in a fresh interpreter, stdin closed, stderr not a terminal (as in CI)."""
+    prefix = [sys.executable, "-m", "shardpack"] if command == "shardpack" else [
+        sys.executable, "-c", "from shardpack.packer.cli import pack_dataset; pack_dataset()"]
+    return subprocess.run([*prefix, *map(str, args)], capture_output=True, text=True, cwd=cwd,
+                          env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL, timeout=timeout)
+
+
+@pytest.fixture
+def packed(tree, tmp_path):
+    out = tmp_path / "out.npy"
+    pack_quiet(tree, out, "npy", size=16)
+    return out
+
+
+def test_help_and_version():
+    for args in (["-h"], ["--help"], ["verify", "-h"], ["info", "-h"], ["pack", "-h"], ["bench", "-h"]):
+        res = cli(*args)
+        assert res.returncode == 0 and "Usage:" in res.stdout, (args, res.stderr)
+    assert "--json" in cli("verify", "-h").stdout and "--report" in cli("pack", "-h").stdout
+    res = cli("--version")
+    assert res.returncode == 0 and res.stdout.strip() == f"shardpack {shardpack.__version__}"
+    res = cli("--version", command="pack-dataset")
+    assert res.returncode == 0 and res.stdout.strip().endswith(shardpack.__version__)
+    res = cli("-h", command="pack-dataset")
+    assert res.returncode == 0 and "--config FILE|NAME" in res.stdout and "imagenet-256-lmdb" in res.stdout
+
+
+@pytest.mark.parametrize("command", ["info", "verify"])
+def test_json_is_one_document_with_the_text_commands_status(packed, command):
+    text = cli(command, packed)
+    res = cli(command, packed, "--json")
+    assert res.returncode == text.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)  # the whole of stdout is one document
+    assert doc["command"] == command and doc["ok"] is True and doc["error"] is None
+    (entry,) = doc["datasets"]
+    assert entry["split"] is None and Path(entry["path"]) == packed
+    if command == "info":
+        assert entry["manifest"]["count"] == 18 and entry["manifest"]["format"] == "npy"
+        assert entry["bytes_on_disk"] > 18 * 16 * 16 * 3 and entry["skipped"] == []
+    else:
+        assert entry["ok"] and entry["count"] == 18 and entry["mismatches"] == entry["problems"] == []
+
+
+def test_verify_json_on_a_damaged_output_fails_with_one_document(packed):
+    images = np.load(packed / "images.npy", mmap_mode="r+")
+    images[3] ^= 0xFF
+    images.flush()
+    del images
+    text = cli("verify", packed)
+    res = cli("verify", packed, "--json")
+    assert res.returncode == text.returncode == 1
+    doc = json.loads(res.stdout)
+    assert doc["ok"] is False and doc["error"] is None
+    (entry,) = doc["datasets"]
+    assert not entry["ok"] and [m["index"] for m in entry["mismatches"]] == [3]
+    assert entry["mismatches"][0]["path"].endswith((".jpg", ".png"))
+
+
+@pytest.mark.parametrize("command", ["info", "verify"])
+def test_json_on_an_unreadable_output_is_still_one_document(packed, command):
+    (packed / "manifest.json").write_text("{not json")
+    text = cli(command, packed)
+    res = cli(command, packed, "--json")
+    assert res.returncode == text.returncode == 1
+    doc = json.loads(res.stdout)
+    assert doc["ok"] is False and "manifest" in doc["error"] and "\n" not in doc["error"]
+
+
+def test_json_on_a_splits_root_has_one_entry_per_split(tmp_path):
+    from conftest import make_tree
+    src = tmp_path / "src"
+    make_tree(src / "train", {"a": 3, "b": 3})
+    make_tree(src / "val", {"a": 2, "b": 2}, seed=5)
+    out = tmp_path / "out"
+    res = cli("pack", src, "--format", "npy", "--size", "16", "-o", out, "--quiet", "--workers", "1",
+              "--report", tmp_path / "report.json")
+    assert res.returncode == 0, res.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["ok"] and [Path(d["out"]).name for d in report["datasets"]] == ["train", "val"]
+    assert [d["count"] for d in report["datasets"]] == [6, 4]
+    for command in ("info", "verify"):
+        doc = json.loads(cli(command, out, "--json").stdout)
+        assert [d["split"] for d in doc["datasets"]] == ["train", "val"] and doc["ok"]
+
+
+def test_report_says_what_happened_also_on_failure(tree, tmp_path):
+    out, report = tmp_path / "o.lmdb", tmp_path / "r.json"
+    res = cli("pack", tree, "--format", "lmdb", "--size", "16", "-o", out, "--report", report, "--workers", "1")
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(report.read_text())
+    assert doc["ok"] and doc["error"] is None and not doc["dry_run"]
+    (entry,) = doc["datasets"]
+    assert entry["count"] == 18 and entry["classes"] == 3 and entry["bytes"] > 0 and entry["images_per_s"] > 0
+    assert Path(entry["out"]) == out and entry["skipped"] == []
+    res = cli("pack", tree, "--format", "lmdb", "--size", "16", "-o", out, "--report", report)  # OUT exists
+    assert res.returncode == 1 and "already exists" in res.stderr
+    doc = json.loads(report.read_text())
+    assert doc["ok"] is False and "already exists" in doc["error"] and doc["datasets"] == []
+    res = cli("pack", tree, "--format", "lmdb", "--size", "16", "-o", tmp_path / "d", "--dry-run", "--report", report)
+    assert res.returncode == 0 and json.loads(report.read_text())["dry_run"] is True
+
+
+def test_exit_status_1_for_errors_2_for_usage(tree, tmp_path):
+    assert cli("verify", tmp_path / "missing").returncode == 2
+    assert cli("info", tmp_path / "missing", "--json").returncode == 2
+    assert cli("pack", tree, "--format", "npy").returncode == 2  # --size missing
+    assert cli("pack", tree, "--format", "npy", "--size", "16", "--bogus").returncode == 2
+    assert cli("nope").returncode == 2
+    assert cli("bench", tree, "--augment", "sideways").returncode == 2
+    assert cli("verify", tree).returncode == 1  # a folder, not an output: an error, not usage
+    res = cli("pack", tree, "--format", "npy", "--size", "16", "-o", tree / "inside")
+    assert res.returncode == 1 and res.stderr.startswith("Error:")
+
+
+def test_presets_by_name_and_path(tree, tmp_path):
+    from shardpack.packer.config import presets
+    shipped = presets()
+    assert set(shipped) == {"imagenet-256-lmdb", "small-res-npy", "wds-streaming", "wsl"}
+    for value in ("imagenet-256-lmdb", "imagenet-256-lmdb.toml", str(shipped["imagenet-256-lmdb"])):
+        res = cli("pack", tree, "--config", value, "-o", tmp_path / "o", "--dry-run", cwd=tmp_path)
+        assert res.returncode == 0, res.stderr
+        assert "lmdb, 256x256x3" in res.stdout or "lmdb" in res.stdout.split("output:")[1].split("\n")[0]
+    res = cli("pack", tree, "--config", "imagenet-512", "-o", tmp_path / "o", "--dry-run", cwd=tmp_path)
+    assert res.returncode == 2
+    assert "imagenet-512" in res.stderr and all(name in res.stderr for name in shipped)
+    own = tmp_path / "mine.toml"
+    own.write_text('format = "npy"\nsize = 12\n')
+    res = cli("pack", tree, "--config", own, "-o", tmp_path / "p", "--quiet", "--workers", "1")
+    assert res.returncode == 0, res.stderr
+    m = json.loads((tmp_path / "p" / "manifest.json").read_text())
+    assert m["format"] == "npy" and m["shape"] == [12, 12, 3]
+
+
+def test_bar_settings_follow_tqdm_conventions(monkeypatch):
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+    for var in ("TQDM_DISABLE", "TQDM_MININTERVAL"):
+        monkeypatch.delenv(var, raising=False)
+    assert bar_settings(True, Tty()) == {"disable": False}  # a terminal: tqdm's own defaults
+    off_tty = bar_settings(True, io.StringIO())
+    assert off_tty["mininterval"] == LOG_MININTERVAL >= 30 and off_tty["maxinterval"] >= off_tty["mininterval"]
+    assert bar_settings(False, Tty()) == {"disable": True}  # --quiet
+    monkeypatch.setenv("TQDM_MININTERVAL", "2.5")
+    assert bar_settings(True, io.StringIO())["mininterval"] == 2.5
+    assert bar_settings(True, Tty())["mininterval"] == 2.5
+    for value, disabled in (("1", True), ("true", True), ("0", False), ("", False)):
+        monkeypatch.setenv("TQDM_DISABLE", value)
+        assert bar_settings(True, Tty())["disable"] is disabled, value
+
+
+def test_progress_off_a_terminal_is_a_few_lines_and_quiet_is_silent(tree, tmp_path):
+    outs = iter(range(10))
+
+    def bar_lines(*extra, env=None):
+        res = cli("pack", tree, "--format", "npy", "--size", "16", "-o", tmp_path / f"o{next(outs)}",
+                  "--workers", "1", *extra, env=env)
+        assert res.returncode == 0, res.stderr
+        return [ln for ln in res.stderr.replace("\r", "\n").splitlines() if "packing" in ln and "img" in ln]
+    assert 1 <= len(bar_lines()) <= 3  # start and end, not several a second
+    assert bar_lines("--quiet") == []
+    assert bar_lines(env={"TQDM_DISABLE": "1"}) == []
+    res = cli("verify", tmp_path / "o0", env={"TQDM_DISABLE": "1"})
+    assert res.returncode == 0 and "verifying" not in res.stderr
+
+
+def test_shell_completion_as_documented():
+    bin_dir = Path(sys.executable).parent
+    if not (bin_dir / "shardpack").exists() or not (bin_dir / "pack-dataset").exists():
+        pytest.skip(f"the console scripts are not installed beside {sys.executable}")
+    res = subprocess.run([bin_dir / "shardpack"], env={**os.environ, "_SHARDPACK_COMPLETE": "bash_source"},
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "_shardpack_completion" in res.stdout and "complete -o nosort" in res.stdout
+    res = subprocess.run([bin_dir / "pack-dataset"], env={**os.environ, "_PACK_DATASET_COMPLETE": "bash_complete",
+                                                          "COMP_WORDS": "pack-dataset src --config imagenet",
+                                                          "COMP_CWORD": "3"},
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "plain,imagenet-256-lmdb" in res.stdout.splitlines()
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert "_SHARDPACK_COMPLETE=bash_source shardpack" in readme
