@@ -8,17 +8,20 @@ from pathlib import Path
 
 import click
 
+from ..readers.folder import clash_text
 from ..readers.manifest import FORMATS, partial_dir
+from ..readers.system import usable_cpus
 
 from .. import __version__
 from .config import complete_config, effective_settings, load_config, presets
 from .imaging import DECODERS, RESIZE_MODES, Recipe
-from .options import AlreadyComplete, Options, PackError, os_error_text, stop_on_sigterm, stopped_text
+from .inputs import check_workers, dry_run_after_scan, dry_run_before_scan, parse_out, parse_splits
+from .options import AlreadyComplete, Options, PackError, os_error_text, say, stop_on_sigterm, stopped_text
 from .prefetch import DEFAULT_THREADS
 from .run import prepare
-from .scan import ScanError
+from .scan import ScanError, SplitsError
 from .splits import make_plan, pack_plan, plan_text, plural
-from .sizing import IMAGENET_1K_TRAIN
+from .sizing import IMAGENET_1K_TRAIN, workers_warning
 
 
 def _parse_color(ctx, param, value):
@@ -37,14 +40,12 @@ def _parse_labels(ctx, param, value):
         split, sep, file = item.partition("=")
         key = split if sep and split and "/" not in split and not Path(item).exists() else None
         file = file if key else item
+        if not file.strip():
+            raise click.BadParameter(f"{item!r}: no file named; give --labels [SPLIT=]FILE")
         if key in out:
             raise click.BadParameter(f"{item!r}: labels for {key or 'SRC'} given twice")
         out[key] = file
     return out
-
-
-def _parse_splits(ctx, param, value):
-    return [s.strip() for s in value.split(",") if s.strip()] if value else None
 
 
 def pack_options(f):
@@ -58,7 +59,7 @@ def pack_options(f):
                      help="Also write the summary (or the error) to this file as JSON."),
         click.option("--format", "fmt", type=click.Choice(FORMATS), required=True, help="Output format."),
         click.option("--size", type=click.IntRange(1, 16384), required=True, help="Output side N in pixels."),
-        click.option("-o", "--out", type=click.Path(), default=None,
+        click.option("-o", "--out", type=click.Path(), default=None, callback=parse_out,
                      help="Output directory [default: ./<SRC name>-<N>.<format>]."),
         click.option("--workers", type=click.IntRange(1), default=None,
                      help="Decode processes [default: the usable CPUs]."),
@@ -89,7 +90,7 @@ def pack_options(f):
         click.option("--allow-unsafe-output", is_flag=True,
                      help="Write OUT even on a 9p/drvfs/NFS/SMB/FUSE mount (LMDB and memmaps are not safe there)."),
         click.option("--quiet", is_flag=True, help="No progress bar."),
-        click.option("--splits", callback=_parse_splits, default=None,
+        click.option("--splits", callback=parse_splits, default=None,
                      help="Pack only these split folders, e.g. train,val [default: all found]."),
         click.option("--no-splits", is_flag=True,
                      help="Read SRC as one ImageFolder even if its folders are named train, val, ..."),
@@ -100,7 +101,8 @@ def pack_options(f):
                      help="Lines 'ILSVRC2012_ID wnid' (from the devkit's meta.mat) for devkit labels."),
         click.option("--classes-from", type=click.Path(exists=True), default=None,
                      help="Class list (indices) from a packed OUT or a text file, one class per line."),
-        click.option("--dry-run", is_flag=True, help="Print the plan and stop."),
+        click.option("--dry-run", is_flag=True,
+                     help="Print the plan and stop, after every check the real run makes (writes nothing)."),
     ]
     for option in reversed(options):
         f = option(f)
@@ -123,11 +125,19 @@ def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_siz
         opts = Options(fmt=fmt, workers=workers, shard_size=shard_size, overwrite=overwrite,
                        resume=resume, strict=strict, space_check=not no_space_check, progress=not quiet,
                        io_threads=io_threads, allow_unsafe_output=allow_unsafe_output)
-        setup = prepare(src, out, recipe, opts, dry_run=dry_run)  # a dry run: OUT's mount only
+        usable = usable_cpus()
+        check_workers(workers, usable)  # before the lock and the scan
+        setup = prepare(src, out, recipe, opts, dry_run=dry_run)  # a dry run: no lock, no forkserver
+        if dry_run:  # every check the real run makes, writing nothing
+            dry_run_before_scan(src, setup.out, recipe, opts)
         plan = make_plan(src, splits=splits, no_splits=no_splits, labels=labels, id_map=id_map,
                          classes_from=classes_from, mounts=setup.mounts)
+        check_workers(workers, usable, sum(len(p.listing) for p in plan.parts))
+        if workers is not None and workers_warning(workers, usable, recipe):
+            say(workers_warning(workers, usable, recipe))
         click.echo(plan_text(plan, setup.named, recipe, opts, setup.workers))
         if dry_run:
+            dry_run_after_scan(plan, setup.out, recipe, opts, setup.workers)
             return None
         unmatched = [p for p in plan.parts if p.labels and (p.labels.missing or p.labels.unlisted)]
         if strict and unmatched:
@@ -137,6 +147,8 @@ def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_siz
     except AlreadyComplete as err:
         click.echo(str(err))
         return []
+    except SplitsError as err:  # SRC's folders leave the reading open: the user picks with a flag
+        raise click.UsageError(str(err)) from None
     except (ScanError, PackError, ValueError, ImportError) as err:
         raise click.ClickException(str(err)) from None
     except OSError as err:  # one not foreseen where it happened: still one line, the path and the reason
@@ -175,9 +187,9 @@ def summary(report) -> str:
         if len(report.skipped) > 10:
             lines.append(f"    ... and {len(report.skipped) - 10} more")
     if report.case_clashes:
-        lines.append(f"  {len(report.case_clashes)} group(s) of names differ only in case (all packed; they "
-                     f"would collide on a case-insensitive filesystem):")
-        lines += [f"    {' vs '.join(g)}" for g in report.case_clashes[:10]]
+        lines.append(f"  {len(report.case_clashes)} group(s) of names differ only in case or Unicode form (all "
+                     f"packed; they would collide on a case-insensitive filesystem):")
+        lines += [f"    {clash_text(g)}" for g in report.case_clashes[:10]]
     return "\n".join(lines)
 
 

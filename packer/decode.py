@@ -34,7 +34,7 @@ import xxhash
 from ..readers.manifest import SOURCE_MODES
 
 from .imaging import DecodeError, Recipe, decode
-from .prefetch import ReadAhead, read_bytes
+from .prefetch import ReadAhead, read_bytes, read_failure
 from .scan import Listing
 from .writers.base import reserved_memmap
 
@@ -55,7 +55,7 @@ class Decoded:
 
 @dataclass(frozen=True, slots=True)
 class Skipped:
-    """File ``index`` not made into a sample: ``kind`` ('io', 'undecodable', 'bomb'), ``reason``
+    """File ``index`` not made into a sample: ``kind`` ('io', 'undecodable', 'bomb', 'not-regular'), ``reason``
     naming the file, and for 'io' the ``errno`` of the failed read."""
 
     index: int
@@ -123,8 +123,8 @@ class Decoder:
                 data = fetched[0] if fetched else read_bytes(os.path.join(self.root, rel))
                 if isinstance(data, OSError):
                     raise data
-            except OSError as err:
-                out.append(Skipped(index, "io", f"{rel}: cannot read: {err.strerror or err}", err.errno or 0))
+            except OSError as err:  # 'io', or 'not-regular' (a FIFO, socket, directory: never opened)
+                out.append(Skipped(index, *read_failure(rel, err)))
                 continue
             try:
                 pixels, mode, size = decode(data, self.recipe, rel)

@@ -238,12 +238,55 @@ def decode(data: bytes, recipe: Recipe, name: str = "<bytes>"):
     except Image.DecompressionBombError as err:
         raise DecodeError("bomb", f"{name}: {err}") from None
     except Image.UnidentifiedImageError:
-        what = "empty file (0 bytes)" if not data else f"not an image Pillow can identify ({len(data)} bytes)"
+        what = "empty file (0 bytes)" if not data else (
+            unsupported_jpeg(data) or f"not an image Pillow can identify ({len(data)} bytes)")
         raise DecodeError("undecodable", f"{name}: {what}") from None
     except (OSError, SyntaxError, ValueError, TypeError, IndexError, KeyError,
             struct_error, ZeroDivisionError, EOFError, MemoryError) as err:
-        raise DecodeError("undecodable", f"{name}: {type(err).__name__}: {err}") from None
+        why = unsupported_jpeg(data) or f"{type(err).__name__}: {err}"
+        raise DecodeError("undecodable", f"{name}: {why}") from None
     return np.asarray(out), source_mode, source_size
+
+
+# JPEG start-of-frame markers (ITU T.81 table B.1) and the coding process each announces
+_SOF = {0xC0: "baseline", 0xC1: "extended sequential", 0xC2: "progressive", 0xC3: "lossless",
+        0xC5: "differential sequential", 0xC6: "differential progressive", 0xC7: "differential lossless",
+        0xC9: "extended sequential, arithmetic", 0xCA: "progressive, arithmetic", 0xCB: "lossless, arithmetic",
+        0xCD: "differential sequential, arithmetic", 0xCE: "differential progressive, arithmetic",
+        0xCF: "differential lossless, arithmetic"}
+
+
+def unsupported_jpeg(data: bytes) -> str | None:
+    """Why Pillow cannot open the JPEG ``data``, when its first frame header says: a sample
+    precision other than 8 bits (12-bit JPEGs from medical and raw-camera pipelines; Pillow's
+    libjpeg is built for 8), e.g. "12-bit JPEG (extended sequential, SOF1), which Pillow cannot
+    decode"; likewise the lossless and hierarchical (differential) processes. None when ``data``
+    is no JPEG or its header shows no such reason."""
+    if data[:2] != b"\xff\xd8":
+        return None
+    i = 2
+    while i + 4 <= len(data):
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker in (0x01, *range(0xD0, 0xD8)):  # markers without a length
+            i += 2
+            continue
+        if marker == 0xDA:  # start of scan before any frame header
+            return None
+        if marker in _SOF and i + 4 < len(data):
+            bits, process = data[i + 4], f"{_SOF[marker]}, SOF{marker - 0xC0}"
+            if bits != 8:
+                return (f"{bits}-bit JPEG ({process}), which Pillow cannot decode (it reads 8-bit JPEGs "
+                        "only); convert it to 8 bits or to a 16-bit PNG/TIFF first")
+            if "lossless" in process or "differential" in process:
+                return f"{_SOF[marker]} JPEG (SOF{marker - 0xC0}), which Pillow cannot decode"
+            return None
+        i += 2 + int.from_bytes(data[i + 2:i + 4], "big")
+    return None
 
 
 def _resize(img: Image.Image, recipe: Recipe, w: int, h: int) -> Image.Image:

@@ -21,10 +21,13 @@ from __future__ import annotations
 import csv
 import os
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from ..readers.folder import look_alike_key, shown_apart, unicode_form
 
 from .scan import IMG_EXTENSIONS, Listing, ScanError
 
@@ -248,5 +251,22 @@ def _to_indices(path: Path, raw: list[str], paths: list[str], classes: list[str]
             raise LabelsError(f"{path}: label {bad[0][1]} of {bad[0][0]} is outside 0..{len(classes) - 1}")
         return classes, np.asarray([int(r) for r in raw], np.int64)
     unknown = sorted({r for r in raw if r not in idx})
-    raise LabelsError(f"{path}: classes not in the class list of {origin}: {', '.join(unknown[:10])}"
-                      + (f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""))
+    raise LabelsError(f"{path}: {unknown_classes_text(unknown, classes, origin)}")
+
+
+def unknown_classes_text(unknown: list[str], classes: list[str], origin: str) -> str:
+    """'classes not in the class list of ORIGIN: a, b', each that looks like a listed class (the
+    same letters in another Unicode form, or another case) shown apart from it, naming both."""
+    listed = {look_alike_key(c): c for c in classes}
+    shown = []
+    for name in unknown[:10]:
+        twin = listed.get(look_alike_key(name))
+        if twin is None:
+            shown.append(shown_apart([name])[0])
+        elif unicodedata.normalize("NFC", name) == unicodedata.normalize("NFC", twin):
+            a, b = shown_apart([name, twin])
+            shown.append(f"{a} (looks like the listed {b}: {unicode_form(name)} vs {unicode_form(twin)})")
+        else:
+            shown.append(f"{name} (the list has {twin}: another case)")
+    return (f"classes not in the class list of {origin}: {', '.join(shown)}"
+            + (f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""))

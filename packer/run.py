@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..readers.manifest import FORMATS, SKIPPED, write_json_atomic
+from ..readers.folder import clash_text
 from ..readers.system import usable_cpus
 
 from .decode import Decoded, keep_freed_memory, open_runner, ring_bytes, start_forkserver
@@ -244,9 +245,9 @@ def _read_source(src, opts: Options, setup: Setup) -> tuple[Options, list[str]]:
 def _case_clash_notes(listing: Listing) -> list[str]:
     if not listing.case_clashes:
         return []
-    return [say(f"{len(listing.case_clashes)} group(s) of names differ only in case and would "
-                f"collide on a case-insensitive filesystem (a Windows drive): "
-                + "; ".join(" vs ".join(g) for g in listing.case_clashes[:5])
+    return [say(f"{len(listing.case_clashes)} group(s) of names differ only in case (or Unicode form) and would "
+                f"collide on a case-insensitive filesystem (a Windows drive, macOS): "
+                + "; ".join(clash_text(g) for g in listing.case_clashes[:5])
                 + (" ..." if len(listing.case_clashes) > 5 else ""))]
 
 

@@ -4,12 +4,16 @@ Split folders, flat folders with a labels file, the plan printed before packing,
 root (OUT/<split>/ plus a top-level manifest).
 
 A SRC whose sub-directories are all split names (scan.SPLIT_NAMES: train, val, valid, validation,
-test; any case) is packed split by split, each into a complete dataset ``OUT/<split>/`` with its own
-manifest, under one hidden ``.OUT.partial`` renamed to OUT when every split is done. One class list
-serves every split: ``--classes-from`` if given, else train's class folders (or, for a flat train,
-the sorted names in its labels), so an index means the same class in each split; a class in
-another split but not in that list is an error naming it, and a class absent from val keeps its
-index. A folder holding images but no class folders takes its labels from a file (packer.labels).
+test; any case; hidden names ignored) is packed split by split, each into a complete dataset
+``OUT/<split>/`` with its own manifest, under one hidden ``.OUT.partial`` renamed to OUT when
+every split is done. One class list serves every split: ``--classes-from`` if given, else
+train's class folders (or, for a flat train, the sorted names in its labels), so an index means
+the same class in each split; a class in another split but not in that list is an error naming
+it, and a class absent from val keeps its index. A folder holding images but no class folders
+takes its labels from a file (packer.labels). A SRC where some folders are split names and
+others are not is refused (SplitsError): read as one ImageFolder, train and val would become two
+classes; ``--splits`` picks splits, ``--no-splits`` reads it as one ImageFolder. The plan says
+which rule applied.
 """
 
 from __future__ import annotations
@@ -23,15 +27,16 @@ from pathlib import Path
 
 import numpy as np
 
+from ..readers.folder import shown_apart
 from ..readers.manifest import MANIFEST, SKIPPED, partial_dir
 
 from .imaging import Recipe
-from .labels import LabelsReport, flat_listing, is_flat, read_classes
+from .labels import LabelsReport, flat_listing, is_flat, read_classes, unknown_classes_text
 from .ledger import split_skipped_json
 from .mounts import MountTable
 from .options import Options, Report, say
 from .run import Setup, pack, prepare, scratch_bytes
-from .scan import SPLIT_NAMES, Listing, ScanError, find_classes, scan
+from .scan import SPLIT_NAMES, Listing, ScanError, SplitsError, find_classes, loose_images, scan
 from .sizing import SizeEstimate, estimate_size, output_bytes
 from .staging import Staging, fingerprint, source_identity
 from .writers.manifest import run_info, splits_manifest
@@ -50,13 +55,16 @@ class Part:
 @dataclass
 class Plan:
     """What a run will write: ``parts`` in packing order (train first), the shared class list and
-    where it came from; ``mounts``: the mount table read for the run."""
+    where it came from; ``mounts``: the mount table read for the run; ``rule``: why SRC is read
+    as splits or as one dataset, in words; ``loose``: images directly in SRC that no part packs."""
 
     src: Path
     parts: list[Part]
     classes: list[str]
     classes_from: str
     mounts: MountTable | None = None
+    rule: str = ""
+    loose: list[str] = field(default_factory=list)
     _estimates: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
@@ -74,14 +82,38 @@ class Plan:
         return sum(output_bytes(p.listing, recipe, e) for p, e in zip(self.parts, self.estimates(recipe)))
 
 
-def find_splits(src: str | os.PathLike) -> list[str] | None:
-    """The split folder names of ``src`` in SPLIT_NAMES order when every non-hidden sub-directory
-    is one (any case), else None."""
+def find_splits(src: str | os.PathLike) -> tuple[list[str], list[str]]:
+    """(the split folders of ``src`` in SPLIT_NAMES order, its other folders, sorted); hidden
+    folders are neither (the listing rule ignores them)."""
     with os.scandir(src) as it:
-        dirs = [e.name for e in it if e.is_dir() and not e.name.startswith(".")]
-    if not dirs or not all(d.lower() in SPLIT_NAMES for d in dirs):
-        return None
-    return sorted(dirs, key=lambda d: (SPLIT_NAMES.index(d.lower()), d))
+        dirs = sorted(e.name for e in it if e.is_dir() and not e.name.startswith("."))
+    found = [d for d in dirs if d.lower() in SPLIT_NAMES]
+    return sorted(found, key=lambda d: (SPLIT_NAMES.index(d.lower()), d)), [d for d in dirs if d not in found]
+
+
+def _splits_rule(src: Path, found: list[str], others: list[str], splits,
+                 no_splits: bool) -> tuple[list[str] | None, str]:
+    """(split folders to pack or None for one dataset, the rule that decided, in words). Raises
+    SplitsError when only some folders are split names and no flag says what to do."""
+    if no_splits:
+        return None, "--no-splits: SRC read as one ImageFolder, every folder a class"
+    if splits:
+        left = [d for d in found if d.lower() not in {w.lower() for w in splits}] + others
+        return found or None, (f"--splits {','.join(splits)}: those split folders only"
+                               + (f"; not packed: {', '.join(f'{n}/' for n in shown_apart(left))}" if left else ""))
+    if found and others:
+        def names(d):
+            return ", ".join(f"{n}/" for n in shown_apart(d)[:8]) + (f" and {len(d) - 8} more" if len(d) > 8 else "")
+        raise SplitsError(
+            f"{src} holds split folders ({names(found)}) and other folders ({names(others)}): read as one "
+            f"ImageFolder, the split folders would become classes. Pass --splits {','.join(found)} to pack "
+            f"the splits (the other folders are left out), or --no-splits to read {src} as one ImageFolder "
+            f"whose classes are all {len(found) + len(others)} folders")
+    if found:
+        return found, f"split folders found: every folder in SRC is a split name ({', '.join(SPLIT_NAMES)})"
+    if not others:
+        return None, "SRC holds no folders: one flat folder of images, labels from a file"
+    return None, "no folder in SRC is a split name: SRC is one ImageFolder, its folders the classes"
 
 
 def make_plan(src: str | os.PathLike, *, splits: list[str] | None = None, no_splits: bool = False,
@@ -98,11 +130,11 @@ def make_plan(src: str | os.PathLike, *, splits: list[str] | None = None, no_spl
     src = Path(src)
     mounts = mounts or MountTable.read()
     labels = dict(labels or {})
-    found = None if no_splits else find_splits(src)
-    train = next((s for s in found or [] if s.lower() == "train"), None)
     if no_splits and (splits or any(k is not None for k in labels)):
         raise ScanError("--no-splits reads SRC as one ImageFolder: it cannot go with --splits or "
                         "--labels SPLIT=FILE")
+    found, rule = _splits_rule(src, *find_splits(src), splits, no_splits)
+    train = next((s for s in found or [] if s.lower() == "train"), None)
     if found is None:
         if splits:
             raise ScanError(f"--splits {','.join(splits)}: {src} has no split folders "
@@ -160,7 +192,7 @@ def make_plan(src: str | os.PathLike, *, splits: list[str] | None = None, no_spl
             else:
                 listing = relabel(listing, classes, origin)
         parts.append(Part(name, listing, report))
-    return Plan(src, parts, classes, origin, mounts)
+    return Plan(src, parts, classes, origin, mounts, rule, loose_images(src) if found else [])
 
 
 def _pick(src: Path, found: list[str], wanted: list[str] | None) -> list[str]:
@@ -180,8 +212,7 @@ def relabel(listing: Listing, classes: list[str], origin: str) -> Listing:
     idx = {c: i for i, c in enumerate(classes)}
     extra = [c for c in listing.classes if c not in idx]
     if extra:
-        raise ScanError(f"{listing.root}: classes not in the class list of {origin}: "
-                        f"{', '.join(extra[:10])}" + (f" and {len(extra) - 10} more" if len(extra) > 10 else ""))
+        raise ScanError(f"{listing.root}: {unknown_classes_text(extra, classes, origin)}")
     lut = np.asarray([idx[c] for c in listing.classes], np.int64)
     return replace(listing, classes=list(classes), class_to_idx=idx, labels=lut[listing.labels])
 
@@ -208,11 +239,13 @@ def find_labels_file(src: Path, split: str | None) -> Path | None:
 def plan_text(plan: Plan, out: Path, recipe: Recipe, opts: Options, workers: int) -> str:
     """The plan as printed before decoding: splits, classes, images per split, labels reports,
     output size estimate, free space, ``workers``."""
-    cls = plan.classes
+    cls = shown_apart(plan.classes)  # look-alike names (NFC vs NFD) printed apart
     shown = ", ".join(cls[:3]) + (f", ..., {cls[-1]}" if len(cls) > 4 else "".join(f", {c}" for c in cls[3:]))
+    one = "--no-splits" if plan.rule.startswith("--no-splits") else "no split folders"
     lines = [f"plan: {plan.src} -> {out}",
-             ("  splits: " + ", ".join(p.split for p in plan.parts)) if plan.is_splits
-             else "  one dataset (no split folders)",
+             ("  splits: " + ", ".join(shown_apart([p.split for p in plan.parts]))) if plan.is_splits
+             else f"  one dataset ({one})",
+             *([f"  rule: {plan.rule}"] if plan.rule else []),
              f"  classes: {len(cls)} from {plan.classes_from}: {shown}"]
     total = 0
     for part in plan.parts:
@@ -226,8 +259,12 @@ def plan_text(plan: Plan, out: Path, recipe: Recipe, opts: Options, workers: int
             lines.append(f"    labels: {r.file} ({r.format}{', found beside SRC' if r.found else ''})")
             for what, names in (("listed but missing", r.missing), ("present but unlisted, not packed", r.unlisted)):
                 if names:
-                    lines.append(f"    {len(names)} {what}: {', '.join(names[:10])}"
+                    lines.append(f"    {len(names)} {what}: {', '.join(shown_apart(names)[:10])}"
                                  + (f" and {len(names) - 10} more" if len(names) > 10 else ""))
+    for root, names in [(plan.src, plan.loose)] + [(p.listing.root, p.listing.loose) for p in plan.parts]:
+        if names:  # images beside the class folders: in no class, so not packed (as in ImageFolder)
+            lines.append(f"  not packed: {plural(len(names), 'image')} directly in {root}, outside the class "
+                         f"folders: {', '.join(shown_apart(names)[:5])}" + (" ..." if len(names) > 5 else ""))
     shape = "x".join(map(str, recipe.shape())) + " uint8" if recipe.shape() else "variable-shape uint8"
     lines.append(f"  output: about {_gb(plan.need_bytes(recipe))} for {total} images ({opts.fmt}, {shape}, "
                  f"{recipe.resize})")

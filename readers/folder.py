@@ -8,11 +8,15 @@ so a symlink loop ends), keeping the files whose extension is in IMG_EXTENSIONS 
 Names starting with '.' (``.ipynb_checkpoints``, AppleDouble ``._x.JPEG``, ``.DS_Store``), files
 and folders alike, are skipped. Paths are relative to ROOT, exactly as the listing gives them.
 This module only lists; packer/scan.py adds its checks (split folders, empty trees) and reports.
+Names that look alike (equal but for case, or the same letters in another Unicode form: NFC
+``caf\xe9`` vs NFD ``cafe\u0301``) are grouped by :func:`case_clashes` and printed apart by
+:func:`shown_apart`.
 """
 
 from __future__ import annotations
 
 import os
+import unicodedata
 
 from .manifest import IMG_EXTENSIONS
 
@@ -70,13 +74,48 @@ def walk_class(root: str | os.PathLike, cls: str) -> tuple[list[str], list[str],
     return images, others, clashes
 
 
+def look_alike_key(name: str) -> str:
+    """What names that look alike share: the NFC form, case folded (``Dog``/``dog``,
+    ``caf\xe9``/``cafe\u0301``, the Kelvin sign and ``K``)."""
+    return unicodedata.normalize("NFC", unicodedata.normalize("NFC", name).casefold())
+
+
 def case_clashes(parent: str, names: list[str]) -> list[tuple[str, ...]]:
-    """Groups (sorted tuples of paths ``parent/name``) of sibling ``names`` equal but for case:
-    they would collide on a case-insensitive filesystem such as a Windows drive."""
+    """Groups (sorted tuples of paths ``parent/name``) of sibling ``names`` equal but for case or
+    Unicode form (NFC vs NFD): they would collide on a case-insensitive filesystem such as a
+    Windows drive, or one that normalizes names (macOS)."""
     groups: dict[str, list[str]] = {}
     for name in names:
-        groups.setdefault(name.casefold(), []).append(os.path.join(parent, name))
+        groups.setdefault(look_alike_key(name), []).append(os.path.join(parent, name))
     return [tuple(sorted(g)) for g in groups.values() if len(g) > 1]
+
+
+def shown_apart(names: list[str]) -> list[str]:
+    """``names`` as a message prints them, so that no two look the same: each as it is, except
+    one that would print like another of them (the same letters in another Unicode form), is
+    not printable, or has spaces at either end: that one as ``ascii()``, which shows its code
+    points (``'caf\\xe9'`` vs ``'cafe\\u0301'``)."""
+    nfc: dict[str, int] = {}
+    for name in set(names):
+        key = unicodedata.normalize("NFC", name)
+        nfc[key] = nfc.get(key, 0) + 1
+    return [ascii(n) if nfc[unicodedata.normalize("NFC", n)] > 1 or not n.isprintable() or n != n.strip()
+            else n for n in names]
+
+
+def unicode_form(name: str) -> str:
+    """How ``name`` is encoded: 'NFC' (also for plain ASCII), 'NFD' or 'neither NFC nor NFD'."""
+    return next((f for f in ("NFC", "NFD") if unicodedata.is_normalized(f, name)), "neither NFC nor NFD")
+
+
+def clash_text(group: tuple[str, ...] | list[str]) -> str:
+    """One group of look-alike names (see case_clashes) in words: ``a vs A``, or with the code
+    points shown and the forms named when they differ only in Unicode form."""
+    shown = shown_apart(list(group))
+    text = " vs ".join(shown)
+    if shown != list(group) and len({unicodedata.normalize("NFC", n) for n in group}) < len(group):
+        text += f" (the same letters: {' vs '.join(unicode_form(os.path.basename(n)) for n in group)})"
+    return text
 
 
 def image_files(root: str | os.PathLike) -> tuple[list[str], list[tuple[str, int]]]:

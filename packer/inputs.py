@@ -1,0 +1,147 @@
+"""Inputs checked at the command line's edge, and what a dry run must refuse as the real run would.
+
+Values that would otherwise silently mean something else (``-o ''`` the default OUT, ``--splits
+''`` every split) are usage errors; so is ``--workers K`` above MAX_WORKERS_PER_CPU times the
+usable CPUs or above the files to pack, and K above the usable CPUs is said with the memory it
+takes (sizing.py).
+
+``--dry-run`` writes nothing, yet refuses what the real run would refuse, so a dry run that
+passes is not then refused: before the scan, OUT's place (check_place), another run holding OUT's
+lock (probed, not taken), ``--resume`` on a complete OUT, an existing OUT (check_complete,
+check_existing); after it, what opening the partial directory would refuse (an interrupted run
+without --resume/--overwrite, --resume with nothing to resume or with a changed fingerprint) and
+the free space for the output and the run's own files. These mirror run.prepare() and
+Staging.open(); tests/test_inputs.py compares each refusal with the real run's.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+from pathlib import Path
+
+import click
+
+from ..readers.manifest import MANIFEST
+
+from .imaging import Recipe
+from .lock import holder_text, lock_path
+from .options import AlreadyComplete, Options, OutputBusy, PackError
+from .run import scratch_bytes
+from .sizing import workers_refusal
+from .splits import Plan
+from .staging import Staging, check_complete, check_existing, check_place, fingerprint, listing_what, source_identity
+
+
+def parse_splits(ctx, param, value):
+    """click callback of --splits: 'train,val' -> ['train', 'val']; naming none is an error."""
+    if value is None:
+        return None
+    names = [s.strip() for s in value.split(",") if s.strip()]
+    if not names:  # not silently "every split"
+        raise click.BadParameter(f"{value!r} names no split; give e.g. --splits train,val, or leave it out for all")
+    return names
+
+
+def parse_out(ctx, param, value):
+    """click callback of -o: an empty OUT is an error, not silently the default one."""
+    if value is not None and not value.strip():
+        raise click.BadParameter(f"{value!r} is empty; give a directory, or leave -o out for "
+                                 "./<SRC name>-<N>.<format>")
+    return value
+
+
+def check_workers(workers: int | None, usable: int, files: int | None = None) -> None:
+    """``--workers K`` above 4x the ``usable`` CPUs, or (``files`` known) above the files to
+    pack: click.UsageError (exit 2). None (not given) passes."""
+    refusal = workers_refusal(workers, usable, files) if workers is not None else None
+    if refusal:
+        raise click.UsageError(refusal)
+
+
+# ---------------------------------------------------------------- the dry run
+
+def dry_run_before_scan(src, out: Path, recipe: Recipe, opts: Options) -> None:
+    """What run.prepare() refuses before the scan, for a dry run (``out``: setup.out): OUT's
+    place, a live run holding OUT's lock (OutputBusy), --resume on a complete OUT
+    (AlreadyComplete / PackError), an existing OUT without --overwrite. Writes nothing."""
+    check_place(src, out)
+    holder = _lock_holder(out)
+    if holder is not None:
+        raise OutputBusy(f"{out} is being written by another run ({holder_text(holder)}); wait for it to "
+                         "finish or stop it: --resume and --overwrite are refused while it runs", holder)
+    check_complete(src, out, recipe, opts)
+    check_existing(out, opts)
+
+
+def dry_run_after_scan(plan: Plan, out: Path, recipe: Recipe, opts: Options, workers: int) -> None:
+    """What opening the partial directory of ``out`` would refuse for ``plan``, and the space
+    check, as Staging.open() does them (see the module docstring). Writes nothing."""
+    staging = Staging(out)
+    tmp = staging.tmp
+    if tmp.exists():
+        if opts.resume:
+            staging._resumable(_fingerprint(plan, recipe, opts))
+            return
+        if not opts.overwrite:
+            previous = _lock_record(out)
+            by = f" ({holder_text(previous)}, no longer running)" if previous and previous.get("pid") else ""
+            raise PackError(f"an interrupted run{by} left {tmp}; pass --resume to continue it "
+                            f"or --overwrite to start over")
+    elif opts.resume:
+        if (out / MANIFEST).is_file():
+            raise AlreadyComplete(f"{out} is already complete; nothing to resume")
+        raise PackError(f"--resume: no interrupted run at {tmp}")
+    if opts.space_check:
+        need = plan.need_bytes(recipe) + max(scratch_bytes(p.listing, recipe, opts.fmt, workers, e)
+                                             for p, e in zip(plan.parts, plan.estimates(recipe)))
+        parent = out.parent
+        free = shutil.disk_usage(_existing(parent)).free
+        if need > free:
+            count = sum(len(p.listing) for p in plan.parts)
+            raise PackError(f"{parent}: about {need / 1e9:.2f} GB needed for {count} samples but only "
+                            f"{free / 1e9:.2f} GB free; free space or pass --no-space-check")
+
+
+def _fingerprint(plan: Plan, recipe: Recipe, opts: Options) -> dict:
+    """The fingerprint the real run records (run.pack for one dataset, splits.pack_plan for splits)."""
+    if not plan.is_splits:
+        listing = plan.parts[0].listing
+        return fingerprint(recipe, opts, **listing_what(listing), source=source_identity(listing.root, [listing]))
+    return fingerprint(recipe, opts, splits={p.split: len(p.listing) for p in plan.parts}, classes=plan.classes,
+                       source=source_identity(plan.src, [p.listing for p in plan.parts]))
+
+
+def _lock_holder(out: Path) -> dict | None:
+    """The record of the run holding OUT's lock ({} when it wrote none yet), None when no process
+    holds it. A shared lock taken and dropped at once: nothing is created or written."""
+    try:
+        fd = os.open(lock_path(out), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:  # no lock file: no run holds it
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _lock_record(out) or {}
+    except OSError:  # a filesystem that cannot lock: the real run goes on after saying so
+        return None
+    finally:
+        os.close(fd)
+    return None
+
+
+def _lock_record(out: Path) -> dict | None:
+    try:
+        record = json.loads(lock_path(out).read_text() or "null")
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _existing(path: Path) -> Path:
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
