@@ -245,12 +245,14 @@ def info(out, as_json):
         from ..readers.records import info_document, print_document
         print_document(*info_document(out))
     from ..readers.manifest import ShardFormatError, dataset_dirs
-    from ..readers.verify import info_text
+    from ..readers.verify import info_text, one_line, shown
     try:
         for split, root in dataset_dirs(out):  # a splits root: each split in turn
-            click.echo(info_text(root) if split is None else f"split {split}: {info_text(root)}")
+            click.echo(info_text(root) if split is None else f"split {shown(split)}: {info_text(root)}")
     except ShardFormatError as err:
-        raise click.ClickException(str(err)) from None
+        raise click.ClickException(one_line(err)) from None
+    except Exception as err:  # damage no check foresaw: still one line, never a traceback
+        raise click.ClickException(one_line(f"{out}: cannot read this output ({type(err).__name__}: {err})")) from None
 
 
 @main.command()
@@ -259,27 +261,31 @@ def info(out, as_json):
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON document on stdout, pass or fail (same exit status); progress on stderr.")
 def verify(out, quiet, as_json):
-    """Reread every sample of OUT and compare it with the checksums written at pack time.
+    """Check OUT: every index column and manifest field the readers rely on, against each other
+    and the data, and every sample reread and compared with the checksums written at pack time.
 
-    Exit status 1 when any sample differs, naming each by index and source path."""
+    Exit status 1 when anything differs: each problem and each differing sample (by index and
+    source path) on a line of its own, then a summary on stderr."""
     if as_json:
         from ..readers.records import verify_document, print_document
         print_document(*verify_document(out, progress=not quiet))
     from ..readers.manifest import ShardFormatError, dataset_dirs
+    from ..readers.verify import one_line, shown
     from ..readers.verify import verify as run_verify
     failed = False
-    for _, root in dataset_dirs(out):  # a splits root: every split
-        try:
+    try:
+        for _, root in dataset_dirs(out):  # a splits root: every split
             result = run_verify(root, progress=not quiet)
-        except ShardFormatError as err:
-            raise click.ClickException(str(err)) from None
-        for m in result.mismatches:
-            click.echo(f"MISMATCH sample {m.index} ({m.path}): {m.problem}")
-        if not result.ok:
-            click.echo(f"{root}: {len(result.mismatches)} of {result.count} samples differ", err=True)
-            failed = True
-        else:
-            click.echo(f"{root}: all {result.count} samples match their checksums")
+            for problem in result.problems:
+                click.echo(f"PROBLEM {one_line(problem)}")
+            for m in result.mismatches:
+                click.echo(f"MISMATCH sample {m.index} ({shown(m.path)}): {one_line(m.problem)}")
+            click.echo(one_line(result.summary()), err=not result.ok)
+            failed = failed or not result.ok
+    except ShardFormatError as err:
+        raise click.ClickException(one_line(err)) from None
+    except Exception as err:  # damage no check foresaw: still one line, never a traceback
+        raise click.ClickException(one_line(f"{out}: cannot read this output ({type(err).__name__}: {err})")) from None
     if failed:
         sys.exit(1)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import os
 from collections.abc import Sequence
 
@@ -10,16 +11,32 @@ import torch
 from torch.utils.data import Dataset
 
 from .formats import open_reader
+from .formats.base import check_out
 from .manifest import Index, load_manifest, split_root
+
+
+def as_index(i) -> int:
+    """``i`` as a Python int when it is integer-like (int, numpy integer, 0-d integer tensor or
+    array); TypeError, as a list would raise, for anything else (floats, strings, bools, lists,
+    slices)."""
+    if (isinstance(i, (bool, np.bool_)) or (isinstance(i, torch.Tensor) and i.dtype == torch.bool)
+            or (isinstance(i, np.ndarray) and i.dtype == np.bool_)):
+        raise TypeError(f"ShardDataset indices must be integers, not {type(i).__name__} {i!r}")
+    try:
+        return operator.index(i)
+    except TypeError:
+        raise TypeError(f"ShardDataset indices must be integers, not {type(i).__name__}") from None
 
 
 class ShardDataset(Dataset):
     """Random access to a packed output, in any of the four formats (found from its manifest).
 
-    ``ds[i]`` returns ``(img, label)``: ``img`` a ``torch.uint8`` tensor of shape (3, H, W) (CHW,
-    as torchvision.transforms.v2 expects; a view of HWC memory, i.e. channels_last strides, so call
-    ``.contiguous()`` if you need standard strides) and ``label`` an int. ``transform`` is applied
-    to img and ``target_transform`` to label, as in torchvision.datasets.ImageFolder.
+    ``ds[i]`` (``i`` an int, numpy integer or integer tensor; negative counts from the end, as in
+    a list; TypeError for floats, strings, bools) returns ``(img, label)``: ``img`` a
+    ``torch.uint8`` tensor of shape (3, H, W) (CHW, as torchvision.transforms.v2 expects; a view
+    of HWC memory, i.e. channels_last strides, so call ``.contiguous()`` if you need standard
+    strides) and ``label`` an int. ``transform`` is applied to img and ``target_transform`` to
+    label, as in torchvision.datasets.ImageFolder.
 
     Attributes follow ImageFolder: ``classes`` (sorted class names), ``class_to_idx``,
     ``targets`` (numpy int64 array, memory-mapped), ``samples`` (a lazy read-only sequence of
@@ -34,7 +51,9 @@ class ShardDataset(Dataset):
 
     Raises ShardFormatError (a ValueError) naming the path when the output is incomplete, of an
     unknown version or damaged, when ``path`` is a splits root and ``split`` is missing or unknown
-    (the message lists the splits), and when ``split`` is given for a single dataset.
+    (the message lists the splits), and when ``split`` is given for a single dataset. Reading
+    raises it too, naming the file and the sample, for a sample whose stored size or shape
+    disagrees with the manifest and index, or a label outside the classes.
     """
 
     def __init__(self, path: str | os.PathLike, transform=None, target_transform=None, *,
@@ -69,7 +88,7 @@ class ShardDataset(Dataset):
         return self.index.path(self._check(i))
 
     def _check(self, i) -> int:
-        i = int(i)
+        i = as_index(i)
         n = self.index.count
         if not -n <= i < n:
             raise IndexError(f"index {i} out of range for {n} samples in {self.root}")
@@ -84,13 +103,15 @@ class ShardDataset(Dataset):
 
     def __getitem__(self, i):
         i = self._check(i)
-        h, w, c = (int(v) for v in self.index.shapes[i])
-        hwc = torch.empty((h, w, c), dtype=torch.uint8)
+        hwc = torch.empty(self.index.shape(i), dtype=torch.uint8)
         self.reader.read_into(i, hwc.numpy())
-        return self._finish(hwc.permute(2, 0, 1), int(self.index.labels[i]))
+        return self._finish(hwc.permute(2, 0, 1), self.index.label(i))
 
     def _indices(self, indices) -> np.ndarray:
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        idx = np.asarray(indices)
+        if idx.size and (idx.dtype.kind not in "iu"):
+            raise TypeError(f"ShardDataset indices must be integers, not {idx.dtype}")
+        idx = idx.astype(np.int64, copy=False).reshape(-1)
         n = self.index.count
         bad = (idx < -n) | (idx >= n)
         if bad.any():
@@ -114,17 +135,20 @@ class ShardDataset(Dataset):
 
         ``out``: a C-contiguous (B, H, W, 3) uint8 numpy array to fill instead of a new one
         (reusing a buffer saves the page faults of fresh memory). Fixed-shape outputs only:
-        raises ValueError for variable-shape ones (read those per sample), IndexError for an
-        index out of range.
+        raises ValueError for variable-shape ones (read those per sample) and for an ``out`` of
+        another shape or dtype (before reading anything), IndexError for an index out of range,
+        TypeError for indices that are not integers.
         """
         if self.reader.shape is None:
             raise ValueError(f"{self.root}: samples have different shapes; read them one by one")
         idx = self._indices(indices)
+        if out is not None:
+            check_out(out, len(idx), self.reader.shape)
+        labels = torch.from_numpy(self.index.labels_at(idx))
         if out is None:
             out = self.reader.read_batch(idx)
         else:
             self.reader.read_batch_into(idx, out)
-        labels = torch.from_numpy(np.asarray(self.index.labels[idx], dtype=np.int64))
         return torch.from_numpy(out).permute(0, 3, 1, 2), labels
 
     def __getitems__(self, indices):
@@ -138,9 +162,11 @@ class ShardDataset(Dataset):
         if self.reader.shape is None:
             return [self[i] for i in indices]
         idx = self._indices(indices)
+        if not len(idx):
+            return []
+        labels = self.index.labels_at(idx).tolist()
         hwc, rows = self._read_sorted(idx)
         chw = torch.from_numpy(hwc).permute(0, 3, 1, 2)
-        labels = self.index.labels[idx].tolist()
         return [self._finish(chw[r], label) for r, label in zip(rows.tolist(), labels)]
 
     def __repr__(self):
@@ -163,4 +189,4 @@ class _Samples(Sequence):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         i = self._ds._check(i)
-        return os.path.join(self._root, self._ds.index.path(i)), int(self._ds.index.labels[i])
+        return os.path.join(self._root, self._ds.index.path(i)), self._ds.index.label(i)

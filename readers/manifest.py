@@ -90,8 +90,9 @@ def load_manifest(root: str | os.PathLike) -> dict:
     """Read and check ``root/manifest.json``.
 
     Raises ShardFormatError naming the path when root is not a directory, the manifest is missing
-    (an incomplete or foreign directory), unreadable, of another format version, or when a data
-    file it lists is missing or has another size than recorded.
+    (an incomplete or foreign directory), unreadable, of another format version, when a field a
+    reader relies on is missing or inconsistent (see manifest_problems), or when a data file it
+    lists is missing or has another size than recorded.
     """
     root = Path(root).expanduser()
     if not root.is_dir():
@@ -115,7 +116,10 @@ def load_manifest(root: str | os.PathLike) -> dict:
         )
     if manifest.get("format") not in FORMATS:
         raise ShardFormatError(f"{path}: unknown format {manifest.get('format')!r}")
-    for name, size in manifest.get("files", {}).items():
+    problems = manifest_problems(manifest)
+    if problems:
+        raise ShardFormatError(f"{path}: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+    for name, size in manifest["files"].items():
         f = root / name
         if not f.is_file():
             raise ShardFormatError(f"{root}: {name} is missing (listed in {MANIFEST})")
@@ -126,10 +130,67 @@ def load_manifest(root: str | os.PathLike) -> dict:
     return manifest
 
 
+# The files each format's reader opens, which its manifest's "files" must list.
+DATA_FILES = {"lmdb": ("data.mdb",), "npy": (NPY_IMAGES,), "hdf5": (HDF5_FILE,), "wds": (WDS_OFFSETS,)}
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def manifest_problems(m: dict) -> list[str]:
+    """Each way the dataset manifest ``m`` breaks what the readers rely on, one line each (empty:
+    none): count, shape (null or [H, W, 3], and as the pixel recipe says when there is one),
+    dtype and layout, classes and class_to_idx (a sorted-index map of exactly the classes), files
+    (the format's data files and index/labels.npy listed with sizes), source_modes."""
+    out = []
+    count, shape, fmt = m.get("count"), m.get("shape"), m.get("format")
+    if not _is_int(count) or count < 0:
+        out.append(f"count {json.dumps(count)} is not a number of samples")
+    if shape is not None and not (isinstance(shape, list) and len(shape) == 3 and all(_is_int(v) and v > 0 for v in shape)
+                                  and shape[2] == 3):
+        out.append(f"shape {json.dumps(shape)} is neither null (variable shapes) nor [H, W, 3]")
+        shape = []  # checked no further
+    px = m.get("pixels", {})
+    if not isinstance(px, dict):
+        out.append("pixels (how the samples were made) is not a section")
+    elif shape != []:
+        if isinstance(px.get("variable_shape"), bool) and px["variable_shape"] != (shape is None):
+            out.append(f"shape {json.dumps(shape)} but pixels.variable_shape is {json.dumps(px['variable_shape'])}")
+        elif shape is not None and _is_int(px.get("size")) and shape[:2] != [px["size"]] * 2:
+            out.append(f"shape {json.dumps(shape)} but the samples were made {px['size']} x {px['size']}")
+    if m.get("dtype", "uint8") != "uint8" or m.get("layout", "HWC") != "HWC":
+        out.append(f"dtype {m.get('dtype')!r} layout {m.get('layout')!r}, readers serve uint8 HWC")
+    classes, to_idx = m.get("classes"), m.get("class_to_idx")
+    if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+        out.append("classes is not a list of names")
+    elif len(set(classes)) != len(classes):
+        out.append("classes names a class twice")
+    elif not isinstance(to_idx, dict) or to_idx != {c: i for i, c in enumerate(classes)}:
+        out.append("class_to_idx does not map each of classes to its position")
+    files = m.get("files")
+    if not isinstance(files, dict) or not all(isinstance(k, str) and _is_int(v) and v >= 0 for k, v in files.items()):
+        out.append("files is not a map of file names to sizes")
+    else:
+        need = [*DATA_FILES.get(fmt, ()), f"{INDEX_DIR}/{COLUMNS['labels']}"]
+        if shape is None:
+            need.append(f"{INDEX_DIR}/{COLUMNS['shapes']}")
+            need += [NPY_OFFSETS] if fmt == "npy" else []
+        missing = [f for f in need if f not in files]
+        if missing:
+            out.append(f"files lists no {', '.join(missing)}, which a {fmt} output "
+                       f"{'of variable shapes ' if shape is None else ''}has")
+    modes = m.get("source_modes", [])
+    if not isinstance(modes, list) or not all(isinstance(v, str) for v in modes):
+        out.append("source_modes is not a list of mode names")
+    return out
+
+
 def read_splits(root: str | os.PathLike) -> dict | None:
     """The top-level manifest of the splits root ``root`` (see SPLITS_KIND), or None when root is
     not one (a single dataset, or no manifest). Raises ShardFormatError for an unreadable
-    manifest or a split folder it lists that has no manifest of its own."""
+    manifest, one that lists no splits or a split folder outside root, and a split folder it lists
+    that has no manifest of its own."""
     root = Path(root).expanduser()
     path = root / MANIFEST
     if not path.is_file():
@@ -137,8 +198,14 @@ def read_splits(root: str | os.PathLike) -> dict | None:
     top = _read_json(path)
     if top.get("kind") != SPLITS_KIND:
         return None
-    for name, entry in top.get("splits", {}).items():
-        if not (root / entry["path"] / MANIFEST).is_file():
+    splits = top.get("splits")
+    if not isinstance(splits, dict) or not splits:
+        raise ShardFormatError(f"{path}: a splits manifest that lists no splits")
+    for name, entry in splits.items():
+        where = entry.get("path") if isinstance(entry, dict) else None
+        if not isinstance(where, str) or not where or Path(where).is_absolute() or ".." in Path(where).parts:
+            raise ShardFormatError(f"{path}: split {name!r} has no folder inside {root} ({where!r})")
+        if not (root / where / MANIFEST).is_file():
             raise ShardFormatError(f"{root}: split {name!r} ({entry['path']}/{MANIFEST}) is missing")
     return top
 
@@ -184,9 +251,35 @@ def _splits_hint(root: Path, top: dict) -> str:
 
 def _read_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
+        obj = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise ShardFormatError(f"{path}: unreadable manifest ({err})") from None
+    if not isinstance(obj, dict):
+        raise ShardFormatError(f"{path}: unreadable manifest (a JSON {type(obj).__name__}, not an object)")
+    return obj
+
+
+def load_npy(path, dtype=None, shape=None) -> np.ndarray:
+    """``np.load(path, mmap_mode="r")`` as a plain ndarray view of the read-only map (indexing it
+    runs in C, not through np.memmap's Python ``__getitem__``), raising ShardFormatError naming
+    ``path`` when it cannot be read (missing, truncated, not .npy) or is not of ``dtype`` ("i":
+    any integer type) and ``shape`` (None in it: any length there)."""
+    try:
+        a = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError) as err:
+        raise ShardFormatError(f"{path}: not a readable .npy array ({err})") from None
+    return expect_array(a.view(np.ndarray), path, dtype, shape)
+
+
+def expect_array(a: np.ndarray, path, dtype=None, shape=None) -> np.ndarray:
+    """``a``, after checking it is of ``dtype`` and ``shape`` as load_npy says."""
+    kind_ok = dtype is None or (a.dtype.kind in "iu" if dtype == "i" else a.dtype == dtype)
+    shape_ok = shape is None or (a.ndim == len(shape) and all(w in (None, n) for w, n in zip(shape, a.shape)))
+    if not (kind_ok and shape_ok):
+        want = "integer" if dtype == "i" else (str(np.dtype(dtype)) if dtype is not None else "")
+        dims = "" if shape is None else " (" + ", ".join("N" if w is None else str(w) for w in shape) + ")"
+        raise ShardFormatError(f"{path}: {a.dtype} {a.shape}, expected {want}{dims}")
+    return a
 
 
 def write_json_atomic(path: Path, obj, sync: bool = True) -> None:
@@ -207,12 +300,15 @@ class Index:
 
     ``labels`` int64 (count,), ``checksums`` uint64 (count,), ``source_size`` int32 (count, 2),
     ``source_mode`` uint8 (count,), ``shapes`` int32 (count, 3). Opening costs a few ``np.load``
-    calls whatever the count. Pickles as its directory, so workers re-map it themselves.
+    calls whatever the count, each column checked for its dtype and rows (ShardFormatError naming
+    the file otherwise); ``label(i)``, ``labels_at(idx)`` and ``shape(i)`` check each value they
+    hand out. Pickles as its directory, so workers re-map it themselves.
     """
 
     def __init__(self, root: str | os.PathLike, manifest: dict):
         self.root = Path(root)
         self.count = int(manifest["count"])
+        self.num_classes = len(manifest["classes"])
         self.source_modes = manifest.get("source_modes", [])
         self._fixed_shape = manifest.get("shape")
         self._open()
@@ -220,36 +316,76 @@ class Index:
     def _open(self):
         d = self.root / INDEX_DIR
 
-        def col(name):
+        def col(name, dtype, width=None):
             f = d / COLUMNS[name]
             if not f.exists():
                 return None
-            a = np.load(f, mmap_mode="r")
-            if len(a) != self.count + (name == "path_offsets"):
-                raise ShardFormatError(f"{f}: {len(a)} rows, the manifest says {self.count} samples")
-            return a
+            rows = self.count + (name == "path_offsets")
+            a = load_npy(f)
+            if a.ndim < 1 or len(a) != rows:
+                raise ShardFormatError(f"{f}: {len(a) if a.ndim else 0} rows, the manifest says {self.count} samples")
+            return expect_array(a, f, dtype, (rows,) if width is None else (rows, width))
 
-        self.labels = col("labels")
+        self.labels = col("labels", "i")
         if self.labels is None:
             raise ShardFormatError(f"{d / COLUMNS['labels']} is missing")
-        self.checksums = col("checksums")
-        self.source_size = col("source_size")
-        self.source_mode = col("source_mode")
-        self.path_offsets = col("path_offsets")
-        self._paths = np.memmap(d / PATHS_BLOB, np.uint8, "r")  # count >= 1: never empty
-        shapes = col("shapes")
-        if shapes is None:
-            shapes = np.broadcast_to(np.asarray(self._fixed_shape, np.int32), (self.count, 3))
-        self.shapes = shapes
+        self.checksums = col("checksums", np.uint64)
+        self.source_size = col("source_size", "i", 2)
+        self.source_mode = col("source_mode", "i")
+        self.path_offsets = col("path_offsets", "i")
+        try:
+            self._paths = np.memmap(d / PATHS_BLOB, np.uint8, "r")
+        except (OSError, ValueError) as err:
+            raise ShardFormatError(f"{d / PATHS_BLOB}: cannot map it ({err})") from None
+        if self._fixed_shape is None:
+            self.shapes = col("shapes", "i", 3)
+            if self.shapes is None:
+                raise ShardFormatError(f"{d / COLUMNS['shapes']} is missing, and the manifest's shape is null "
+                                       "(samples of different shapes)")
+        else:  # every sample has the manifest's shape (checked by load_manifest)
+            self.shapes = np.broadcast_to(np.asarray(self._fixed_shape, np.int32), (self.count, 3))
+        self._shape = tuple(self._fixed_shape) if self._fixed_shape is not None else None
+
+    def label(self, i: int) -> int:
+        """Sample i's label, checked to be one of the classes."""
+        v = int(self.labels[i])
+        if not 0 <= v < self.num_classes:
+            self._bad_label(i, v)
+        return v
+
+    def labels_at(self, idx: np.ndarray) -> np.ndarray:
+        """The labels (int64) of samples ``idx``, checked to be classes."""
+        v = np.asarray(self.labels[idx], dtype=np.int64)
+        if len(v) and (v.min() < 0 or v.max() >= self.num_classes):
+            k = int(np.flatnonzero((v < 0) | (v >= self.num_classes))[0])
+            self._bad_label(int(idx[k]), int(v[k]))
+        return v
+
+    def _bad_label(self, i: int, v: int):
+        raise ShardFormatError(f"{self.root / INDEX_DIR / COLUMNS['labels']}: sample {i} has label {v}, "
+                               f"not one of the {self.num_classes} classes")
+
+    def shape(self, i: int) -> tuple[int, int, int]:
+        """Sample i's (H, W, 3), checked to be one."""
+        if self._shape is not None:
+            return self._shape
+        h, w, c = self.shapes[i].tolist()
+        if c != 3 or h < 1 or w < 1:
+            raise ShardFormatError(f"{self.root / INDEX_DIR / COLUMNS['shapes']}: sample {i} has shape "
+                                   f"{(h, w, c)}, not (H, W, 3)")
+        return h, w, c
 
     def path(self, i: int) -> str:
         """Source path of sample i, relative to the packed SRC, exactly as it was on disk."""
         a, b = int(self.path_offsets[i]), int(self.path_offsets[i + 1])
+        if not 0 <= a <= b <= len(self._paths):
+            raise ShardFormatError(f"{self.root / INDEX_DIR / COLUMNS['path_offsets']}: sample {i} has bytes "
+                                   f"{a}..{b}, outside the {len(self._paths)} of {PATHS_BLOB}")
         return os.fsdecode(self._paths[a:b].tobytes())
 
     def __getstate__(self):
-        return {"root": self.root, "count": self.count, "source_modes": self.source_modes,
-                "_fixed_shape": self._fixed_shape}
+        return {"root": self.root, "count": self.count, "num_classes": self.num_classes,
+                "source_modes": self.source_modes, "_fixed_shape": self._fixed_shape}
 
     def __setstate__(self, state):
         self.__dict__.update(state)

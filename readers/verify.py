@@ -10,7 +10,8 @@ import numpy as np
 import xxhash
 
 from .formats import open_reader
-from .manifest import HDF5_FILE, NPY_LABELS, SKIPPED, Index, load_manifest
+from .manifest import (COLUMNS, HDF5_FILE, INDEX_DIR, NPY_LABELS, NPY_OFFSETS, PATHS_BLOB, SKIPPED,
+                       WDS_OFFSETS, WDS_SHARD, Index, ShardFormatError, expect_array, load_manifest, load_npy)
 
 
 @dataclass
@@ -22,90 +23,225 @@ class Mismatch:
 
 @dataclass
 class VerifyResult:
+    """``problems``: one line each for the index columns, manifest fields and data files that
+    disagree with each other; ``mismatches``: the samples whose pixels or labels differ."""
     root: Path
     count: int
     mismatches: list[Mismatch] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    reread: bool = False  # whether the samples were reread (not when the data files cannot be opened)
+
+    def summary(self) -> str:
+        """One line: what differs, or that nothing does."""
+        if self.ok:
+            return f"{self.root}: all {self.count} samples match their checksums, index and manifest"
+        problems = f"{len(self.problems)} problem(s) in its index or data files; " if self.problems else ""
+        samples = (f"{len(self.mismatches)} of {self.count} samples differ" if self.reread
+                   else "its samples could not be reread")
+        return f"{self.root}: {problems}{samples}"
 
     @property
     def ok(self) -> bool:
-        return not self.mismatches
+        return not self.mismatches and not self.problems
 
 
 def verify(root, progress: bool = False, limit: int = 1000) -> VerifyResult:
-    """Reread every sample of the output at ``root`` and compare its xxh3_64 with the checksum
-    written at pack time (index/checksums.npy), and the format's own label copies with
-    index/labels.npy.
+    """Check the output at ``root``: every index column and the format's own records against the
+    manifest, each other and the data (:func:`index_problems`, :func:`format_problems`), then
+    reread every sample through its reader (which checks its size and embedded .npy header
+    against the index) and compare its xxh3_64 with the checksum written at pack time
+    (index/checksums.npy), and the format's own label copies with index/labels.npy.
 
-    Returns a VerifyResult listing each mismatch by index and source path (at most ``limit``).
-    Raises ShardFormatError when the output is incomplete or its files do not match the manifest.
+    Returns a VerifyResult listing each problem as one line and each mismatch by index and source
+    path (at most ``limit``). Raises ShardFormatError (one line) when the output cannot be read
+    at all: incomplete, its manifest unreadable or inconsistent, an index column unreadable.
     """
     root = Path(root).expanduser()
     manifest = load_manifest(root)
     index = Index(root, manifest)
+    result = VerifyResult(root, index.count, problems=index_problems(root, manifest, index))
     reader = open_reader(root, manifest)
-    result = VerifyResult(root, index.count)
-    buf = np.empty(int(np.prod(manifest["shape"])) if manifest.get("shape") else 0, np.uint8)
+    try:
+        reader.check()  # sample 0 is read with the others below
+        result.problems += format_problems(root, manifest, index, reader)
+    except ShardFormatError as err:
+        result.problems.append(str(err))
+        return result
+    if index.checksums is None:
+        return result
+    result.reread = True
+    buf = np.empty(0, np.uint8)
     from .progress import progress as bar
     for i in bar(range(index.count), enabled=progress, unit="img", desc="verifying"):
-        shape = tuple(int(v) for v in index.shapes[i])
-        size = int(np.prod(shape))
-        if buf.size < size:
-            buf = np.empty(size, np.uint8)
-        out = buf[:size].reshape(shape)
         try:
+            shape = index.shape(i)
+            size = shape[0] * shape[1] * shape[2]
+            if buf.size < size:
+                buf = np.empty(size, np.uint8)
+            out = buf[:size].reshape(shape)
             reader.read_into(i, out)
         except Exception as err:  # a damaged record: report it, keep going
-            result.mismatches.append(Mismatch(i, index.path(i), f"unreadable: {err}"))
+            result.mismatches.append(Mismatch(i, _path(index, i), f"unreadable: {err}"))
         else:
             if xxhash.xxh3_64_intdigest(out) != int(index.checksums[i]):
-                result.mismatches.append(Mismatch(i, index.path(i), "pixel checksum differs"))
+                result.mismatches.append(Mismatch(i, _path(index, i), "pixel checksum differs"))
         if len(result.mismatches) >= limit:
             break
-    copy = _format_labels(root, manifest)
+    try:
+        copy = _format_labels(root, manifest, index.count)
+    except ShardFormatError as err:
+        result.problems.append(str(err))
+        copy = None
     if copy is not None:
         for i in np.flatnonzero(copy != index.labels)[:limit]:
-            result.mismatches.append(Mismatch(int(i), index.path(int(i)), "label differs from index/labels.npy"))
+            result.mismatches.append(Mismatch(int(i), _path(index, int(i)), "label differs from index/labels.npy"))
     return result
 
 
-def _format_labels(root: Path, manifest: dict) -> np.ndarray | None:
+def _path(index: Index, i: int) -> str:
+    try:
+        return index.path(i)
+    except ShardFormatError:
+        return "?"
+
+
+def _where(bad: np.ndarray, what: str) -> str | None:
+    """``what`` with how many samples ``bad`` (a boolean mask) flags and the first, or None."""
+    n = int(np.count_nonzero(bad))
+    return f"{what} for {n} sample{'s' if n > 1 else ''} (the first: sample {int(np.argmax(bad))})" if n else None
+
+
+def index_problems(root: Path, manifest: dict, index: Index) -> list[str]:
+    """Each way the index columns break what readers rely on, one line each: labels outside the
+    classes, path offsets not rising from 0 to the size of paths.bin, shapes that are not
+    (H >= 1, W >= 1, 3) or differ from a fixed manifest shape, source modes outside the list,
+    source sizes below 1x1, and a missing checksums column."""
+    d = root / INDEX_DIR
+    out = [_where((index.labels < 0) | (index.labels >= index.num_classes),
+                  f"{d / COLUMNS['labels']}: a label outside the {index.num_classes} classes")]
+    if index.checksums is None:
+        out.append(f"{d / COLUMNS['checksums']} is missing: the pixels cannot be checked")
+    offsets = index.path_offsets
+    if offsets is None:
+        out.append(f"{d / COLUMNS['path_offsets']} is missing")
+    elif offsets[0] != 0 or offsets[-1] != len(index._paths) or (np.diff(offsets) < 0).any():
+        out.append(f"{d / COLUMNS['path_offsets']}: does not rise from 0 to the {len(index._paths)} "
+                   f"bytes of {PATHS_BLOB}")
+    shapes = index.shapes
+    out.append(_where((shapes[:, 2] != 3) | (shapes[:, 0] < 1) | (shapes[:, 1] < 1),
+                      f"{d / COLUMNS['shapes']}: a shape that is not (H, W, 3)"))
+    stray = d / COLUMNS["shapes"]
+    if manifest.get("shape") is not None and stray.exists():
+        try:
+            col = np.load(stray, mmap_mode="r")
+            same = col.shape == (index.count, 3) and (col == np.asarray(manifest["shape"])).all()
+        except (OSError, ValueError):
+            same = False
+        if not same:
+            out.append(f"{stray}: differs from the manifest's shape {manifest['shape']}")
+    if index.source_mode is not None:
+        out.append(_where(index.source_mode >= len(index.source_modes),
+                          f"{d / COLUMNS['source_mode']}: a mode outside the manifest's source_modes"))
+    if index.source_size is not None:
+        out.append(_where((index.source_size < 1).any(axis=1), f"{d / COLUMNS['source_size']}: a size below 1x1"))
+    return [p for p in out if p]
+
+
+def format_problems(root: Path, manifest: dict, index: Index, reader) -> list[str]:
+    """The format's own records against the index and the data files, one line each: npy and
+    HDF5 byte offsets (rising from 0, each range the size its shape needs) and HDF5's own shapes;
+    wds offsets (shard numbers of shards that exist, rising, inside their shard); LMDB value
+    lengths (fixed shapes: H*W*3 each). ``reader`` is open (``reader.check()``)."""
+    fmt, need = manifest["format"], index.shapes.astype(np.int64).prod(axis=1)
+    out = []
+    if fmt in ("npy", "hdf5") and manifest.get("shape") is None:
+        where = root / (NPY_OFFSETS if fmt == "npy" else HDF5_FILE)
+        offsets = np.asarray(reader._offsets, np.int64)
+        if offsets[0] != 0 or (np.diff(offsets) < 0).any():
+            out.append(f"{where}: offsets do not rise from 0")
+        out.append(_where(np.diff(offsets) != need, f"{where}: a byte range of another size than its shape needs"))
+        if fmt == "hdf5":
+            out.append(_where((np.asarray(reader._shapes) != index.shapes).any(axis=1),
+                              f"{where}: shapes differ from {INDEX_DIR}/{COLUMNS['shapes']}"))
+    elif fmt == "wds":
+        at = np.asarray(reader._offsets, np.int64)
+        sizes = {int(n[6:12]): s for n, s in manifest["files"].items() if n.startswith("shard-")}
+        shard_size = np.array([sizes.get(int(s), -1) for s in at[:, 0].clip(0, max(sizes, default=0))])
+        missing = sorted({int(s) for s in at[:, 0]} - set(sizes))
+        if missing:
+            out.append(f"{root / WDS_OFFSETS}: names {WDS_SHARD.format(missing[0])}, not in the manifest's files")
+        order = at[:, 0] * (1 << 40) + at[:, 1]
+        if (np.diff(order) <= 0).any():
+            out.append(f"{root / WDS_OFFSETS}: (shard, offset) pairs do not rise sample by sample")
+        out.append(_where((at[:, 1] < 0) | (at[:, 1] + need > shard_size),
+                          f"{root / WDS_OFFSETS}: pixels beyond the end of their shard"))
+    elif fmt == "lmdb" and manifest.get("shape") is not None:
+        out.append(_where(reader._lengths != need, f"{root / 'data.mdb'}: a record of another size than H*W*3"))
+    return [p for p in out if p]
+
+
+def _format_labels(root: Path, manifest: dict, count: int) -> np.ndarray | None:
     """The copy of the labels that the format itself carries (npy, hdf5); None for the others,
-    whose only copy is the index's."""
+    whose only copy is the index's. Raises ShardFormatError when it is unreadable or not
+    ``count`` integers."""
     fmt = manifest["format"]
     if fmt == "npy":
-        return np.load(root / NPY_LABELS, mmap_mode="r")
+        return load_npy(root / NPY_LABELS, "i", (count,))
     if fmt == "hdf5":
         import h5py
-        with h5py.File(root / HDF5_FILE, "r") as f:
-            return f["labels"][:]
+        try:
+            with h5py.File(root / HDF5_FILE, "r") as f:
+                labels = f["labels"][:]
+        except (OSError, KeyError, ValueError) as err:
+            raise ShardFormatError(f"{root / HDF5_FILE}: no readable labels ({err})") from None
+        return expect_array(labels, f"{root / HDF5_FILE} labels", "i", (count,))
     return None
+
+
+def one_line(message: str) -> str:
+    """``message`` with line breaks escaped, so that it prints as one line."""
+    return str(message).replace("\r", "\\r").replace("\n", "\\n")
+
+
+def shown(name: str) -> str:
+    """A name as printed on one line: itself when printable, else its repr (newlines, control
+    characters, undecodable bytes escaped)."""
+    return name if name.isprintable() else repr(name)
 
 
 def info_text(root) -> str:
     """What ``shardpack info`` prints about an output: count, classes, shape, size on disk, how
-    the pixels were made, skipped files."""
+    the pixels were made, skipped files. Raises ShardFormatError (one line) when the output is
+    damaged: its manifest, index columns or data files' headers (not every sample: ``verify``)."""
     root = Path(root).expanduser()
     m = load_manifest(root)
+    index = Index(root, m)
+    open_reader(root, m).check(index.shape(0) if index.count else None)
     size = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
-    px = m["pixels"]
+    px, run = m.get("pixels", {}), m.get("run") if isinstance(m.get("run"), dict) else {}
+    classes = [shown(c) for c in m["classes"]]
     lines = [
-        f"{root}",
+        f"{shown(str(root))}",
         f"  format      {m['format']} (format version {m['format_version']})",
         f"  samples     {m['count']} of {m.get('scanned', m['count'])} files scanned",
-        f"  classes     {len(m['classes'])}: {', '.join(m['classes'][:5])}{' ...' if len(m['classes']) > 5 else ''}",
-        f"  shape       {tuple(m['shape']) if m.get('shape') else 'variable'} {m['dtype']} {m['layout']}",
+        f"  classes     {len(classes)}: {', '.join(classes[:5])}{' ...' if len(classes) > 5 else ''}",
+        f"  shape       {tuple(m['shape']) if m.get('shape') else 'variable'} {m.get('dtype', 'uint8')} "
+        f"{m.get('layout', 'HWC')}",
         f"  on disk     {size / 1e6:.1f} MB",
-        f"  pixels      {px['resize']} {px['size']} px, {px['filter']} (antialias), background "
-        f"{tuple(px['background'])}, draft {px['draft']}, allow_truncated {px['allow_truncated']}",
+        f"  pixels      {px.get('resize')} {px.get('size')} px, {px.get('filter')} (antialias), background "
+        f"{tuple(px.get('background') or ())}, draft {px.get('draft')}, allow_truncated {px.get('allow_truncated')}",
         f"              {px.get('reference', '')}",
-        "  made with   " + ", ".join(f"{k} {v}" for k, v in px.get("versions", {}).items()),
-        f"  run         {m['run'].get('finished')} on {m['run'].get('host')}, {m['run'].get('workers')} "
-        f"workers, {m['run'].get('seconds')} s, from {m['run'].get('source_root')}",
+        "  made with   " + ", ".join(f"{k} {v}" for k, v in (px.get("versions") or {}).items()),
+        f"  run         {run.get('finished')} on {run.get('host')}, {run.get('workers')} "
+        f"workers, {run.get('seconds')} s, from {shown(str(run.get('source_root')))}",
     ]
-    skipped = json.loads((root / SKIPPED).read_text()) if (root / SKIPPED).exists() else []
-    lines.append(f"  skipped     {len(skipped)} files" + (":" if skipped else ""))
-    for row in skipped[:20]:
-        lines.append(f"    {row['kind']}: {row['reason']}")
-    if len(skipped) > 20:
-        lines.append(f"    ... {len(skipped) - 20} more in {root / SKIPPED}")
+    try:
+        skipped = json.loads((root / SKIPPED).read_text()) if (root / SKIPPED).exists() else []
+        rows = [f"{r['kind']}: {r['reason']}" for r in skipped]
+    except (OSError, ValueError, TypeError, KeyError):
+        raise ShardFormatError(f"{root / SKIPPED}: not a list of skipped files") from None
+    lines.append(f"  skipped     {len(rows)} files" + (":" if rows else ""))
+    lines += [f"    {shown(r)}" for r in rows[:20]]
+    if len(rows) > 20:
+        lines.append(f"    ... {len(rows) - 20} more in {root / SKIPPED}")
     return "\n".join(lines)

@@ -1,14 +1,18 @@
-"""What every format reader shares: lazy per-process handles, pickling without them."""
+"""What every format reader shares: lazy per-process handles, pickling without them, and the
+checks of each sample served against the manifest and the index."""
 
 from __future__ import annotations
 
+import math
 import os
+import re
+import struct
 import threading
 from pathlib import Path
 
 import numpy as np
 
-from ..manifest import ShardFormatError
+from ..manifest import MANIFEST, ShardFormatError
 
 _open_lock = threading.Lock()
 
@@ -21,13 +25,61 @@ def _new_lock_after_fork():
 os.register_at_fork(after_in_child=_new_lock_after_fork)
 
 
+# The header of a .npy value (format 1.0, as np.lib.format.write_array_header_1_0 writes it for a
+# C-order uint8 array): magic, version, little-endian uint16 length, then the dict's repr.
+NPY_MAGIC = b"\x93NUMPY\x01\x00"
+_NPY_DICT = re.compile(rb"\{'descr': *'\|u1', *'fortran_order': *False, *'shape': *\( *(\d+), *(\d+), *(\d+) *,? *\), *\} *\n")
+
+
+def npy_value(buf, start: int, end: int, where, i: int) -> tuple[int, tuple[int, int, int]]:
+    """Where the pixels of sample i's .npy value ``buf[start:end]`` begin, and the shape its
+    header gives. Raises ShardFormatError naming the file ``where`` and the sample for anything
+    but a C-order uint8 (H, W, 3) array."""
+    if end - start < 10 or buf[start:start + 8] != NPY_MAGIC:
+        raise ShardFormatError(f"{where}: sample {i} is not a .npy array (no .npy header)")
+    data = start + 10 + struct.unpack_from("<H", buf, start + 8)[0]
+    match = _NPY_DICT.fullmatch(buf[start + 10:data]) if data <= end else None
+    if match is None:
+        raise ShardFormatError(f"{where}: sample {i}: its .npy header is not that of a C-order uint8 "
+                               "(H, W, 3) array")
+    return data, tuple(int(v) for v in match.groups())
+
+
+def check_value(where, i: int, shape, got_shape, nbytes: int, record: str = ".npy header") -> None:
+    """Raise ShardFormatError naming the file ``where`` and sample ``i`` unless a stored value's
+    shape (from its own ``record``, e.g. its .npy header; None: it has none) and byte count are
+    what the manifest and index say (``shape``). The message is built only on failure (this runs
+    per sample served)."""
+    if (got_shape is None or got_shape == shape) and nbytes == math.prod(shape):
+        return
+    if got_shape is not None and got_shape != shape:
+        raise ShardFormatError(f"{where}: sample {i}: its {record} says shape {got_shape}, "
+                               f"the index says {tuple(shape)}")
+    raise ShardFormatError(f"{where}: sample {i} holds {nbytes} bytes, its shape {tuple(shape)} "
+                           f"needs {math.prod(shape)}")
+
+
 def ragged_view(flat: np.ndarray, offsets: np.ndarray, i: int, out: np.ndarray, where) -> np.ndarray:
     """Sample i of a flat uint8 array with byte ``offsets`` (count + 1,), shaped as ``out``.
-    Raises ShardFormatError naming ``where`` when its byte count differs from out's."""
+    Raises ShardFormatError naming ``where`` and the sample when its byte range is not inside the
+    array or its byte count differs from out's."""
     a, b = int(offsets[i]), int(offsets[i + 1])
-    if b - a != out.nbytes:
-        raise ShardFormatError(f"{where}: sample {i} holds {b - a} bytes, its shape {out.shape} needs {out.nbytes}")
+    if not 0 <= a <= b <= len(flat):
+        raise ShardFormatError(f"{where}: sample {i} has bytes {a}..{b}, outside the {len(flat)} stored")
+    check_value(where, i, out.shape, None, b - a)
     return flat[a:b].reshape(out.shape)
+
+
+def check_out(out, count: int, shape) -> None:
+    """Raise ValueError unless ``out`` is a writeable C-contiguous uint8 numpy array of shape
+    (count, *shape): checked before anything is read into it."""
+    if not isinstance(out, np.ndarray):
+        raise ValueError(f"out must be a numpy array, not {type(out).__name__}")
+    want = (count, *shape)
+    if out.shape != want or out.dtype != np.uint8 or not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError(f"out must be a writeable C-contiguous uint8 array of shape {want}; got "
+                         f"{out.dtype} {out.shape}{'' if out.flags.c_contiguous else ' not C-contiguous'}"
+                         f"{'' if out.flags.writeable else ' read-only'}")
 
 
 def take_into(images: np.ndarray, indices: np.ndarray, out: np.ndarray) -> None:
@@ -52,24 +104,60 @@ class Reader:
 
     Handles are keyed to the pid that opened them: a forked child that inherited an opened reader
     reopens its own instead of touching the parent's (LMDB and HDF5 handles are not fork-safe).
+    Files are opened by path, so each opening (lazily, in each process, after construction) first
+    checks that manifest.json is still the one this reader was built from: an output packed again
+    into the same OUT meanwhile (``--overwrite``) raises ShardFormatError instead of pairing the
+    new files with the old index.
     """
 
     _handles: tuple[str, ...] = ()
+    fmt = ""  # the format's name, for messages
 
     def __init__(self, root, manifest):
         self.root = Path(root)
         self.count = int(manifest["count"])
         self.shape = tuple(manifest["shape"]) if manifest.get("shape") else None
         self._pid = None
+        self._stamp = self._manifest_stamp()
+
+    def _manifest_stamp(self):
+        try:
+            st = os.stat(self.root / MANIFEST)
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+    def check_unchanged(self) -> None:
+        """Raise ShardFormatError when OUT's manifest.json is no longer the one this reader was
+        built from (OUT packed again, or removed)."""
+        if self._manifest_stamp() != self._stamp:
+            raise ShardFormatError(f"{self.root} was packed again or removed after this dataset was "
+                                   "opened; open it again")
 
     def _ensure_open(self):
         if self._pid != os.getpid():
             with _open_lock:  # loader threads reading a fresh reader at once open it once
                 if self._pid != os.getpid():
+                    self.check_unchanged()
                     for name in self._handles:
                         setattr(self, name, None)  # drop inherited handles without closing the parent's
-                    self._open()
+                    try:
+                        self._open()
+                    except ShardFormatError:
+                        raise
+                    except (OSError, ValueError, KeyError, TypeError, IndexError, struct.error) as err:
+                        # a damaged or foreign data file, as numpy, h5py or mmap word it
+                        raise ShardFormatError(f"{self.root}: cannot open its {self.fmt} data "
+                                               f"({type(err).__name__}: {err})") from None
                     self._pid = os.getpid()
+
+    def check(self, first_shape=None) -> None:
+        """Open the data files (their headers, shapes and sizes against the manifest) and, given
+        sample 0's (H, W, 3), read it: raises ShardFormatError naming the file for a damaged
+        output. ``shardpack info`` and ``verify`` call it."""
+        self._ensure_open()
+        if first_shape is not None and self.count:
+            self.read_into(0, np.empty(first_shape, np.uint8))
 
     def _open(self):
         raise NotImplementedError
@@ -80,6 +168,7 @@ class Reader:
 
     def read_batch_into(self, indices: np.ndarray, out: np.ndarray) -> None:
         """Copy samples ``indices`` into ``out`` of shape (len(indices), H, W, 3): fixed shapes only."""
+        check_out(out, len(indices), self.shape)
         for k, i in enumerate(indices):
             self.read_into(int(i), out[k])
 
@@ -109,9 +198,10 @@ class MemmapReader(Reader):
         self._ensure_open()
         if self.shape is None:
             out[...] = ragged_view(self._images, self._offsets, i, out, self.root / self.data_file)
-        else:
+        else:  # the memmap's (count, H, W, 3) was checked against the manifest when opened
             out[...] = self._images[i]
 
     def read_batch_into(self, indices, out):
+        check_out(out, len(indices), self.shape)
         self._ensure_open()
         take_into(self._images, indices, out)

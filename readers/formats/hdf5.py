@@ -7,7 +7,8 @@ shared between processes (h5py is not fork-safe).
 
 Variable shapes (manifest ``shape`` null): ``images`` is one flat contiguous uint8 dataset,
 ``offsets`` int64 (count + 1,) gives each sample's byte range in it and ``shapes`` int32
-(count, 3) its (H, W, 3); both are memory-mapped the same way."""
+(count, 3) its (H, W, 3); both are memory-mapped the same way, and each sample served is checked
+against both and against ``index/shapes.npy``."""
 
 from __future__ import annotations
 
@@ -15,37 +16,62 @@ import h5py
 import numpy as np
 
 from ..manifest import HDF5_FILE, ShardFormatError
-from .base import MemmapReader
+from .base import MemmapReader, check_value, ragged_view
 
 
 def dataset_offset(path, name="images"):
     """Byte offset, shape and dtype of contiguous dataset ``name`` in the HDF5 file ``path``.
 
-    Raises ShardFormatError when the dataset is chunked, compressed or not yet allocated.
+    Raises ShardFormatError naming the file when it is not a readable HDF5 file, lacks the
+    dataset, or the dataset is chunked, compressed, not yet allocated or beyond the file's end.
     """
-    with h5py.File(path, "r") as f:
-        ds = f[name]
-        offset = ds.id.get_offset()
-        if ds.chunks is not None or offset is None:
-            raise ShardFormatError(f"{path}: dataset {name!r} is not contiguous and allocated")
-        return offset, ds.shape, ds.dtype
+    try:
+        with h5py.File(path, "r") as f:
+            ds = f.get(name)
+            if not isinstance(ds, h5py.Dataset):
+                raise ShardFormatError(f"{path}: no dataset {name!r}")
+            offset = ds.id.get_offset()
+            if ds.chunks is not None or offset is None:
+                raise ShardFormatError(f"{path}: dataset {name!r} is not contiguous and allocated")
+            shape, dtype = ds.shape, ds.dtype
+    except (OSError, KeyError, ValueError) as err:
+        if isinstance(err, ShardFormatError):
+            raise
+        raise ShardFormatError(f"{path}: not a readable HDF5 file ({err})") from None
+    if offset + int(np.prod(shape)) * dtype.itemsize > path.stat().st_size:
+        raise ShardFormatError(f"{path}: dataset {name!r} runs past the end of the file")
+    return offset, shape, dtype
 
 
 def _map(path, name):
+    """Dataset ``name`` as a plain ndarray view of a read-only memmap (C-level indexing)."""
     offset, shape, dtype = dataset_offset(path, name)
-    return np.memmap(path, dtype, "r", offset=offset, shape=shape)
+    return np.memmap(path, dtype, "r", offset=offset, shape=shape).view(np.ndarray)
 
 
 class Hdf5Reader(MemmapReader):
     data_file = HDF5_FILE
+    fmt = "hdf5"
+    _handles = ("_images", "_offsets", "_shapes")
+
+    def read_into(self, i, out):
+        self._ensure_open()
+        if self.shape is None:  # the file's own shapes column, against the index's
+            check_value(self.root / HDF5_FILE, i, out.shape, tuple(self._shapes[i].tolist()), out.nbytes,
+                        "row in the shapes dataset")
+            out[...] = ragged_view(self._images, self._offsets, i, out, self.root / HDF5_FILE)
+        else:
+            out[...] = self._images[i]
 
     def _open(self):
         path = self.root / HDF5_FILE
         self._images = _map(path, "images")
         if self.shape is None:
             self._offsets = _map(path, "offsets")
-            ok = self._offsets.shape == (self.count + 1,) and self._images.shape == (int(self._offsets[-1]),)
-            expect = f"{self.count} samples in {self._offsets.shape} offsets"
+            self._shapes = _map(path, "shapes")
+            ok = (self._offsets.shape == (self.count + 1,) and self._offsets.dtype.kind in "iu"
+                  and self._shapes.shape == (self.count, 3) and self._images.shape == (int(self._offsets[-1]),))
+            expect = f"{self.count} samples in {self._offsets.shape} offsets, {self._shapes.shape} shapes"
         else:
             ok = self._images.shape == (self.count, *self.shape)
             expect = str((self.count, *self.shape))

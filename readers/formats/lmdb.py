@@ -1,82 +1,232 @@
-"""Reader of the ``lmdb`` format: random access to one LMDB environment, a record per sample.
+"""Reader of the ``lmdb`` format: records located once with LMDB, then read from data.mdb directly.
 
 OUT is one LMDB environment (data.mdb), key ``sample_key(i)``, value the raw H*W*3 uint8 bytes
 (HWC). Variable-shape outputs (manifest ``shape`` null) store each value in .npy format instead,
-its header carrying the sample's shape (``np.load(io.BytesIO(value))``). Opened read-only,
-without locking, once per process."""
+its header carrying the sample's shape (``np.load(io.BytesIO(value))``).
+
+No LMDB environment stays open while samples are served. On first use in a process the reader
+opens the environment read-only, finds where each record's value lies in data.mdb (:func:`locate`:
+from the B-tree's pages, checked against LMDB, else by a cursor walk; every key must be
+``sample_key(i)`` in order), closes the environment, and then copies pixels out of its own
+read-only mmap of data.mdb, checking each value's length (and, for variable shapes, its .npy
+header) against the index. So a user's ``lmdb.open(OUT)`` works before, during and after a
+ShardDataset in the same process (py-lmdb refuses a second Environment on the same files), and no
+process-wide cache can outlive the file it maps: a dataset opened after ``pack --overwrite`` maps
+the new data.mdb.
+
+The locations are two numpy arrays kept on the reader, int64 offsets and uint32 lengths (12 bytes
+a sample, 15 MB for 1.28M). They are pickled with it (pickling locates first), so spawn workers
+do not locate again, and forked children inherit them; a child whose data.mdb is no longer the
+file they were found in (another inode, size or mtime: a repack) locates again.
+"""
 
 from __future__ import annotations
 
+import ctypes
+import math
+import mmap
 import os
-import struct
+import sys
+from pathlib import Path
 
 import lmdb
 import numpy as np
 
 from ..manifest import ShardFormatError, sample_key
-from .base import Reader
+from .base import Reader, check_out, check_value, npy_value
+from .lmdb_pages import P_LEAF, P_OVERFLOW, PAGE_HEADER, Records, meta, read_pages
+
+DATA = "data.mdb"
 
 
-_ENVS: dict = {}  # path -> Environment: py-lmdb allows one open per environment per process
+def _address(value) -> int:
+    return np.frombuffer(value, np.uint8).ctypes.data
 
 
-def _environment(path: str) -> lmdb.Environment:
-    env = _ENVS.get(path)
-    if env is None:
-        env = _ENVS[path] = lmdb.open(path, subdir=True, readonly=True, lock=False,
-                                      readahead=False, meminit=False, max_readers=1)
-    return env
+def _map_base(value, data: mmap.mmap, psize: int, path: Path) -> int:
+    """The address at which LMDB mapped data.mdb (``path``), found from ``value``, a buffer into
+    that map. (``env.info()["map_addr"]`` is no help: LMDB reports 0 there unless MDB_FIXEDMAP.)
+
+    LMDB maps the whole file from offset 0 and every page starts with its own page number, so the
+    page holding the value gives ``base = page address - pgno * psize``: an overflow page (the
+    value starts right after its header) or else the leaf page (psize-aligned) around it. Each
+    candidate must show the same page header at ``pgno * psize`` in ``data`` (our own map of the
+    file) and the whole value at its offset. Only memory inside LMDB's map is read.
+    """
+    addr = _address(value)
+    for page, kind in ((addr - PAGE_HEADER, P_OVERFLOW), (addr - addr % psize, P_LEAF)):
+        head = ctypes.string_at(page, PAGE_HEADER)
+        at = int.from_bytes(head[:8], sys.byteorder) * psize
+        flags = int.from_bytes(head[10:12], sys.byteorder)
+        offset = addr - page + at
+        if (flags & kind and at + PAGE_HEADER <= len(data) and data[at:at + PAGE_HEADER] == head
+                and data[offset:offset + len(value)] == bytes(value)):
+            return page - at
+    raise ShardFormatError(f"{path}: cannot find where LMDB's records lie in it (pages of {psize} bytes)")
 
 
-def _close_inherited():
-    """In a forked child, close the parent's environments (read-only, lock-free: this only
-    unmaps the child's copy) so that the child opens its own and py-lmdb's one-open guard
-    does not refuse it."""
-    for env in _ENVS.values():
-        env.close()
-    _ENVS.clear()
+def locate(root: Path, count: int, data: mmap.mmap) -> tuple[np.ndarray, np.ndarray]:
+    """Offsets (int64) and lengths (uint32) in data.mdb of the values of the ``count`` records of
+    the LMDB environment ``root``, whose file ``data`` is mapped. The environment is opened
+    read-only without locking and closed again before this returns.
+
+    The records are read from the B-tree's pages (lmdb_pages.py) when LMDB agrees with them (its
+    record count, and the values of a spread of 64 records fetched with ``txn.get`` found at those
+    offsets), else by a cursor walk. When another Environment of this process has the files open
+    (a user's ``lmdb.open(OUT)``; py-lmdb allows one), the pages alone are read. Raises
+    ShardFormatError naming the file when LMDB cannot read it, the records are not keys
+    ``sample_key(0..count-1)`` in order, or a value lies outside the file."""
+    path = root / DATA
+    current = meta(data)
+    if current is not None and (current["last_page"] + 1) * current["psize"] > len(data):
+        raise ShardFormatError(f"{path}: {len(data)} bytes, cut short: LMDB's meta page says it holds "
+                               f"{current['last_page'] + 1} pages of {current['psize']} bytes")
+    env = None
+    try:
+        env = lmdb.open(str(root), subdir=True, readonly=True, lock=False, readahead=False,
+                        meminit=False, max_readers=1, max_dbs=0)
+    except lmdb.Error as err:
+        if "already open" not in str(err):
+            raise ShardFormatError(f"{path}: LMDB cannot read it ({type(err).__name__}: {err})") from None
+    try:
+        if env is None:  # the caller's own lmdb.open(OUT) holds it: the pages alone must do
+            records = read_pages(data)
+            if records is None:
+                raise ShardFormatError(f"{path}: an lmdb.Environment of this process has it open, and its "
+                                       "records cannot be found without one; read the ShardDataset first")
+        else:
+            psize, txnid = env.stat()["psize"], env.info()["last_txnid"]
+            with env.begin(buffers=True) as txn:
+                records = read_pages(data, txnid)
+                if records is None or len(records) != txn.stat()["entries"] or not _agrees(txn, records, data):
+                    records = _walk(txn, data, psize, path)
+    except lmdb.Error as err:
+        raise ShardFormatError(f"{path}: LMDB cannot read it ({type(err).__name__}: {err})") from None
+    finally:
+        if env is not None:
+            env.close()
+    _check_keys(records, count, path)
+    offsets, lengths = records.offsets, records.lengths
+    outside = (lengths > 0) & ((offsets < 0) | (offsets + lengths > len(data)))
+    if outside.any():
+        i = int(np.flatnonzero(outside)[0])
+        raise ShardFormatError(f"{path}: record {sample_key(i)} lies outside the file")
+    return offsets, lengths
 
 
-os.register_at_fork(after_in_child=_close_inherited)
+def _agrees(txn, records: Records, data: mmap.mmap, spread: int = 64) -> bool:
+    """Whether LMDB's own values of the first, the last and a spread of records are where
+    ``records`` puts them, byte for byte."""
+    n = len(records)
+    for i in sorted({0, n - 1, *np.linspace(0, n - 1, spread).astype(int).tolist()}) if n else ():
+        value, at, size = txn.get(records.key(i)), int(records.offsets[i]), int(records.lengths[i])
+        if value is None or len(value) != size or data[at:at + size] != bytes(value):
+            return False
+    return True
+
+
+def _walk(txn, data: mmap.mmap, psize: int, path: Path) -> Records:
+    """The records found by a cursor walk: each value's address in LMDB's map, less the map's
+    base (:func:`_map_base`), is its offset in the file."""
+    count = txn.stat()["entries"]
+    offsets, lengths = np.zeros(count, np.int64), np.zeros(count, np.uint32)
+    keys, base, last = [], None, None
+    for i, (key, value) in enumerate(txn.cursor()):
+        keys.append(bytes(key))
+        if len(value):
+            if base is None:
+                base = _map_base(value, data, psize, path)
+            offsets[i], lengths[i], last = _address(value) - base, len(value), (i, value)
+    if last is not None:  # the last value too must be where its offset says
+        at = int(offsets[last[0]])
+        if data[at:at + len(last[1])] != bytes(last[1]):
+            raise ShardFormatError(f"{path}: record {sample_key(last[0])} is not where LMDB's map says")
+    return Records(offsets, lengths, b"".join(keys), [len(k) for k in keys])
+
+
+def _expected_keys(count: int) -> bytes:
+    """``sample_key(0) + ... + sample_key(count - 1)`` (zero-padded decimals), built with numpy."""
+    width = len(sample_key(0))
+    parts = []
+    for lo in range(0, count, 1 << 16):
+        n = np.arange(lo, min(count, lo + (1 << 16)), dtype=np.int64)[:, None]
+        parts.append(((n // 10 ** np.arange(width - 1, -1, -1)) % 10 + 48).astype(np.uint8).tobytes())
+    return b"".join(parts)
+
+
+def _check_keys(records: Records, count: int, path: Path) -> None:
+    """Raise ShardFormatError unless the keys are ``sample_key(0)``, ..., ``sample_key(count - 1)``."""
+    width = len(sample_key(0))
+    if len(records) == count and (records.key_lengths == width).all():
+        expected = _expected_keys(count)
+        if records.keys == expected:
+            return
+        got = np.frombuffer(records.keys, np.uint8).reshape(count, width)
+        i = int(np.flatnonzero((got != np.frombuffer(expected, np.uint8).reshape(count, width)).any(axis=1))[0])
+        raise ShardFormatError(f"{path}: record {i} has key {_shown(records.key(i))}, expected {sample_key(i)!r}")
+    for i in range(min(count, len(records))):
+        if records.key(i) != sample_key(i).encode():
+            raise ShardFormatError(f"{path}: record {i} has key {_shown(records.key(i))}, expected {sample_key(i)!r}")
+    raise ShardFormatError(f"{path}: {len(records)} records, the manifest says {count} samples")
+
+
+def _shown(key: bytes) -> str:
+    return repr(key.decode("utf-8", "backslashreplace"))
 
 
 class LmdbReader(Reader):
-    _handles = ("_env",)
+    _handles = ("_map",)
+    fmt = "lmdb"
+
+    def __init__(self, root, manifest):
+        super().__init__(root, manifest)
+        self._offsets = self._lengths = self._file = None  # _file: data.mdb's identity when located
+        self._path = self.root / DATA
 
     def _open(self):
-        self._env = _environment(str(self.root.resolve()))
+        with open(self._path, "rb") as f:
+            st = os.fstat(f.fileno())
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if self._offsets is None or identity != self._file:
+            self._offsets, self._lengths = locate(self.root, self.count, self._map)
+            self._file = identity
+
+    def _value(self, i: int, shape) -> int:
+        """Where sample i's pixels start in data.mdb, after checking its value against ``shape``."""
+        start, n = int(self._offsets[i]), int(self._lengths[i])
+        if self.shape is None:
+            data, got = npy_value(self._map, start, start + n, self._path, i)
+            check_value(self._path, i, shape, got, start + n - data)
+            return data
+        check_value(self._path, i, shape, None, n)
+        return start
 
     def read_into(self, i, out):
         self._ensure_open()
-        with self._env.begin(buffers=True) as txn:
-            self._copy(txn, i, out)
-
-    def _copy(self, txn, i, out):
-        key = sample_key(i).encode()
-        buf = txn.get(key)
-        start = 0 if buf is None or self.shape else _npy_data_start(buf, self.root, key)
-        if buf is None or len(buf) - start != out.nbytes:
-            got = "missing" if buf is None else f"{len(buf) - start} bytes"
-            raise ShardFormatError(f"{self.root}: LMDB record {key.decode()} is {got}, expected {out.nbytes} bytes")
-        out[...] = np.frombuffer(buf, np.uint8, out.size, start).reshape(out.shape)
+        start = self._value(i, out.shape)
+        out[...] = np.frombuffer(self._map, np.uint8, out.size, start).reshape(out.shape)
 
     def read_batch_into(self, indices, out):
-        """One read transaction for the whole batch; records are found in key order, so sorted
-        indices walk the B-tree forwards."""
+        """Lengths checked for the whole batch at once, then a memcpy per sample out of the map."""
+        check_out(out, len(indices), self.shape)
         self._ensure_open()
-        with self._env.begin(buffers=True) as txn:
-            for k, i in enumerate(indices):
-                self._copy(txn, int(i), out[k])
+        idx = np.asarray(indices, np.int64)
+        size = math.prod(self.shape)
+        wrong = np.flatnonzero(self._lengths[idx] != size)
+        if wrong.size:
+            self._value(int(idx[wrong[0]]), self.shape)  # raises, naming the sample
+        flat = out.reshape(len(idx), size)
+        for k, start in enumerate(self._offsets[idx].tolist()):
+            flat[k] = np.frombuffer(self._map, np.uint8, size, start)
 
-
-def _npy_data_start(buf, root, key: bytes) -> int:
-    """Where the pixels start in a value in .npy format (version 1.0 header, as
-    ``np.lib.format.write_array_header_1_0`` writes it): magic and version (8 bytes), header
-    length (uint16 little-endian), header. Raises ShardFormatError for any other value."""
-    if bytes(buf[:8]) != b"\x93NUMPY\x01\x00":
-        raise ShardFormatError(f"{root}: LMDB record {key.decode()} is not in .npy format, as the "
-                               "records of a variable-shape output are")
-    return 10 + struct.unpack_from("<H", buf, 8)[0]
+    def __getstate__(self):
+        if self._offsets is None:  # locate once here rather than in every spawned worker
+            try:
+                self._ensure_open()
+            except ShardFormatError:
+                pass  # the worker that reads will say what is wrong
+        return super().__getstate__()
 
 
 READER = LmdbReader  # what open_reader builds for format "lmdb"

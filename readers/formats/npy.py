@@ -12,18 +12,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..manifest import NPY_IMAGES, NPY_OFFSETS, ShardFormatError
+from ..manifest import NPY_IMAGES, NPY_OFFSETS, ShardFormatError, load_npy
 from .base import MemmapReader
 
 
 class NpyReader(MemmapReader):
     data_file = NPY_IMAGES
+    fmt = "npy"
 
     def _open(self):
         path = self.root / NPY_IMAGES
-        self._images = np.load(path, mmap_mode="r")
+        self._images = load_npy(path)
         if self.shape is None:
-            self._offsets = np.load(self.root / NPY_OFFSETS, mmap_mode="r")
+            self._offsets = load_npy(self.root / NPY_OFFSETS, "i", (None,))
             expect = (int(self._offsets[-1]),) if len(self._offsets) == self.count + 1 else None
         else:
             expect = (self.count, *self.shape)

@@ -3,47 +3,95 @@
 Tar shards ``shard-000000.tar``... with members ``<key>.npy`` and ``<key>.cls``, plus
 ``wds_offsets.npy`` (count, 2) int64 giving each sample's shard number and the byte offset of its
 raw pixels inside the tar (past the .npy header). Random access reads through one read-only mmap
-per shard, opened on first use."""
+per shard, opened on first use.
+
+Every sample served is checked where it lies: the member's name is ``<sample_key(i)>.npy`` and its
+own .npy header gives the shape the manifest (fixed shapes) or ``index/shapes.npy`` says, so an
+edited manifest or index, or a damaged offset, raises ShardFormatError naming the shard and the
+sample instead of serving other bytes. A member's data starts on a 512-byte tar block and its
+.npy header (128 bytes as written) is shorter than a block, so the header of the pixels at offset
+``o`` starts at ``o - o % 512`` and the member's tar header 512 bytes before that.
+"""
 
 from __future__ import annotations
 
+import math
 import mmap
+import tarfile
 
 import numpy as np
 
-from ..manifest import WDS_OFFSETS, WDS_SHARD, ShardFormatError
-from .base import Reader
+from ..manifest import WDS_OFFSETS, WDS_SHARD, ShardFormatError, load_npy, sample_key
+from .base import Reader, check_out, check_value, npy_value
+
+BLOCK = tarfile.BLOCKSIZE
 
 
 class WdsReader(Reader):
-    _handles = ("_maps", "_offsets")
+    _handles = ("_maps", "_offsets", "_header")
+    fmt = "wds"
 
     def _open(self):
-        self._maps = {}
-        self._offsets = np.load(self.root / WDS_OFFSETS, mmap_mode="r")
-        if self._offsets.shape != (self.count, 2):
-            raise ShardFormatError(f"{self.root / WDS_OFFSETS}: shape {self._offsets.shape}, expected ({self.count}, 2)")
+        self._maps, self._header = {}, None  # _header: the .npy header every fixed-shape member has
+        self._offsets = load_npy(self.root / WDS_OFFSETS, "i", (self.count, 2))
 
     def _map(self, shard):
         m = self._maps.get(shard)
         if m is None:
+            self.check_unchanged()  # shards open one by one, long after the others
             path = self.root / WDS_SHARD.format(shard)
-            with open(path, "rb") as f:
-                m = self._maps[shard] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            try:
+                with open(path, "rb") as f:
+                    m = self._maps[shard] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            except (OSError, ValueError) as err:  # missing, or empty (mmap refuses 0 bytes)
+                raise ShardFormatError(f"{path}: cannot map this shard ({err})") from None
+        return m
+
+    def _pixels_at(self, i: int, shard: int, offset: int, shape) -> mmap.mmap:
+        """The shard map holding sample i's pixels at ``offset``, after checking that the member
+        there is sample i's .npy with ``shape`` and that its pixels lie inside the shard."""
+        try:
+            m = self._map(shard) if shard >= 0 else None
+        except ShardFormatError as err:
+            raise ShardFormatError(f"{err}; {WDS_OFFSETS} puts sample {i} there") from None
+        start = offset - offset % BLOCK
+        name = b"%010d.npy\0" % i
+        if m is None or start < BLOCK or m[start - BLOCK:start - BLOCK + len(name)] != name:
+            raise ShardFormatError(f"{self.root / WDS_SHARD.format(shard)}: no member {sample_key(i)}.npy "
+                                   f"before offset {offset}, where {WDS_OFFSETS} puts sample {i}")
+        if self._header is not None and m[start:offset] == self._header:  # fixed shape: all alike
+            got = self.shape
+        else:
+            path = self.root / WDS_SHARD.format(shard)
+            data, got = npy_value(m, start, offset, path, i)
+            if data != offset:
+                raise ShardFormatError(f"{path}: sample {i}: its .npy header ends at byte {data}, "
+                                       f"{WDS_OFFSETS} says its pixels start at {offset}")
+            if self.shape is not None and got == self.shape:
+                self._header = m[start:offset]
+        if got != shape or offset + math.prod(shape) > len(m):
+            check_value(self.root / WDS_SHARD.format(shard), i, tuple(shape), got,
+                        min(len(m) - offset, math.prod(got)))
         return m
 
     def read_into(self, i, out):
         self._ensure_open()
-        shard, offset = self._offsets[i]
-        out[...] = np.frombuffer(self._map(int(shard)), np.uint8, out.size, int(offset)).reshape(out.shape)
+        shard, offset = self._offsets[i].tolist()
+        m = self._pixels_at(i, shard, offset, out.shape)
+        out[...] = np.frombuffer(m, np.uint8, out.size, offset).reshape(out.shape)
 
     def read_batch_into(self, indices, out):
-        """One look-up of all offsets, then a memcpy per sample out of the shard maps."""
+        """One look-up of all offsets, then per sample a check of its member and a memcpy out of
+        the shard maps."""
+        check_out(out, len(indices), self.shape)
         self._ensure_open()
+        if not len(indices):
+            return
         where = np.asarray(self._offsets[np.asarray(indices, np.int64)])
-        size = out[0].size
-        for k, (shard, offset) in enumerate(where.tolist()):
-            out[k] = np.frombuffer(self._map(shard), np.uint8, size, offset).reshape(out.shape[1:])
+        flat = out.reshape(len(out), -1)
+        for k, (i, (shard, offset)) in enumerate(zip(np.asarray(indices).tolist(), where.tolist())):
+            m = self._pixels_at(i, shard, offset, self.shape)
+            flat[k] = np.frombuffer(m, np.uint8, flat.shape[1], offset)
 
 
 READER = WdsReader  # what open_reader builds for format "wds"

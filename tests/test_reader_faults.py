@@ -1,0 +1,378 @@
+"""Readers never serve stale or mismatched data, and check their inputs at the edge.
+
+No cache outlives a repack; LMDB reads beside a user's own lmdb.open; each sample served is
+checked against the manifest and the index; indices and ``out=`` are checked before reading."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import pickle
+
+import lmdb
+import numpy as np
+import pytest
+import torch
+
+from helpers import all_samples, pack_quiet
+from shardpack.readers import ShardDataset, ShardFormatError
+from shardpack.readers.formats import lmdb as lmdb_reader
+from shardpack.readers.formats.lmdb_pages import read_pages
+
+FORMATS = ["npy", "hdf5", "lmdb", "wds"]
+
+
+def hwc(ds, i):
+    return ds[i][0].permute(1, 2, 0).contiguous().numpy()
+
+
+def edit_manifest(out, **changes):
+    m = json.loads((out / "manifest.json").read_text())
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(m.get(key), dict):
+            m[key].update(value)
+        else:
+            m[key] = value
+    (out / "manifest.json").write_text(json.dumps(m))
+
+
+def resave(path, array):
+    """Overwrite an index column in place and record its new size in the manifest."""
+    np.save(path, array)
+    out = path.parent.parent if path.parent.name == "index" else path.parent
+    m = json.loads((out / "manifest.json").read_text())
+    m["files"][str(path.relative_to(out))] = path.stat().st_size
+    (out / "manifest.json").write_text(json.dumps(m))
+
+
+# --- stale data and cached handles -----------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("second", [{"size": 24}, {"size": 16, "resize": "squash"},
+                                    {"size": 16, "resize": "shorter-side"}])
+def test_a_dataset_opened_after_a_repack_serves_the_new_pixels(tree, tmp_path, fmt, second):
+    """In one process (a notebook): open, read, repack OUT with --overwrite (another size, another
+    resize mode at the same size, variable shapes), open again: the new pixels, never the old."""
+    out = tmp_path / "o"
+    pack_quiet(tree, out, fmt, size=16)
+    before = ShardDataset(out)
+    old = [hwc(before, i) for i in range(len(before))]
+    pack_quiet(tree, out, fmt, overwrite=True, **second)
+    reference = tmp_path / "ref"
+    pack_quiet(tree, reference, fmt, **second)
+    now, ref = ShardDataset(out), ShardDataset(reference)
+    got, labels = all_samples(now)
+    want, ref_labels = all_samples(ref)
+    assert all(np.array_equal(a, b) for a, b in zip(got, want)) and len(got) == len(want)
+    assert np.array_equal(labels, ref_labels)
+    assert any(a.shape != b.shape or not np.array_equal(a, b) for a, b in zip(got, old))
+    if now.reader.shape is not None:
+        imgs, _ = now.read_batch(np.arange(len(now)))
+        assert all(np.array_equal(imgs[i].permute(1, 2, 0).numpy(), want[i]) for i in range(len(want)))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_an_old_dataset_object_refuses_files_packed_after_it(tree, tmp_path, fmt):
+    """A dataset built before a repack that opens its files afterwards (lazily, or in a worker)
+    would pair the new pixels with its old index: it raises instead."""
+    out = tmp_path / "o"
+    pack_quiet(tree, out, fmt, size=16)
+    stale = ShardDataset(out)  # nothing opened yet
+    pack_quiet(tree, out, fmt, size=16, resize="squash", overwrite=True)
+    with pytest.raises(ShardFormatError, match="packed again"):
+        stale[0]
+    assert ShardDataset(out)[0][0].shape == (3, 16, 16)
+
+
+def test_lmdb_open_by_the_user_before_during_and_after(tree, tmp_path):
+    out = tmp_path / "o.lmdb"
+    pack_quiet(tree, out, "lmdb", size=16)
+
+    def values(env):
+        with env.begin() as txn:
+            return [txn.get(b"%010d" % i) for i in range(18)]
+
+    with lmdb.open(str(out), readonly=True, lock=False) as env:  # before
+        want = values(env)
+    ds = ShardDataset(out)
+    user = lmdb.open(str(out))  # during: opened before the dataset's first read, read-write as the README's
+    assert [hwc(ds, i).tobytes() for i in range(len(ds))] == want == values(user)
+    imgs, _ = ds.read_batch([5, 0, 17])
+    assert [imgs[k].permute(1, 2, 0).contiguous().numpy().tobytes() for k in range(3)] == [want[5], want[0], want[17]]
+    user.close()
+    ds2 = ShardDataset(out)
+    assert hwc(ds2, 3).tobytes() == want[3]  # the dataset read with no env of the user's open
+    with lmdb.open(str(out), readonly=True) as env:  # after, with the dataset still in use
+        assert values(env) == want
+        assert hwc(ds2, 4).tobytes() == want[4] and hwc(ds, 4).tobytes() == want[4]
+
+
+def _read_in_child(ds, queue):
+    queue.put([ds[i][0].contiguous().numpy().tobytes() for i in range(len(ds))])
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_lmdb_children_read_while_the_parent_holds_its_own_environment(tree, tmp_path, method):
+    out = tmp_path / "o.lmdb"
+    pack_quiet(tree, out, "lmdb", size=16)
+    ds = ShardDataset(out)
+    want = [ds[i][0].contiguous().numpy().tobytes() for i in range(len(ds))]
+    state = pickle.loads(pickle.dumps(ds.reader)).__dict__
+    assert state["_offsets"] is not None and state["_map"] is None  # offsets travel, the map does not
+    with lmdb.open(str(out), readonly=True, lock=False):
+        ctx = mp.get_context(method)
+        queue = ctx.Queue()
+        child = ctx.Process(target=_read_in_child, args=(ds, queue))
+        child.start()
+        got = queue.get(timeout=120)
+        child.join(60)
+    assert child.exitcode == 0 and got == want
+
+
+@pytest.mark.parametrize("resize,size", [("center-crop", 16), ("center-crop", 48), ("shorter-side", 4),
+                                         ("shorter-side", 40)])
+def test_lmdb_pages_agree_with_a_cursor_walk(tree, tmp_path, resize, size):
+    """The B-tree read with numpy finds every value where LMDB's own cursor does: values inside
+    the leaf pages (16x16, 4 px variable), on overflow pages (48x48), and mixed (40 px variable)."""
+    out = tmp_path / "o.lmdb"
+    pack_quiet(tree, out, "lmdb", size=size, resize=resize)
+    import mmap
+    with open(out / "data.mdb", "rb") as f:
+        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    with lmdb.open(str(out), readonly=True, lock=False) as env, env.begin(buffers=True) as txn:
+        walked = lmdb_reader._walk(txn, data, env.stat()["psize"], out)
+        pages = read_pages(data, env.info()["last_txnid"])
+    assert np.array_equal(pages.offsets, walked.offsets) and np.array_equal(pages.lengths, walked.lengths)
+    assert pages.keys == walked.keys
+
+
+def test_lmdb_falls_back_to_the_cursor_walk_when_the_pages_disagree(tree, tmp_path, monkeypatch):
+    out = tmp_path / "o.lmdb"
+    pack_quiet(tree, out, "lmdb", size=16)
+    want = [hwc(ShardDataset(out), i) for i in range(18)]
+
+    def shifted(data, txnid=None):
+        records = read_pages(data, txnid)
+        records.offsets = records.offsets + 8  # a parser that misreads the layout
+        return records
+
+    monkeypatch.setattr(lmdb_reader, "read_pages", shifted)
+    ds = ShardDataset(out)
+    assert all(np.array_equal(hwc(ds, i), want[i]) for i in range(18))
+
+
+# --- each sample checked against the manifest and the index ----------------------------------
+
+def swap_hw(out):
+    shapes = np.load(out / "index" / "shapes.npy")
+    resave(out / "index" / "shapes.npy", np.ascontiguousarray(shapes[:, [1, 0, 2]]))
+    return [i for i, s in enumerate(shapes) if s[0] != s[1]]
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "wds", "hdf5"])
+def test_swapped_shapes_raise_where_the_data_records_them(tree, tmp_path, fmt):
+    """index/shapes.npy with H and W swapped: every non-square sample raises, naming the file and
+    the sample, since LMDB values and tar members carry .npy headers and HDF5 its own shapes.
+    (npy keeps no second record of the shapes, so there a swap cannot be seen.)"""
+    out = tmp_path / "o"
+    pack_quiet(tree, out, fmt, size=16, resize="shorter-side")
+    ds_ok = ShardDataset(out)
+    square = [i for i in range(len(ds_ok)) if ds_ok.shapes[i][0] == ds_ok.shapes[i][1]]
+    bad = swap_hw(out)
+    ds = ShardDataset(out)
+    for i in bad:
+        with pytest.raises(ShardFormatError, match=rf"sample {i}\b"):
+            ds[i]
+    for i in square:
+        ds[i]
+
+
+@pytest.mark.parametrize("fmt", ["wds", "lmdb", "npy", "hdf5"])
+@pytest.mark.parametrize("recipe_too", [False, True])
+def test_an_edited_manifest_shape_is_refused(tree, tmp_path, fmt, recipe_too):
+    """The manifest's shape edited (16x16 -> 8x32, the same byte count, or 20x20): refused at
+    open by the pixel recipe (its size); with the recipe's size gone too, by each format's own
+    record of the shape (wds .npy headers, npy/HDF5 array shapes, LMDB value sizes)."""
+    for shape in ([8, 32, 3], [20, 20, 3]):
+        out = tmp_path / f"o{shape[0]}"
+        pack_quiet(tree, out, fmt, size=16)
+        edit_manifest(out, shape=shape, **({"pixels": {"size": None}} if recipe_too else {}))
+        if fmt == "lmdb" and recipe_too and shape == [8, 32, 3]:
+            continue  # raw LMDB values of the same size carry no shape: nothing can tell
+        with pytest.raises(ShardFormatError) as err:
+            ds = ShardDataset(out)
+            ds[0]
+            ds.read_batch([0, 1])
+        assert str(out) in str(err.value)
+
+
+@pytest.mark.parametrize("damage,match", [
+    ("negative", "no member"), ("other-member", "not|no member"), ("shard-out-of-range", "shard-000007.tar"),
+    ("past-the-end", "no member|bytes"), ("float-offsets", "expected integer")])
+def test_damaged_wds_offsets_raise_naming_the_sample(tree, tmp_path, damage, match):
+    out = tmp_path / "o"
+    pack_quiet(tree, out, "wds", size=16)
+    offsets = np.load(out / "wds_offsets.npy")
+    if damage == "negative":
+        offsets[3, 1] = -100
+    elif damage == "other-member":
+        offsets[3] = offsets[4]
+    elif damage == "shard-out-of-range":
+        offsets[3, 0] = 7
+    elif damage == "past-the-end":
+        offsets[3, 1] = 10 ** 9
+    else:
+        offsets = offsets.astype(np.float64)
+    resave(out / "wds_offsets.npy", offsets)
+    ds = ShardDataset(out)
+    with pytest.raises(ShardFormatError, match=match) as err:
+        ds[3]
+    assert "float" in damage or "sample 3" in str(err.value)
+    if damage != "float-offsets":
+        with pytest.raises(ShardFormatError, match="sample 3"):
+            ds.read_batch([1, 3])
+        ds[2]  # the others still read
+
+
+@pytest.mark.parametrize("fmt,damage", [
+    ("npy", "truncated-data"), ("hdf5", "signature"), ("hdf5", "truncated-data"), ("lmdb", "truncated-data"),
+    ("lmdb", "garbage-data"), ("npy", "ragged-offsets-negative"), ("npy", "ragged-offsets-too-long"),
+    ("hdf5", "ragged-offsets-too-long")])
+def test_damaged_data_files_raise_shard_format_error_naming_the_file(tree, tmp_path, fmt, damage):
+    """Damage the loaders would report as `mmap length is greater than file size`,
+    `MDB_CORRUPTED` or `offset must be non-negative`: a ShardFormatError naming the file (the
+    manifest's recorded size updated, so that the reader itself meets the damage)."""
+    out = tmp_path / "o"
+    ragged = damage.startswith("ragged")
+    pack_quiet(tree, out, fmt, size=16, **({"resize": "shorter-side"} if ragged else {}))
+    name = {"npy": "images.npy", "hdf5": "images.h5", "lmdb": "data.mdb"}[fmt]
+    target = out / name
+    if damage == "truncated-data":
+        with open(target, "r+b") as f:
+            f.truncate(target.stat().st_size // 2)
+    elif damage == "signature":
+        with open(target, "r+b") as f:
+            f.write(b"NOTHDF5!")
+    elif damage == "garbage-data":
+        with open(target, "r+b") as f:
+            f.seek(0)
+            f.write(np.random.default_rng(0).integers(0, 256, 3 * 4096, dtype=np.uint8).tobytes())
+    elif fmt == "npy":
+        offsets = np.load(out / "offsets.npy")
+        offsets[2] = -5 if damage.endswith("negative") else offsets[-1] + 100
+        resave(out / "offsets.npy", offsets)
+        name = "offsets.npy|images.npy"
+    else:
+        import h5py
+        with h5py.File(target, "r+") as f:
+            f["offsets"][2] = f["offsets"][-1] + 100
+    if not ragged:
+        m = json.loads((out / "manifest.json").read_text())
+        m["files"][target.name] = target.stat().st_size
+        (out / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ShardFormatError, match=name):
+        ds = ShardDataset(out)
+        for i in range(len(ds)):
+            ds[i]
+
+
+@pytest.mark.parametrize("fmt", ["npy", "lmdb"])
+def test_index_values_are_checked_as_they_are_served(tree, tmp_path, fmt):
+    """A label outside the classes or a shape that is not (H, W, 3) raises naming the column and
+    the sample, per sample and per batch; a float column is refused at open."""
+    out = tmp_path / "o"
+    pack_quiet(tree, out, fmt, size=16, resize="shorter-side")
+    labels = np.load(out / "index" / "labels.npy")
+    labels[4] = 3  # 3 classes: 0..2
+    resave(out / "index" / "labels.npy", labels)
+    shapes = np.load(out / "index" / "shapes.npy")
+    shapes[6] = (-4, 16, 3)
+    resave(out / "index" / "shapes.npy", shapes)
+    ds = ShardDataset(out)
+    with pytest.raises(ShardFormatError, match=r"labels.npy: sample 4 has label 3"):
+        ds[4]
+    with pytest.raises(ShardFormatError, match=r"shapes.npy: sample 6 has shape"):
+        ds[6]
+    ds[5]
+    resave(out / "index" / "labels.npy", labels.astype(np.float32))
+    with pytest.raises(ShardFormatError, match=r"labels.npy: float32 .*expected integer"):
+        ShardDataset(out)
+
+
+def test_batch_reads_check_labels(tree, tmp_path):
+    out = tmp_path / "o"
+    pack_quiet(tree, out, "npy", size=16)
+    labels = np.load(out / "index" / "labels.npy")
+    labels[9] = -1
+    resave(out / "index" / "labels.npy", labels)
+    ds = ShardDataset(out)
+    with pytest.raises(ShardFormatError, match="sample 9 has label -1"):
+        ds.read_batch([1, 9])
+    with pytest.raises(ShardFormatError, match="sample 9 has label -1"):
+        ds.__getitems__([9])
+
+
+# --- inputs checked at the edge --------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_indices_must_be_integers(tree, tmp_path, fmt):
+    out = tmp_path / "o"
+    pack_quiet(tree, out, fmt, size=16)
+    ds = ShardDataset(out)
+    first = hwc(ds, 3)
+    for good in (3, np.int64(3), np.uint8(3), np.int32(3), torch.tensor(3), np.array(3), -15):
+        assert np.array_equal(hwc(ds, good), first), repr(good)
+    assert np.array_equal(hwc(ds, -1), hwc(ds, 17))
+    for bad in (2.7, 3.0, "3", True, False, np.bool_(True), torch.tensor(True), torch.tensor(3.0),
+                np.float64(3), [1, 2], (3,), None, slice(0, 2), np.array([3])):
+        with pytest.raises(TypeError, match="integers"):
+            ds[bad]
+        with pytest.raises(TypeError):
+            ds.samples[bad] if not isinstance(bad, slice) else ds.source_path(bad)
+    for out_of_range in (18, -19, 10 ** 12):
+        with pytest.raises(IndexError, match="out of range"):
+            ds[out_of_range]
+    with pytest.raises(TypeError, match="integers"):
+        ds.read_batch([0.5, 1])
+    with pytest.raises(TypeError, match="integers"):
+        ds.__getitems__(["1"])
+    imgs, labels = ds.read_batch(np.array([3, -1], np.int16))
+    assert np.array_equal(imgs[0].permute(1, 2, 0).numpy(), first) and labels.shape == (2,)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_out_of_another_shape_or_dtype_is_refused_before_reading(tree, tmp_path, fmt):
+    out = tmp_path / "o"
+    pack_quiet(tree, out, fmt, size=16)
+    ds = ShardDataset(out)
+    for bad in (np.full((2, 16, 16, 3), 7, np.uint8),  # one row short
+                np.full((3, 16, 8, 3), 7, np.uint8),
+                np.full((3, 16, 16, 3), 7, np.int64),
+                np.full((3, 16, 16, 3), 7, np.float32),
+                np.full((3, 3, 16, 16), 7, np.uint8),  # CHW
+                np.full((3, 16, 16, 6), 7, np.uint8)[..., :3],  # not contiguous
+                np.full((3 * 16 * 16 * 3,), 7, np.uint8)):
+        with pytest.raises(ValueError, match="out must be"):
+            ds.read_batch([0, 1, 2], out=bad)
+        assert (bad == 7).all()  # nothing was read into it
+    ro = np.zeros((3, 16, 16, 3), np.uint8)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        ds.read_batch([0, 1, 2], out=ro)
+    with pytest.raises(ValueError, match="numpy array"):
+        ds.read_batch([0, 1, 2], out=torch.zeros((3, 16, 16, 3), dtype=torch.uint8))
+    good = np.zeros((3, 16, 16, 3), np.uint8)
+    imgs, _ = ds.read_batch([2, 0, 1], out=good)
+    assert np.array_equal(good[1], hwc(ds, 0))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("resize", ["center-crop", "shorter-side"])
+def test_empty_batches_are_empty_in_every_format(tree, tmp_path, fmt, resize):
+    out = tmp_path / "o"
+    pack_quiet(tree, out, fmt, size=16, resize=resize)
+    ds = ShardDataset(out)
+    assert ds.__getitems__([]) == [] and ds.__getitems__(np.array([], np.int64)) == []
+    if resize == "center-crop":
+        imgs, labels = ds.read_batch([])
+        assert imgs.shape == (0, 3, 16, 16) and labels.shape == (0,)
