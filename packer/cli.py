@@ -368,8 +368,7 @@ def bench(path, json_path, plot_path, no_check, quiet, **kwargs):
     try:
         augment_transform(kwargs["augment"])  # a bad name is a usage error (exit status 2)
     except ValueError as err:
-        raise click.BadParameter(str(err).removeprefix(f"--augment {kwargs['augment']!r}: "),
-                                 param_hint="'--augment'") from None
+        raise click.UsageError(str(err)) from None
     try:
         result = run_bench(path, check=not no_check, progress=not quiet, **kwargs)
     except ValueError as err:
