@@ -10,8 +10,8 @@ passes is not then refused: before the scan, OUT's place (check_place), another 
 lock (probed, not taken), ``--resume`` on a complete OUT, an existing OUT (check_complete,
 check_existing); after it, what opening the partial directory would refuse (an interrupted run
 without --resume/--overwrite, --resume with nothing to resume or with a changed fingerprint) and
-the free space for the output and the run's own files. These mirror run.prepare() and
-Staging.open(); tests/test_inputs.py compares each refusal with the real run's.
+the free space for the output and the run's own files: the real run's own checks
+(staging.check_*, Staging.check); tests/test_inputs.py compares each refusal with the real run's.
 """
 
 from __future__ import annotations
@@ -19,20 +19,16 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import shutil
 from pathlib import Path
 
 import click
 
-from ..readers.manifest import MANIFEST
-
 from .imaging import Recipe
 from .lock import holder_text, lock_path
-from .options import AlreadyComplete, Options, OutputBusy, PackError
-from .run import scratch_bytes
+from .options import Options, OutputBusy
 from .sizing import workers_refusal
 from .splits import Plan
-from .staging import Staging, check_complete, check_existing, check_place, fingerprint, listing_what, source_identity
+from .staging import Staging, check_complete, check_existing, check_place
 
 
 def parse_splits(ctx, param, value):
@@ -78,40 +74,9 @@ def dry_run_before_scan(src, out: Path, recipe: Recipe, opts: Options) -> None:
 
 def dry_run_after_scan(plan: Plan, out: Path, recipe: Recipe, opts: Options, workers: int) -> None:
     """What opening the partial directory of ``out`` would refuse for ``plan``, and the space
-    check, as Staging.open() does them (see the module docstring). Writes nothing."""
-    staging = Staging(out)
-    tmp = staging.tmp
-    if tmp.exists():
-        if opts.resume:
-            staging._resumable(_fingerprint(plan, recipe, opts))
-            return
-        if not opts.overwrite:
-            previous = _lock_record(out)
-            by = f" ({holder_text(previous)}, no longer running)" if previous and previous.get("pid") else ""
-            raise PackError(f"an interrupted run{by} left {tmp}; pass --resume to continue it "
-                            f"or --overwrite to start over")
-    elif opts.resume:
-        if (out / MANIFEST).is_file():
-            raise AlreadyComplete(f"{out} is already complete; nothing to resume")
-        raise PackError(f"--resume: no interrupted run at {tmp}")
-    if opts.space_check:
-        need = plan.need_bytes(recipe) + max(scratch_bytes(p.listing, recipe, opts.fmt, workers, e)
-                                             for p, e in zip(plan.parts, plan.estimates(recipe)))
-        parent = out.parent
-        free = shutil.disk_usage(_existing(parent)).free
-        if need > free:
-            count = sum(len(p.listing) for p in plan.parts)
-            raise PackError(f"{parent}: about {need / 1e9:.2f} GB needed for {count} samples but only "
-                            f"{free / 1e9:.2f} GB free; free space or pass --no-space-check")
-
-
-def _fingerprint(plan: Plan, recipe: Recipe, opts: Options) -> dict:
-    """The fingerprint the real run records (run.pack for one dataset, splits.pack_plan for splits)."""
-    if not plan.is_splits:
-        listing = plan.parts[0].listing
-        return fingerprint(recipe, opts, **listing_what(listing), source=source_identity(listing.root, [listing]))
-    return fingerprint(recipe, opts, splits={p.split: len(p.listing) for p in plan.parts}, classes=plan.classes,
-                       source=source_identity(plan.src, [p.listing for p in plan.parts]))
+    check: the real run's own Staging.check with the real run's fingerprint. Writes nothing."""
+    Staging.check(out, plan.fingerprint(recipe, opts), opts, need=lambda: plan.run_bytes(recipe, opts.fmt, workers),
+                  count=sum(len(p.listing) for p in plan.parts), previous=_lock_record(out))
 
 
 def _lock_holder(out: Path) -> dict | None:
@@ -138,10 +103,3 @@ def _lock_record(out: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return record if isinstance(record, dict) else None
-
-
-def _existing(path: Path) -> Path:
-    path = Path(path).absolute()
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path

@@ -37,8 +37,8 @@ from .options import (DISK_FULL, Options, PackError, Report, Stopped, StrictErro
 from .prefetch import DEFAULT_THREADS
 from .scan import Listing, scan
 from .sizing import SizeEstimate, estimate_size, output_bytes
-from .staging import (COMPACTING, Staging, check_complete, check_existing, check_out, check_place, fingerprint,
-                      listing_what, source_identity)
+from .staging import (COMPACTING, Staging, check_complete, check_existing, check_out, check_place,
+                      dataset_fingerprint)
 from .writers import open_writer
 from .writers.manifest import dataset_manifest, run_info, write_index
 
@@ -143,14 +143,13 @@ def _pack(src, recipe: Recipe, opts: Options, listing: Listing | None, extra: di
     listing = listing or scan(src, mounts=setup.mounts)
     notes += _case_clash_notes(listing)
     n = len(listing)
-    what = {**listing_what(listing), "source": source_identity(listing.root, [listing])}
 
     def need() -> int:
         estimate = setup.estimate() if setup.estimate else estimate_size(listing, recipe)
         return (output_bytes(listing, recipe, estimate)
                 + scratch_bytes(listing, recipe, opts.fmt, setup.workers, estimate))
     # 2. the partial directory: fresh, resumed, replaced or refused
-    staging = Staging.open(setup.out, fingerprint(recipe, opts, **what), opts, count=n, need=need,
+    staging = Staging.open(setup.out, dataset_fingerprint(recipe, opts, listing), opts, count=n, need=need,
                            previous=setup.lock.previous if setup.lock else None)
     notes += [say(note) for note in staging.notes]
     if setup.lock is not None:

@@ -38,7 +38,7 @@ from .options import Options, Report, say
 from .run import Setup, pack, prepare, scratch_bytes
 from .scan import SPLIT_NAMES, Listing, ScanError, SplitsError, find_classes, loose_images, scan
 from .sizing import SizeEstimate, estimate_size, output_bytes
-from .staging import Staging, fingerprint, source_identity
+from .staging import Staging, dataset_fingerprint, fingerprint, source_identity
 from .writers.manifest import run_info, splits_manifest
 
 
@@ -80,6 +80,20 @@ class Plan:
     def need_bytes(self, recipe: Recipe) -> int:
         """Bytes of the whole output, for the free-space check."""
         return sum(output_bytes(p.listing, recipe, e) for p, e in zip(self.parts, self.estimates(recipe)))
+
+    def run_bytes(self, recipe: Recipe, fmt: str, workers: int) -> int:
+        """Bytes a run needs free: every part's output and the largest part's own files (the
+        parts are packed one at a time)."""
+        return self.need_bytes(recipe) + max(scratch_bytes(p.listing, recipe, fmt, workers, e)
+                                             for p, e in zip(self.parts, self.estimates(recipe)))
+
+    def fingerprint(self, recipe: Recipe, opts: Options) -> dict:
+        """What the run records and a --resume must match (staging.py): one dataset's, or the
+        splits root's (the split sizes, the classes and the source)."""
+        if not self.is_splits:
+            return dataset_fingerprint(recipe, opts, self.parts[0].listing)
+        return fingerprint(recipe, opts, splits={p.split: len(p.listing) for p in self.parts},
+                           classes=self.classes, source=source_identity(self.src, [p.listing for p in self.parts]))
 
 
 def find_splits(src: str | os.PathLike) -> tuple[list[str], list[str]]:
@@ -320,13 +334,8 @@ def _pack_plan(plan: Plan, recipe: Recipe, opts: Options, extra: dict, setup: Se
         return [pack(plan.src, setup.out, recipe, opts, listing=part.listing, extra={**extra, **more},
                      setup=replace(setup, estimate=lambda: plan.estimates(recipe)[0]))]
     splits = {p.split: len(p.listing) for p in plan.parts}
-    source = source_identity(plan.src, [p.listing for p in plan.parts])
-
-    def need() -> int:  # every split's output, and the largest run's own files (one split at a time)
-        return plan.need_bytes(recipe) + max(scratch_bytes(p.listing, recipe, opts.fmt, setup.workers, e)
-                                             for p, e in zip(plan.parts, plan.estimates(recipe)))
-    staging = Staging.open(setup.out, fingerprint(recipe, opts, splits=splits, classes=plan.classes, source=source),
-                           opts, need=need, count=sum(splits.values()),
+    staging = Staging.open(setup.out, plan.fingerprint(recipe, opts), opts,
+                           need=lambda: plan.run_bytes(recipe, opts.fmt, setup.workers), count=sum(splits.values()),
                            previous=setup.lock.previous if setup.lock else None)
     notes = [say(note) for note in (*setup.notes, *staging.notes)]
     if setup.lock is not None:

@@ -119,6 +119,19 @@ def listing_what(listing: Listing) -> dict:
     return {"files": len(listing), "listing_sha256": h.hexdigest()}
 
 
+def nearest_existing(path: Path) -> Path:
+    """``path`` or its nearest ancestor that exists (where a not yet created OUT's space is)."""
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def dataset_fingerprint(recipe: Recipe, opts: Options, listing: Listing) -> dict:
+    """The fingerprint of a run packing one dataset (``listing``): settings, listing and source."""
+    return fingerprint(recipe, opts, **listing_what(listing), source=source_identity(listing.root, [listing]))
+
+
 def source_identity(root: str | os.PathLike, listings: list[Listing]) -> dict:
     """What says a resumed run reads the same source: SRC's resolved path and the sizes and
     modification times of up to SOURCE_SAMPLE files of each listing, spread evenly (those that
@@ -210,24 +223,21 @@ class Staging:
         self.notes: list[str] = []
 
     @classmethod
-    def open(cls, out: Path, fingerprint: dict, opts: Options, need: Callable[[], int] | None = None,
-             count: int = 0, previous: dict | None = None) -> Staging:
-        """Open the partial directory of ``out`` for a run with ``fingerprint``: fresh, resumed
-        (``opts.resume``: refused when the fingerprint changed or compaction was under way),
-        replaced (``opts.overwrite``) or refused (an interrupted run, neither flag). A fresh one
-        checks the free space for ``need()`` bytes of ``count`` samples (``opts.space_check``).
-
-        The caller holds OUT's lock (lock.py; a split: its root's), so no other process is
-        writing here and a partial directory is an interrupted run's; ``previous``: the record
-        that run left in the lock file (its pid), for the messages."""
+    def check(cls, out: Path, fingerprint: dict, opts: Options, need: Callable[[], int] | None = None,
+              count: int = 0, previous: dict | None = None) -> Staging:
+        """Decide how the partial directory of ``out`` would open for a run with ``fingerprint``,
+        writing nothing (``--dry-run`` calls this alone): resumed (``opts.resume``: refused when
+        the fingerprint changed or compaction was under way), to be replaced (``opts.overwrite``),
+        fresh, or refused (an interrupted run, neither flag: PackError; --resume on a complete
+        OUT: AlreadyComplete). A fresh or replaced one checks the free space for ``need()`` bytes
+        of ``count`` samples (``opts.space_check``). ``previous``: the record the interrupted run
+        left in OUT's lock file (its pid), for the messages."""
         staging = cls(out)
         tmp = staging.tmp
         if tmp.exists():
             if opts.resume:
                 staging.start = staging._resumable(fingerprint)
-            elif opts.overwrite:
-                shutil.rmtree(tmp)
-            else:
+            elif not opts.overwrite:
                 by = f" ({holder_text(previous)}, no longer running)" if previous and previous.get("pid") else ""
                 raise PackError(f"an interrupted run{by} left {tmp}; pass --resume to continue it "
                                 f"or --overwrite to start over")
@@ -236,8 +246,26 @@ class Staging:
                 raise AlreadyComplete(f"{out} is already complete; nothing to resume")
             raise PackError(f"--resume: no interrupted run at {tmp}")
         staging.done = int(staging.start["done"])
-        if opts.space_check and need is not None and not tmp.exists():
+        if opts.space_check and need is not None and not (tmp.exists() and opts.resume):
             staging._check_space(need(), count)
+        return staging
+
+    @classmethod
+    def open(cls, out: Path, fingerprint: dict, opts: Options, need: Callable[[], int] | None = None,
+             count: int = 0, previous: dict | None = None) -> Staging:
+        """Open the partial directory of ``out`` as :meth:`check` decides: resume it, replace it
+        (``opts.overwrite``) or begin a fresh one, recording ``fingerprint``.
+
+        The caller holds OUT's lock (lock.py; a split: its root's), so no other process is
+        writing here and a partial directory is an interrupted run's."""
+        tmp = partial_dir(Path(out))
+        replace = tmp.exists() and opts.overwrite and not opts.resume
+        # a replaced run's space is checked once its partial directory is gone
+        staging = cls.check(out, fingerprint, opts, None if replace else need, count, previous)
+        if replace:
+            shutil.rmtree(tmp)
+            if opts.space_check and need is not None:
+                staging._check_space(need(), count)
         fresh = not tmp.exists()
         try:
             tmp.mkdir(parents=True, exist_ok=True)
@@ -286,8 +314,7 @@ class Staging:
 
     def _check_space(self, need: int, count: int) -> None:
         parent = self.out.parent
-        parent.mkdir(parents=True, exist_ok=True)
-        free = shutil.disk_usage(parent).free
+        free = shutil.disk_usage(nearest_existing(parent)).free  # writes nothing: a dry run checks too
         if need > free:
             raise PackError(f"{parent}: about {need / 1e9:.2f} GB needed for {count} samples but only "
                             f"{free / 1e9:.2f} GB free; free space or pass --no-space-check")
