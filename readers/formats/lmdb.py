@@ -175,7 +175,7 @@ def _shown(key: bytes) -> str:
 
 
 class LmdbReader(Reader):
-    _handles = ("_map",)
+    _handles = ("_map", "_data")  # _data: the map as a uint8 array, to slice samples out of
     fmt = "lmdb"
 
     def __init__(self, root, manifest):
@@ -191,6 +191,7 @@ class LmdbReader(Reader):
         if self._offsets is None or identity != self._file:
             self._offsets, self._lengths = locate(self.root, self.count, self._map)
             self._file = identity
+        self._data = np.frombuffer(self._map, np.uint8)
 
     def _value(self, i: int, shape) -> int:
         """Where sample i's pixels start in data.mdb, after checking its value against ``shape``."""
@@ -205,7 +206,7 @@ class LmdbReader(Reader):
     def read_into(self, i, out):
         self._ensure_open()
         start = self._value(i, out.shape)
-        out[...] = np.frombuffer(self._map, np.uint8, out.size, start).reshape(out.shape)
+        out[...] = self._data[start:start + out.size].reshape(out.shape)
 
     def read_batch_into(self, indices, out):
         """Lengths checked for the whole batch at once, then a memcpy per sample out of the map."""
@@ -216,9 +217,9 @@ class LmdbReader(Reader):
         wrong = np.flatnonzero(self._lengths[idx] != size)
         if wrong.size:
             self._value(int(idx[wrong[0]]), self.shape)  # raises, naming the sample
-        flat = out.reshape(len(idx), size)
+        flat, data = out.reshape(len(idx), size), self._data
         for k, start in enumerate(self._offsets[idx].tolist()):
-            flat[k] = np.frombuffer(self._map, np.uint8, size, start)
+            flat[k] = data[start:start + size]
 
     def __getstate__(self):
         if self._offsets is None:  # locate once here rather than in every spawned worker

@@ -82,16 +82,21 @@ class WdsReader(Reader):
 
     def read_batch_into(self, indices, out):
         """One look-up of all offsets, then per sample a check of its member and a memcpy out of
-        the shard maps."""
+        the shard maps. The check is :meth:`_pixels_at`'s, its common case inlined: a mapped
+        shard, the member named for the sample, the header every member of this shape has."""
         check_out(out, len(indices), self.shape)
         self._ensure_open()
         if not len(indices):
             return
-        where = np.asarray(self._offsets[np.asarray(indices, np.int64)])
+        idx = np.asarray(indices, np.int64)
         flat = out.reshape(len(out), -1)
-        for k, (i, (shard, offset)) in enumerate(zip(np.asarray(indices).tolist(), where.tolist())):
-            m = self._pixels_at(i, shard, offset, self.shape)
-            flat[k] = np.frombuffer(m, np.uint8, flat.shape[1], offset)
+        size, maps = flat.shape[1], self._maps
+        for k, (i, (shard, offset)) in enumerate(zip(idx.tolist(), self._offsets[idx].tolist())):
+            m, start = maps.get(shard), offset - offset % BLOCK
+            if (m is None or self._header is None or start < BLOCK or offset + size > len(m)
+                    or m[start:offset] != self._header or m[start - BLOCK:start - BLOCK + 15] != b"%010d.npy\0" % i):
+                m = self._pixels_at(i, shard, offset, self.shape)
+            flat[k] = np.frombuffer(m, np.uint8, size, offset)
 
 
 READER = WdsReader  # what open_reader builds for format "wds"
