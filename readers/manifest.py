@@ -207,6 +207,12 @@ def read_splits(root: str | os.PathLike) -> dict | None:
             raise ShardFormatError(f"{path}: split {name!r} has no folder inside {root} ({where!r})")
         if not (root / where / MANIFEST).is_file():
             raise ShardFormatError(f"{root}: split {name!r} ({entry['path']}/{MANIFEST}) is missing")
+        own = _read_json(root / where / MANIFEST)  # the root repeats what each split records: they must agree
+        for key, mine, theirs in (("count", entry.get("count"), own.get("count")),
+                                  ("classes", top.get("classes"), own.get("classes"))):
+            if mine is not None and mine != theirs:
+                raise ShardFormatError(f"{path}: split {name!r}'s {key} differs from {where}/{MANIFEST}'s; "
+                                       "the splits manifest was edited or belongs to another pack")
     return top
 
 

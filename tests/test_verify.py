@@ -298,3 +298,32 @@ def test_each_problem_is_its_own_line(packed, tmp_path):
     cli = CliRunner().invoke(shardpack, ["verify", str(out), "--quiet"])
     assert cli.exit_code == 1 and cli.stdout.count("PROBLEM ") == len(result.problems)
     assert "problem(s) in its index or data files" in cli.stderr
+
+
+@pytest.mark.parametrize("edit", ["count", "classes"])
+def test_a_splits_root_that_disagrees_with_its_splits_is_refused(tmp_path, edit):
+    """The root's copy of each split's count and of the classes must match the split's own
+    manifest: an edited (or mismatched) root fails verify, info and ShardDataset in one line."""
+    from conftest import make_tree
+    from shardpack import ShardDataset, ShardFormatError
+    src = tmp_path / "src"
+    make_tree(src / "train", {"a": 3, "b": 3})
+    make_tree(src / "val", {"a": 2, "b": 1}, seed=5)
+    out = tmp_path / "out"
+    res = CliRunner().invoke(shardpack, ["pack", str(src), "--format", "npy", "--size", "16", "-o", str(out), "--quiet"])
+    assert res.exit_code == 0, res.output
+    assert CliRunner().invoke(shardpack, ["verify", str(out)]).exit_code == 0
+    top = json.loads((out / "manifest.json").read_text())
+    if edit == "count":
+        assert top["splits"]["val"]["count"] == 3
+        top["splits"]["val"]["count"] = 5
+    else:
+        assert top["classes"] == ["a", "b"]
+        top["classes"] = ["b", "a"]
+    (out / "manifest.json").write_text(json.dumps(top))
+    for command in ("verify", "info"):
+        res = CliRunner().invoke(shardpack, [command, str(out)])  # output: stdout and stderr (click 8.1 and 8.2)
+        assert res.exit_code == 1 and "Traceback" not in res.output
+        assert f"split 'val''s {edit} differs" in res.output if edit == "count" else "classes differs" in res.output
+    with pytest.raises(ShardFormatError, match=f"split 'val'.s {edit} differs" if edit == "count" else "classes differs"):
+        ShardDataset(out, split="val")
