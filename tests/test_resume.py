@@ -122,7 +122,7 @@ def test_after_a_reboot_resume_starts_from_the_last_fsynced_checkpoint(big_tree,
     ref = refs(fmt)
     out = tmp_path / "out"
     tmp = partial_dir(out)
-    for k, fraction in enumerate((0.4, 0.6, 0.8)):  # until a kill lands between two fsyncs
+    for k, fraction in enumerate((0.3, 0.45, 0.6, 0.75, 0.9)):  # until a kill lands between two fsyncs
         kill_at(big_tree, out, fmt, workers, fraction, n, resume=k > 0, durable=0.1)
         progress = json.loads((tmp / "progress.json").read_text())
         # killed before the first fsynced checkpoint (0.1 s in): no durable.json yet, go further
