@@ -133,8 +133,8 @@ def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_siz
         plan = make_plan(src, splits=splits, no_splits=no_splits, labels=labels, id_map=id_map,
                          classes_from=classes_from, mounts=setup.mounts)
         check_workers(workers, usable, sum(len(p.listing) for p in plan.parts))
-        if workers is not None and workers_warning(workers, usable, recipe):
-            say(workers_warning(workers, usable, recipe))
+        if workers is not None and (warning := workers_warning(workers, usable, recipe)):
+            say(warning)
         click.echo(plan_text(plan, setup.named, recipe, opts, setup.workers))
         if dry_run:
             dry_run_after_scan(plan, setup.out, recipe, opts, setup.workers)

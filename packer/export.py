@@ -13,10 +13,11 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
+from ..readers.manifest import IMG_EXTENSIONS
+
 CLASSES_FILE = "classes.txt"
 # Pillow format -> the extension ImageFolder (and the packer's scan) takes for it
 _EXTENSIONS = {"JPEG": ".jpg", "PNG": ".png", "WEBP": ".webp", "BMP": ".bmp", "TIFF": ".tif", "PPM": ".ppm"}
-_TAKEN = {".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp"}
 
 
 def export_imagefolder(dataset, root, *, image_column: str = "image", label_column: str = "label") -> Path:
@@ -92,7 +93,7 @@ def _write_image(image, stem: Path) -> None:
         data, path = image.get("bytes"), image.get("path")
         if data is None and path and os.path.isfile(path):
             ext = Path(path).suffix.lower()
-            if ext in _TAKEN:
+            if ext in IMG_EXTENSIONS:
                 shutil.copyfile(path, stem.with_suffix(ext))
                 return
             data = Path(path).read_bytes()

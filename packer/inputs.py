@@ -16,16 +16,13 @@ the free space for the output and the run's own files: the real run's own checks
 
 from __future__ import annotations
 
-import fcntl
-import json
-import os
 from pathlib import Path
 
 import click
 
 from .imaging import Recipe
-from .lock import holder_text, lock_path
-from .options import Options, OutputBusy
+from .lock import busy_error, holder, read_record
+from .options import Options
 from .sizing import workers_refusal
 from .splits import Plan
 from .staging import Staging, check_complete, check_existing, check_place
@@ -64,10 +61,9 @@ def dry_run_before_scan(src, out: Path, recipe: Recipe, opts: Options) -> None:
     place, a live run holding OUT's lock (OutputBusy), --resume on a complete OUT
     (AlreadyComplete / PackError), an existing OUT without --overwrite. Writes nothing."""
     check_place(src, out)
-    holder = _lock_holder(out)
-    if holder is not None:
-        raise OutputBusy(f"{out} is being written by another run ({holder_text(holder)}); wait for it to "
-                         "finish or stop it: --resume and --overwrite are refused while it runs", holder)
+    record = holder(out)
+    if record is not None:
+        raise busy_error(out, record)
     check_complete(src, out, recipe, opts)
     check_existing(out, opts)
 
@@ -76,30 +72,4 @@ def dry_run_after_scan(plan: Plan, out: Path, recipe: Recipe, opts: Options, wor
     """What opening the partial directory of ``out`` would refuse for ``plan``, and the space
     check: the real run's own Staging.check with the real run's fingerprint. Writes nothing."""
     Staging.check(out, plan.fingerprint(recipe, opts), opts, need=lambda: plan.run_bytes(recipe, opts.fmt, workers),
-                  count=sum(len(p.listing) for p in plan.parts), previous=_lock_record(out))
-
-
-def _lock_holder(out: Path) -> dict | None:
-    """The record of the run holding OUT's lock ({} when it wrote none yet), None when no process
-    holds it. A shared lock taken and dropped at once: nothing is created or written."""
-    try:
-        fd = os.open(lock_path(out), os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:  # no lock file: no run holds it
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return _lock_record(out) or {}
-    except OSError:  # a filesystem that cannot lock: the real run goes on after saying so
-        return None
-    finally:
-        os.close(fd)
-    return None
-
-
-def _lock_record(out: Path) -> dict | None:
-    try:
-        record = json.loads(lock_path(out).read_text() or "null")
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) else None
+                  count=sum(len(p.listing) for p in plan.parts), previous=read_record(out))

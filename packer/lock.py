@@ -52,6 +52,42 @@ def _read(fd: int) -> dict | None:
         return None
 
 
+def busy_error(out, record: dict | None) -> OutputBusy:
+    """The refusal of a run into ``out`` while the run of ``record`` holds its lock."""
+    return OutputBusy(f"{out} is being written by another run ({holder_text(record)}); wait for it "
+                      "to finish or stop it: --resume and --overwrite are refused while it runs", record)
+
+
+def read_record(out) -> dict | None:
+    """The record (pid, host, start) the last holder of ``out``'s lock left, None if none."""
+    try:
+        fd = os.open(lock_path(out), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return _read(fd)
+    finally:
+        os.close(fd)
+
+
+def holder(out) -> dict | None:
+    """The record of the run holding ``out``'s lock now ({} when it wrote none yet), None when no
+    process holds it; for a dry run: a shared lock taken and dropped at once, nothing written."""
+    try:
+        fd = os.open(lock_path(out), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:  # no lock file: no run holds it
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _read(fd) or {}
+    except OSError:  # a filesystem that cannot lock: the real run goes on after saying so
+        return None
+    finally:
+        os.close(fd)
+    return None
+
+
 class OutputLock:
     """The lock on output ``out``, held by this process until release() (or its death).
 
@@ -89,9 +125,7 @@ class OutputLock:
                     time.sleep(0.02)  # the holder locks first, then writes its record
                     record = _read(fd)
                 os.close(fd)
-                raise OutputBusy(f"{out} is being written by another run ({holder_text(record)}); "
-                                 "wait for it to finish or stop it: --resume and --overwrite are refused "
-                                 "while it runs", record) from None
+                raise busy_error(out, record) from None
             except OSError as err:
                 if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
                     os.close(fd)

@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 from contextlib import contextmanager
 from pathlib import Path
 
 import click
+
+from ..readers.manifest import write_json_atomic
 
 SCHEMA = 1  # bumped when a field changes meaning
 
@@ -31,10 +31,7 @@ def pack_document(src, out, reports, error: str | None = None, dry_run: bool = F
 
 def write_document(path, doc: dict) -> None:
     """Write ``doc`` to ``path`` (through a temporary file, so a reader never sees half of it)."""
-    path = Path(path).expanduser()
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    os.replace(tmp, path)
+    write_json_atomic(Path(path).expanduser(), doc, sync=False)
 
 
 @contextmanager

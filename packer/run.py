@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from ..readers.manifest import FORMATS, SKIPPED, write_json_atomic
+from ..readers.manifest import FORMATS, SKIPPED, bytes_on_disk, write_json_atomic
 from ..readers.folder import clash_text
 from ..readers.system import usable_cpus
 
@@ -37,13 +37,13 @@ from .options import (DISK_FULL, Options, PackError, Report, Stopped, StrictErro
 from .prefetch import DEFAULT_THREADS
 from .scan import Listing, scan
 from .sizing import SizeEstimate, estimate_size, output_bytes
-from .staging import (COMPACTING, Staging, check_complete, check_existing, check_out, check_place,
+from .staging import (COMPACTING, Staging, check_complete, check_existing, check_place,
                       dataset_fingerprint)
 from .writers import open_writer
 from .writers.manifest import dataset_manifest, run_info, write_index
 
 __all__ = ["pack", "prepare", "Setup", "Decoding", "Options", "Report", "PackError", "StrictError",
-           "check_out", "default_out"]
+           "default_out"]
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ def prepare(src: str | Path, out: str | Path | None, recipe: Recipe, opts: Optio
     (unless ``allow_unsafe_output``). Unless ``dry_run``: refuses an OUT that is or holds SRC,
     lies in it or under a file; takes OUT's lock (OutputBusy naming the run that holds it),
     before the scan, so a slow SRC does not delay the refusal; then, under the lock, answers
-    ``--resume`` on a complete OUT (AlreadyComplete) and refuses an existing OUT as check_out
+    ``--resume`` on a complete OUT (AlreadyComplete) and refuses an existing OUT as check_existing
     does; starts the forkserver for K > 1, so it boots while SRC is listed. The caller
     releases the lock: ``setup.release()``."""
     if opts.fmt not in FORMATS:
@@ -180,7 +180,7 @@ def _pack(src, recipe: Recipe, opts: Options, listing: Listing | None, extra: di
             finishing = bool(decoding and decoding.finished)
             raise PackError(write_failure(err, staging, n, finishing)) from None
         raise
-    total = sum(f.stat().st_size for f in setup.out.rglob("*") if f.is_file())
+    total = bytes_on_disk(setup.out)
     return Report(setup.out, int(len(kept)), n, skips, listing.ignored, len(listing.classes), total,
                   seconds, setup.workers, notes=notes, case_clashes=listing.case_clashes, resumed_at=start)
 

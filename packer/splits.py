@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from ..readers.folder import shown_apart
-from ..readers.manifest import MANIFEST, SKIPPED, partial_dir
+from ..readers.manifest import MANIFEST, SKIPPED, bytes_on_disk, partial_dir
 
 from .imaging import Recipe
 from .labels import LabelsReport, flat_listing, is_flat, read_classes, unknown_classes_text
@@ -38,7 +38,7 @@ from .options import Options, Report, say
 from .run import Setup, pack, prepare, scratch_bytes
 from .scan import SPLIT_NAMES, Listing, ScanError, SplitsError, find_classes, loose_images, scan
 from .sizing import SizeEstimate, estimate_size, output_bytes
-from .staging import Staging, dataset_fingerprint, fingerprint, source_identity
+from .staging import Staging, dataset_fingerprint, fingerprint, nearest_existing, source_identity
 from .writers.manifest import run_info, splits_manifest
 
 
@@ -283,7 +283,7 @@ def plan_text(plan: Plan, out: Path, recipe: Recipe, opts: Options, workers: int
     lines.append(f"  output: about {_gb(plan.need_bytes(recipe))} for {total} images ({opts.fmt}, {shape}, "
                  f"{recipe.resize})")
     lines.append("  per image: " + plan.estimates(recipe)[0].per_image_text(recipe))
-    free_at = _existing(out)
+    free_at = nearest_existing(out)
     lines.append(f"  free space: {_gb(shutil.disk_usage(free_at).free)} at {free_at}")
     lines.append(f"  workers: {workers}")
     return "\n".join(lines)
@@ -296,13 +296,6 @@ def plural(n: int, word: str, words: str | None = None) -> str:
 
 def _gb(n: int) -> str:
     return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
-
-
-def _existing(path: Path) -> Path:
-    path = Path(path).absolute()
-    while not path.exists():
-        path = path.parent
-    return path
 
 
 # ---------------------------------------------------------------- the run
@@ -365,4 +358,4 @@ def _report_of(d: Path) -> Report:
     m = json.loads((d / MANIFEST).read_text())
     skipped, ignored = split_skipped_json(json.loads((d / SKIPPED).read_text()))
     return Report(d, m["count"], m["scanned"], skipped, ignored, len(m["classes"]),
-                  sum(f.stat().st_size for f in d.rglob("*") if f.is_file()), 0.0, m["run"]["workers"])
+                  bytes_on_disk(d), 0.0, m["run"]["workers"])

@@ -46,13 +46,6 @@ FRESH = {"done": 0, "written": 0, "writer": {}}  # the checkpoint of a run that 
 SOURCE_SAMPLE = 64  # files per listing whose size and mtime identify the source
 
 
-def check_out(src: str | os.PathLike, out: Path, opts: Options) -> None:
-    """Refuse an OUT that would destroy or pollute SRC (check_place), or that exists and is not
-    a shardpack output (check_existing): ``--overwrite`` replaces earlier outputs only."""
-    check_place(src, out)
-    check_existing(out, opts)
-
-
 def check_place(src: str | os.PathLike, out: Path) -> None:
     """Refuse, before anything is written, an OUT that is or holds SRC, lies inside it, or lies
     under a regular file (``-o somefile/out.npy``)."""
@@ -63,9 +56,7 @@ def check_place(src: str | os.PathLike, out: Path) -> None:
     if s in o.parents:
         raise PackError(f"{out} is inside SRC {src}: the next scan would take it for a class "
                         "folder; choose an -o outside SRC")
-    above = Path(out).absolute().parent
-    while not above.exists() and above != above.parent:
-        above = above.parent
+    above = nearest_existing(Path(out).absolute().parent)
     if not above.is_dir():
         raise PackError(f"{above} is a file, not a folder, so {out} cannot be made there; choose another -o")
 

@@ -10,20 +10,18 @@ An output OUT is a directory::
     OUT/index/source_size.npy int32 (count, 2)      (width, height) of the source as stored
     OUT/index/source_mode.npy uint8 (count,)        index into manifest["source_modes"]
     OUT/index/shapes.npy     int32 (count, 3)       (H, W, 3) of each sample, variable-shape outputs only
-                                                    (manifest "shape" is null; the npy and hdf5 data
-                                                    are then flat: see readers/formats/)
+                                                    (manifest "shape" null; npy/hdf5 data flat)
     OUT/skipped.json         files that could not be used, each with its path and reason
     OUT/<format data>        see readers/formats/<format>.py
 
 A dataset packed from split folders (SRC/train, SRC/val, ...) is a *splits root*: ``OUT/<split>/``
 is each a complete output as above, and ``OUT/manifest.json`` says ``"kind": "splits"`` and maps
-each split name to its folder (see SPLITS_KIND); all splits share one class list. It is written
-last too, so a splits root with that manifest has every split complete.
+each split name to its folder (see SPLITS_KIND), repeating each split's count and the one class
+list (read_splits checks they agree); written last, so every split of such a root is complete.
 
 Every column is a plain ``.npy`` opened with ``np.load(mmap_mode="r")``: a million-sample index
-opens in milliseconds and never becomes a Python list (no copy-on-read growth in workers).
-The packer writes everything under a hidden partial directory and renames it to OUT last, so a
-directory with a valid ``manifest.json`` is complete by construction.
+opens in milliseconds and never becomes a Python list (no copy-on-read growth in workers). The
+packer writes under a hidden partial directory and renames it to OUT last: complete by construction.
 """
 
 from __future__ import annotations
@@ -208,9 +206,8 @@ def read_splits(root: str | os.PathLike) -> dict | None:
         if not (root / where / MANIFEST).is_file():
             raise ShardFormatError(f"{root}: split {name!r} ({entry['path']}/{MANIFEST}) is missing")
         own = _read_json(root / where / MANIFEST)  # the root repeats what each split records: they must agree
-        for key, mine, theirs in (("count", entry.get("count"), own.get("count")),
-                                  ("classes", top.get("classes"), own.get("classes"))):
-            if mine is not None and mine != theirs:
+        for key, mine in (("count", entry.get("count")), ("classes", top.get("classes"))):
+            if mine is not None and mine != own.get(key):
                 raise ShardFormatError(f"{path}: split {name!r}'s {key} differs from {where}/{MANIFEST}'s; "
                                        "the splits manifest was edited or belongs to another pack")
     return top
@@ -286,6 +283,11 @@ def expect_array(a: np.ndarray, path, dtype=None, shape=None) -> np.ndarray:
         dims = "" if shape is None else " (" + ", ".join("N" if w is None else str(w) for w in shape) + ")"
         raise ShardFormatError(f"{path}: {a.dtype} {a.shape}, expected {want}{dims}")
     return a
+
+
+def bytes_on_disk(root: str | os.PathLike) -> int:
+    """The bytes of every file under ``root`` (an output: data, index, manifest)."""
+    return sum(f.stat().st_size for f in Path(root).rglob("*") if f.is_file())
 
 
 def write_json_atomic(path: Path, obj, sync: bool = True) -> None:

@@ -9,18 +9,12 @@ warnings go to stderr, so stdout holds the document alone.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-from .manifest import SKIPPED, ShardFormatError, dataset_dirs, load_manifest
-from .verify import info_text
+from .manifest import SKIPPED, ShardFormatError, bytes_on_disk, dataset_dirs, load_manifest
+from .verify import info_text, one_line
 from .verify import verify as run_verify
 
 SCHEMA = 1  # bumped when a field changes meaning
-
-
-def one_line(message) -> str:
-    """``message`` with line breaks escaped, so that it stays one line in the document."""
-    return str(message).replace("\r", "\\r").replace("\n", "\\n")
 
 
 def _failure(out, err: Exception) -> str:
@@ -41,7 +35,7 @@ def info_document(out) -> tuple[dict, int]:
             skipped = root / SKIPPED
             doc["datasets"].append({
                 "split": split, "path": str(root),
-                "bytes_on_disk": sum(f.stat().st_size for f in Path(root).rglob("*") if f.is_file()),
+                "bytes_on_disk": bytes_on_disk(root),
                 "skipped": json.loads(skipped.read_text()) if skipped.exists() else [],
                 "manifest": manifest})
     except Exception as err:  # one document, never a traceback
@@ -60,7 +54,7 @@ def verify_document(out, progress: bool = False) -> tuple[dict, int]:
             result = run_verify(root, progress=progress)
             doc["datasets"].append({
                 "split": split, "path": str(root), "ok": result.ok, "count": result.count,
-                "problems": [one_line(p) for p in getattr(result, "problems", [])],
+                "problems": [one_line(p) for p in result.problems],
                 "mismatches": [{"index": m.index, "path": m.path, "problem": one_line(m.problem)}
                                for m in result.mismatches]})
             doc["ok"] = doc["ok"] and result.ok

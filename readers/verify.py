@@ -10,7 +10,7 @@ import numpy as np
 import xxhash
 
 from .formats import open_reader
-from .manifest import (COLUMNS, HDF5_FILE, INDEX_DIR, NPY_LABELS, NPY_OFFSETS, PATHS_BLOB, SKIPPED,
+from .manifest import (COLUMNS, bytes_on_disk, HDF5_FILE, INDEX_DIR, NPY_LABELS, NPY_OFFSETS, PATHS_BLOB, SKIPPED,
                        WDS_OFFSETS, WDS_SHARD, Index, ShardFormatError, expect_array, load_manifest, load_npy)
 
 
@@ -133,7 +133,7 @@ def index_problems(root: Path, manifest: dict, index: Index) -> list[str]:
     stray = d / COLUMNS["shapes"]
     if manifest.get("shape") is not None and stray.exists():
         try:
-            col = np.load(stray, mmap_mode="r")
+            col = load_npy(stray)
             same = col.shape == (index.count, 3) and (col == np.asarray(manifest["shape"])).all()
         except (OSError, ValueError):
             same = False
@@ -217,7 +217,7 @@ def info_text(root) -> str:
     m = load_manifest(root)
     index = Index(root, m)
     open_reader(root, m).check(index.shape(0) if index.count else None)
-    size = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+    size = bytes_on_disk(root)
     px, run = m.get("pixels", {}), m.get("run") if isinstance(m.get("run"), dict) else {}
     classes = [shown(c) for c in m["classes"]]
     lines = [

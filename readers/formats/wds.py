@@ -27,6 +27,15 @@ from .base import Reader, check_out, check_value, npy_value
 BLOCK = tarfile.BLOCKSIZE
 
 
+
+def _member(i: int) -> bytes:
+    """The NUL-terminated name field of sample i's .npy member (``sample_key(i)`` + ".npy")."""
+    return b"%010d.npy\0" % i
+
+
+_MEMBER_LEN = len(_member(0))
+assert _member(0)[:-5].decode() == sample_key(0)  # the key rule of manifest.py, in bytes
+
 class WdsReader(Reader):
     _handles = ("_maps", "_offsets", "_header")
     fmt = "wds"
@@ -55,7 +64,7 @@ class WdsReader(Reader):
         except ShardFormatError as err:
             raise ShardFormatError(f"{err}; {WDS_OFFSETS} puts sample {i} there") from None
         start = offset - offset % BLOCK
-        name = b"%010d.npy\0" % i
+        name = _member(i)
         if m is None or start < BLOCK or m[start - BLOCK:start - BLOCK + len(name)] != name:
             raise ShardFormatError(f"{self.root / WDS_SHARD.format(shard)}: no member {sample_key(i)}.npy "
                                    f"before offset {offset}, where {WDS_OFFSETS} puts sample {i}")
@@ -94,7 +103,7 @@ class WdsReader(Reader):
         for k, (i, (shard, offset)) in enumerate(zip(idx.tolist(), self._offsets[idx].tolist())):
             m, start = maps.get(shard), offset - offset % BLOCK
             if (m is None or self._header is None or start < BLOCK or offset + size > len(m)
-                    or m[start:offset] != self._header or m[start - BLOCK:start - BLOCK + 15] != b"%010d.npy\0" % i):
+                    or m[start:offset] != self._header or m[start - BLOCK:start - BLOCK + _MEMBER_LEN] != _member(i)):
                 m = self._pixels_at(i, shard, offset, self.shape)
             flat[k] = np.frombuffer(m, np.uint8, size, offset)
 
