@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import diskio
 from ..manifest import MANIFEST, ShardFormatError
 
 _open_lock = threading.Lock()
@@ -59,15 +60,44 @@ def check_value(where, i: int, shape, got_shape, nbytes: int, record: str = ".np
                            f"needs {math.prod(shape)}")
 
 
+def ragged_range(offsets: np.ndarray, size: int, i: int, shape, where) -> tuple[int, int]:
+    """The byte range ``a, b`` of sample i in a flat uint8 array of ``size`` bytes with byte
+    ``offsets`` (count + 1,). Raises ShardFormatError naming ``where`` and the sample when the
+    range is not inside the array or its byte count is not what ``shape`` needs."""
+    a, b = int(offsets[i]), int(offsets[i + 1])
+    if not 0 <= a <= b <= size:
+        raise ShardFormatError(f"{where}: sample {i} has bytes {a}..{b}, outside the {size} stored")
+    check_value(where, i, shape, None, b - a)
+    return a, b
+
+
 def ragged_view(flat: np.ndarray, offsets: np.ndarray, i: int, out: np.ndarray, where) -> np.ndarray:
     """Sample i of a flat uint8 array with byte ``offsets`` (count + 1,), shaped as ``out``.
     Raises ShardFormatError naming ``where`` and the sample when its byte range is not inside the
     array or its byte count differs from out's."""
-    a, b = int(offsets[i]), int(offsets[i + 1])
-    if not 0 <= a <= b <= len(flat):
-        raise ShardFormatError(f"{where}: sample {i} has bytes {a}..{b}, outside the {len(flat)} stored")
-    check_value(where, i, out.shape, None, b - a)
+    a, b = ragged_range(offsets, len(flat), i, out.shape, where)
     return flat[a:b].reshape(out.shape)
+
+
+def check_indices(indices, count: int) -> np.ndarray:
+    """``indices`` as int64, after checking each is in ``0..count-1``: raises IndexError naming
+    the first that is not."""
+    indices = np.asarray(indices, np.int64)
+    bad = (indices < 0) | (indices >= count)
+    if bad.any():
+        raise IndexError(f"sample {int(indices[bad][0])} out of range for {count} samples")
+    return indices
+
+
+def read_exact(file, offset: int, out: np.ndarray, i: int) -> None:
+    """Read ``out.nbytes`` bytes of sample i at ``offset`` of ``file`` (a diskio.DataFile) into
+    ``out``, through a temporary buffer when ``out`` is not a writeable contiguous array."""
+    if out.flags.c_contiguous and out.flags.writeable:
+        file.read(offset, [out], i)
+    else:
+        tmp = np.empty(out.shape, np.uint8)
+        file.read(offset, [tmp], i)
+        out[...] = tmp
 
 
 def check_out(out, count: int, shape) -> None:
@@ -89,11 +119,7 @@ def take_into(images: np.ndarray, indices: np.ndarray, out: np.ndarray) -> None:
     ``mode="raise"`` numpy copies through a temporary buffer, about 3x slower here.
     Raises IndexError naming the first index out of range.
     """
-    indices = np.asarray(indices, np.int64)
-    bad = (indices < 0) | (indices >= len(images))
-    if bad.any():
-        raise IndexError(f"sample {int(indices[bad][0])} out of range for {len(images)} samples")
-    np.take(images, indices, axis=0, out=out, mode="clip")
+    np.take(images, check_indices(indices, len(images)), axis=0, out=out, mode="clip")
 
 
 class Reader:
@@ -167,10 +193,24 @@ class Reader:
         raise NotImplementedError
 
     def read_batch_into(self, indices: np.ndarray, out: np.ndarray) -> None:
-        """Copy samples ``indices`` into ``out`` of shape (len(indices), H, W, 3): fixed shapes only."""
+        """Copy samples ``indices`` into ``out`` of shape (len(indices), H, W, 3): fixed shapes
+        only. Raises ValueError for such an ``out`` (before reading), IndexError for an index
+        out of range, ShardFormatError or OSError naming the file and the sample."""
+        self.start_batch(indices, out).wait()
+
+    def start_batch(self, indices: np.ndarray, out: np.ndarray) -> diskio.Pending:
+        """Start reading samples ``indices`` into ``out`` (as :meth:`read_batch_into`) and return
+        at once; ``.wait()`` on the result finishes the batch and raises its errors. ``out``
+        must not be touched before then. Checks ``out`` and the indices before anything is
+        read. This default reads in the caller; the formats read on diskio's pool."""
         check_out(out, len(indices), self.shape)
-        for k, i in enumerate(indices):
-            self.read_into(int(i), out[k])
+        for k, i in enumerate(check_indices(indices, self.count).tolist()):
+            self.read_into(i, out[k])
+        return diskio.Pending([])
+
+    def data_paths(self) -> list[Path]:
+        """The files holding the pixels (what must fit in the page cache to be read from RAM)."""
+        return []
 
     def read_batch(self, indices: np.ndarray) -> np.ndarray:
         """Samples ``indices`` (int64 (B,), any order) as a new uint8 array (B, H, W, 3) in that
@@ -189,19 +229,33 @@ class Reader:
 
 class MemmapReader(Reader):
     """npy and HDF5: ``self._images`` is a read-only memmap, (count, H, W, 3) for fixed shapes or
-    flat with ``self._offsets`` (count + 1,) for variable ones; ``data_file`` names it in errors."""
+    flat with ``self._offsets`` (count + 1,) for variable ones, starting at byte ``self._base`` of
+    ``data_file``, which the pixels are read from with preadv (``self._file``, diskio)."""
 
-    _handles = ("_images", "_offsets")
+    _handles = ("_images", "_offsets", "_file")
     data_file = ""
+    _base = 0
+
+    def data_paths(self):
+        return [self.root / self.data_file]
+
+    def _open_file(self, base: int) -> None:
+        """Open the data file for preadv; the images start at byte ``base`` of it."""
+        self._file, self._base = diskio.DataFile(self.root / self.data_file), int(base)
+
+    def _range(self, i, shape) -> int:
+        """Byte of the data file where sample i (of ``shape``) starts, after checking its range."""
+        if self.shape is None:
+            return self._base + ragged_range(self._offsets, len(self._images), i, shape, self.root / self.data_file)[0]
+        return self._base + i * math.prod(self.shape)  # the memmap's shape was checked when opened
 
     def read_into(self, i, out):
         self._ensure_open()
-        if self.shape is None:
-            out[...] = ragged_view(self._images, self._offsets, i, out, self.root / self.data_file)
-        else:  # the memmap's (count, H, W, 3) was checked against the manifest when opened
-            out[...] = self._images[i]
+        read_exact(self._file, self._range(i, out.shape), out, i)
 
-    def read_batch_into(self, indices, out):
+    def start_batch(self, indices, out):
         check_out(out, len(indices), self.shape)
         self._ensure_open()
-        take_into(self._images, indices, out)
+        idx = check_indices(indices, self.count).tolist()
+        size = math.prod(self.shape)
+        return diskio.submit([(self._file, self._base + i * size, [out[k]], i) for k, i in enumerate(idx)])

@@ -16,7 +16,7 @@ import h5py
 import numpy as np
 
 from ..manifest import HDF5_FILE, ShardFormatError
-from .base import MemmapReader, check_value, ragged_view
+from .base import MemmapReader, check_value
 
 
 def dataset_offset(path, name="images"):
@@ -43,29 +43,31 @@ def dataset_offset(path, name="images"):
     return offset, shape, dtype
 
 
-def _map(path, name):
-    """Dataset ``name`` as a plain ndarray view of a read-only memmap (C-level indexing)."""
-    offset, shape, dtype = dataset_offset(path, name)
+def _map(path, name, where=None):
+    """Dataset ``name`` as a plain ndarray view of a read-only memmap (C-level indexing), and
+    ``(offset, shape, dtype)`` from :func:`dataset_offset` when ``where`` is given."""
+    found = dataset_offset(path, name) if where is None else where
+    offset, shape, dtype = found
     return np.memmap(path, dtype, "r", offset=offset, shape=shape).view(np.ndarray)
 
 
 class Hdf5Reader(MemmapReader):
     data_file = HDF5_FILE
     fmt = "hdf5"
-    _handles = ("_images", "_offsets", "_shapes")
+    _handles = ("_images", "_offsets", "_shapes", "_file")
 
     def read_into(self, i, out):
         self._ensure_open()
         if self.shape is None:  # the file's own shapes column, against the index's
             check_value(self.root / HDF5_FILE, i, out.shape, tuple(self._shapes[i].tolist()), out.nbytes,
                         "row in the shapes dataset")
-            out[...] = ragged_view(self._images, self._offsets, i, out, self.root / HDF5_FILE)
-        else:
-            out[...] = self._images[i]
+        super().read_into(i, out)
 
     def _open(self):
         path = self.root / HDF5_FILE
-        self._images = _map(path, "images")
+        where = dataset_offset(path, "images")
+        self._images = _map(path, "images", where)
+        self._open_file(where[0])
         if self.shape is None:
             self._offsets = _map(path, "offsets")
             self._shapes = _map(path, "shapes")

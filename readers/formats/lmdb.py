@@ -33,7 +33,8 @@ import lmdb
 import numpy as np
 
 from ..manifest import ShardFormatError, sample_key
-from .base import Reader, check_out, check_value, npy_value
+from .. import diskio
+from .base import Reader, check_indices, check_out, check_value, npy_value, read_exact
 from .lmdb_pages import P_LEAF, P_OVERFLOW, PAGE_HEADER, Records, meta, read_pages
 
 DATA = "data.mdb"
@@ -175,13 +176,17 @@ def _shown(key: bytes) -> str:
 
 
 class LmdbReader(Reader):
-    _handles = ("_map", "_data")  # _data: the map as a uint8 array, to slice samples out of
+    # _data: the map as a uint8 array (record location, .npy headers); _pread: data.mdb for preadv
+    _handles = ("_map", "_data", "_pread")
     fmt = "lmdb"
 
     def __init__(self, root, manifest):
         super().__init__(root, manifest)
         self._offsets = self._lengths = self._file = None  # _file: data.mdb's identity when located
         self._path = self.root / DATA
+
+    def data_paths(self):
+        return [self._path]
 
     def _open(self):
         with open(self._path, "rb") as f:
@@ -191,7 +196,10 @@ class LmdbReader(Reader):
         if self._offsets is None or identity != self._file:
             self._offsets, self._lengths = locate(self.root, self.count, self._map)
             self._file = identity
+        if hasattr(mmap, "MADV_RANDOM"):  # the map serves only .npy headers now: no readahead around them
+            self._map.madvise(mmap.MADV_RANDOM)
         self._data = np.frombuffer(self._map, np.uint8)
+        self._pread = diskio.DataFile(self._path)
 
     def _value(self, i: int, shape) -> int:
         """Where sample i's pixels start in data.mdb, after checking its value against ``shape``."""
@@ -205,21 +213,20 @@ class LmdbReader(Reader):
 
     def read_into(self, i, out):
         self._ensure_open()
-        start = self._value(i, out.shape)
-        out[...] = self._data[start:start + out.size].reshape(out.shape)
+        read_exact(self._pread, self._value(i, out.shape), out, i)
 
-    def read_batch_into(self, indices, out):
-        """Lengths checked for the whole batch at once, then a memcpy per sample out of the map."""
+    def start_batch(self, indices, out):
+        """Lengths checked for the whole batch at once, then each value read with preadv on
+        diskio's pool straight into its row of ``out``."""
         check_out(out, len(indices), self.shape)
         self._ensure_open()
-        idx = np.asarray(indices, np.int64)
+        idx = check_indices(indices, self.count)
         size = math.prod(self.shape)
         wrong = np.flatnonzero(self._lengths[idx] != size)
         if wrong.size:
             self._value(int(idx[wrong[0]]), self.shape)  # raises, naming the sample
-        flat, data = out.reshape(len(idx), size), self._data
-        for k, start in enumerate(self._offsets[idx].tolist()):
-            flat[k] = data[start:start + size]
+        return diskio.submit([(self._pread, start, [out[k]], i)
+                              for k, (i, start) in enumerate(zip(idx.tolist(), self._offsets[idx].tolist()))])
 
     def __getstate__(self):
         if self._offsets is None:  # locate once here rather than in every spawned worker

@@ -16,6 +16,15 @@ from ..manifest import NPY_IMAGES, NPY_OFFSETS, ShardFormatError, load_npy
 from .base import MemmapReader
 
 
+def _data_start(path) -> int:
+    """The byte where the array's data starts in the .npy file ``path`` (after its header)."""
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        read(f)
+        return f.tell()
+
+
 class NpyReader(MemmapReader):
     data_file = NPY_IMAGES
     fmt = "npy"
@@ -23,6 +32,7 @@ class NpyReader(MemmapReader):
     def _open(self):
         path = self.root / NPY_IMAGES
         self._images = load_npy(path)
+        self._open_file(_data_start(path))
         if self.shape is None:
             self._offsets = load_npy(self.root / NPY_OFFSETS, "i", (None,))
             expect = (int(self._offsets[-1]),) if len(self._offsets) == self.count + 1 else None

@@ -3,7 +3,8 @@
 Tar shards ``shard-000000.tar``... with members ``<key>.npy`` and ``<key>.cls``, plus
 ``wds_offsets.npy`` (count, 2) int64 giving each sample's shard number and the byte offset of its
 raw pixels inside the tar (past the .npy header). Random access reads through one read-only mmap
-per shard, opened on first use.
+per shard, opened on first use, for the checks; the pixels are read with preadv into the
+caller's buffer (readers/diskio.py), a batch's reads on a thread pool.
 
 Every sample served is checked where it lies: the member's name is ``<sample_key(i)>.npy`` and its
 own .npy header gives the shape the manifest (fixed shapes) or ``index/shapes.npy`` says, so an
@@ -22,7 +23,8 @@ import tarfile
 import numpy as np
 
 from ..manifest import WDS_OFFSETS, WDS_SHARD, ShardFormatError, load_npy, sample_key
-from .base import Reader, check_out, check_value, npy_value
+from .. import diskio
+from .base import Reader, check_indices, check_out, check_value, npy_value, read_exact
 
 BLOCK = tarfile.BLOCKSIZE
 
@@ -37,12 +39,26 @@ _MEMBER_LEN = len(_member(0))
 assert _member(0)[:-5].decode() == sample_key(0)  # the key rule of manifest.py, in bytes
 
 class WdsReader(Reader):
-    _handles = ("_maps", "_offsets", "_header")
+    _handles = ("_maps", "_files", "_offsets", "_header")
     fmt = "wds"
 
     def _open(self):
-        self._maps, self._header = {}, None  # _header: the .npy header every fixed-shape member has
+        self._maps, self._files, self._header = {}, {}, None  # _header: the .npy header every fixed-shape member has
         self._offsets = load_npy(self.root / WDS_OFFSETS, "i", (self.count, 2))
+
+    def data_paths(self):
+        return sorted(self.root.glob("shard-*.tar"))
+
+    def _file(self, shard) -> diskio.DataFile | None:
+        """Shard ``shard`` open for preadv, or None when it cannot be (the checks then say why)."""
+        f = self._files.get(shard)
+        if f is None and shard >= 0:
+            try:
+                self._map(shard)  # checks the output is unchanged; raises for a missing shard
+                f = self._files[shard] = diskio.DataFile(self.root / WDS_SHARD.format(shard))
+            except (OSError, ShardFormatError):
+                return None
+        return f
 
     def _map(self, shard):
         m = self._maps.get(shard)
@@ -52,6 +68,8 @@ class WdsReader(Reader):
             try:
                 with open(path, "rb") as f:
                     m = self._maps[shard] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                if hasattr(mmap, "MADV_RANDOM"):  # only headers are read through it: no readahead
+                    m.madvise(mmap.MADV_RANDOM)
             except (OSError, ValueError) as err:  # missing, or empty (mmap refuses 0 bytes)
                 raise ShardFormatError(f"{path}: cannot map this shard ({err})") from None
         return m
@@ -86,26 +104,45 @@ class WdsReader(Reader):
     def read_into(self, i, out):
         self._ensure_open()
         shard, offset = self._offsets[i].tolist()
-        m = self._pixels_at(i, shard, offset, out.shape)
-        out[...] = np.frombuffer(m, np.uint8, out.size, offset).reshape(out.shape)
+        self._pixels_at(i, shard, offset, out.shape)
+        read_exact(self._file(shard), offset, out, i)
 
-    def read_batch_into(self, indices, out):
-        """One look-up of all offsets, then per sample a check of its member and a memcpy out of
-        the shard maps. The check is :meth:`_pixels_at`'s, its common case inlined: a mapped
-        shard, the member named for the sample, the header every member of this shape has."""
+    def start_batch(self, indices, out):
+        """Per sample one preadv of its member's tar header and .npy header (into a scratch row)
+        and its pixels (into its row of ``out``), on diskio's pool; then, in the waiting thread,
+        each member is checked to be the sample's .npy with the header every member of this
+        shape has. A sample that fails (or whose shard is missing or short) goes through
+        :meth:`_pixels_at`, which raises naming the shard and the sample."""
         check_out(out, len(indices), self.shape)
         self._ensure_open()
         if not len(indices):
-            return
-        idx = np.asarray(indices, np.int64)
+            return diskio.Pending([])
+        idx = check_indices(indices, self.count)
+        at = self._offsets[idx].tolist()
+        if self._header is None:  # the first batch: learn the header from its first sample
+            self._pixels_at(int(idx[0]), *at[0], self.shape)
         flat = out.reshape(len(out), -1)
-        size, maps = flat.shape[1], self._maps
-        for k, (i, (shard, offset)) in enumerate(zip(idx.tolist(), self._offsets[idx].tolist())):
-            m, start = maps.get(shard), offset - offset % BLOCK
-            if (m is None or self._header is None or start < BLOCK or offset + size > len(m)
-                    or m[start:offset] != self._header or m[start - BLOCK:start - BLOCK + _MEMBER_LEN] != _member(i)):
+        size, header = flat.shape[1], self._header
+        heads = np.empty((len(idx), BLOCK + len(header or b"")), np.uint8)
+        jobs, slow = [], []
+        for k, (i, (shard, offset)) in enumerate(zip(idx.tolist(), at)):
+            f, start = self._file(shard), offset - offset % BLOCK
+            if f is None or header is None or start < BLOCK or offset - start != len(header) or offset + size > f.size:
+                slow.append(k)
+            else:
+                jobs.append((f, start - BLOCK, [heads[k], flat[k]], i))
+
+        def check():
+            name = np.frombuffer(b"".join(_member(i) for i in idx.tolist()), np.uint8).reshape(len(idx), -1)
+            ok = (heads[:, :_MEMBER_LEN] == name).all(axis=1)
+            if header is not None:
+                ok &= (heads[:, BLOCK:] == np.frombuffer(header, np.uint8)).all(axis=1)
+            for k in sorted(set(slow) | set(np.flatnonzero(~ok).tolist())):
+                i, (shard, offset) = int(idx[k]), at[k]
                 m = self._pixels_at(i, shard, offset, self.shape)
-            flat[k] = np.frombuffer(m, np.uint8, size, offset)
+                flat[k] = np.frombuffer(m, np.uint8, size, offset)
+
+        return diskio.submit(jobs, check)
 
 
 READER = WdsReader  # what open_reader builds for format "wds"
