@@ -66,6 +66,7 @@ def stopped_text(signum: int, saved: bool) -> str:
     return f"{what} before anything was written: rerun the same command"
 
 
+ENGINES = ("local", "ray", "units")  # see Options.engine
 DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}  # EIO: how LMDB reports a short write
 
 
@@ -102,6 +103,11 @@ class Options:
     high-latency one (mounts.py). ``allow_unsafe_output``: write OUT even on such a mount.
     ``checkpoint_seconds``: how often progress is recorded (survives a killed process);
     ``durable_seconds``: how often that also fsyncs (survives a crash of the machine).
+    ``engine``: who decodes: "local" (this machine's K processes, decode.py), "ray" (Ray tasks
+    on the cluster at ``address``, else RAY_ADDRESS, else a Ray instance started for the run)
+    or "units" (the same unit protocol as "ray" on a local pool of K processes; units.py).
+    ``unit_files``: files per unit for "ray"/"units" (None: units.unit_files decides from the
+    sample shape; never from the node or task count).
     """
 
     fmt: str
@@ -117,6 +123,9 @@ class Options:
     durable_seconds: float = 60.0
     io_threads: int | None = None
     allow_unsafe_output: bool = False
+    engine: str = "local"
+    address: str | None = None
+    unit_files: int | None = None
 
 
 @dataclass

@@ -1,0 +1,149 @@
+"""Stage 4 of pack(): decode every file in scan order and hand it to the writer, checkpointing.
+
+The runner that decodes is the engine's: decode.py's (this process, or a pool of K processes)
+for the local engine, units.py's (units decoded anywhere, committed in order) for the others;
+everything here (ledger, checkpoints, signals, the source-gone streak) is the same for all.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from concurrent.futures.process import BrokenProcessPool
+
+from .decode import Decoded, open_runner
+from .ledger import Ledger
+from .options import Options, PackError, Stopped, say
+from .scan import Listing
+from .staging import Staging
+from .imaging import Recipe
+
+
+def _quietly(fn, *args) -> None:
+    """fn(*args) on a path that is already failing: its own error must not hide the first."""
+    try:
+        fn(*args)
+    except Exception:  # noqa: BLE001 -- cleanup after a failure; the first error is reported
+        pass
+
+
+class Decoding:
+    """Stage 4: decode files start..n-1 in scan order with ``workers`` processes (decode.py),
+    record each in the ledger, hand each sample to the writer, checkpoint every few seconds.
+    Ctrl-C and SIGTERM (taken between chunks, never inside a write) stop at a checkpoint that
+    --resume continues from (Stopped); so do a killed worker and a source that vanished (the
+    streak re-read); a failed write (a full disk) leaves the last checkpoint (see pack)."""
+
+    def __init__(self, listing: Listing, recipe: Recipe, opts: Options, writer, ledger: Ledger,
+                 staging: Staging, workers: int):
+        self.listing, self.recipe, self.opts, self.workers = listing, recipe, opts, workers
+        self.writer, self.ledger, self.staging = writer, ledger, staging
+        self.start = self.done = int(staging.start["done"])
+        self.written = int(staging.start["written"])
+        self.interrupted = 0  # the signal received, taken at the next chunk
+        self.finished = False  # every file decoded and written, the last checkpoint taken
+        self.runner = None
+
+    def run(self) -> None:
+        n = len(self.listing)
+        if self.opts.engine == "local":
+            runner = open_runner(self.listing, self.recipe, self.writer, self.start, self.workers,
+                                 self.opts.io_threads, self.staging.run_dir)
+        else:  # units decoded anywhere, taken in scan order (units.py)
+            from .units import open_unit_runner
+            runner = open_unit_runner(self.listing, self.recipe, self.writer, self.start, self.workers,
+                                      self.opts, self.staging)
+        self.runner = runner
+        bar = _progress_bar(n, self.start, self.opts.progress)
+        previous = {}
+        if threading.current_thread() is threading.main_thread():  # SIGTERM as Ctrl-C: stop at a checkpoint
+            previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        self.last_checkpoint = self.last_durable = time.monotonic()
+        finished = False
+        try:
+            self.ledger.open_log(self.start)
+            for results in runner.chunks():
+                self._take(results)
+                bar.update(len(results))
+                self._maybe_checkpoint()
+            self._checkpoint(self.done)
+            finished = self.finished = True
+        except KeyboardInterrupt:
+            self._stop_at_checkpoint()
+            raise
+        except BrokenProcessPool:  # a decode process was killed (a signal to all, the OOM killer)
+            time.sleep(0.2)  # a signal to this process too is handled by now
+            self._stop_at_checkpoint()
+            if self.interrupted:
+                raise Stopped(self.interrupted) from None
+            raise PackError(f"a decode process died (killed, or out of memory?) after {self.done} of {n} "
+                            f"files; rerun with --resume to continue from {self.staging.tmp}") from None
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            cleanup = (lambda fn, *args: fn(*args)) if finished else _quietly
+            cleanup(bar.close)
+            cleanup(self.ledger.close_log)
+            cleanup(runner.close, not finished)
+
+    def engine_info(self) -> dict:
+        """The manifest run section's engine keys (engine, nodes, units per node; see units.py)."""
+        info = getattr(self.runner, "engine_info", None)
+        return info() if info else {"engine": "local"}
+
+    def _stop_at_checkpoint(self) -> None:
+        """Stopped (a signal, a dead worker): checkpoint at the last file taken, say where."""
+        if not self.ledger.in_streak:
+            self._checkpoint(self.done, durable=True)
+            say(f"stopped after {self.done} of {len(self.listing)} files; the progress is in {self.staging.tmp}")
+
+    def _on_signal(self, signum, _frame) -> None:
+        self.interrupted = signum
+
+    def _take(self, results) -> None:
+        """Record one chunk's results in scan order; each sample is stored at the next position."""
+        for r in results:
+            if isinstance(r, Decoded):
+                self.ledger.decoded(r)
+                self.runner.store(r, self.written, int(self.listing.labels[r.index]))
+                self.written += 1
+            elif self.ledger.skipped(r, self.listing.paths[r.index]):
+                self._checkpoint(self.ledger.streak_start, durable=True)  # re-read the whole streak on resume
+                raise PackError(f"{self.ledger.streak} files in a row could not be read (last: "
+                                f"{self.ledger.last_reason}); the source {self.listing.root} looks gone. "
+                                "Fix it and rerun with --resume")
+            self.done = r.index + 1
+
+    def _maybe_checkpoint(self) -> None:
+        if self.interrupted:
+            raise Stopped(self.interrupted)
+        if time.monotonic() - self.last_checkpoint > self.opts.checkpoint_seconds and not self.ledger.in_streak:
+            self._checkpoint(self.done, durable=time.monotonic() - self.last_durable > self.opts.durable_seconds)
+            self.last_checkpoint = time.monotonic()
+
+    def _checkpoint(self, upto: int, durable: bool = False) -> None:
+        """Files < ``upto`` are done: hand their data to the kernel and record the point (with
+        ``durable``, or where the boot id is unknown, fsynced first)."""
+        durable = durable or self.staging.boot is None
+        self.ledger.flush()
+        state = self.runner.writes.call(_settle, self.writer, durable)
+        if durable:
+            self.ledger.sync()
+            self.last_durable = time.monotonic()
+        self.staging.checkpoint({"done": upto, "written": self.written, "writer": state}, durable)
+        self.runner.writes.submit(self.writer.release, upto)  # not waited for: it may write back for a while
+
+
+def _settle(writer, durable: bool) -> dict:
+    """A checkpoint's part in the writer: flush (and fsync if ``durable``); return its state."""
+    writer.flush()
+    if durable:
+        writer.sync()
+    return writer.state()
+
+
+def _progress_bar(n: int, start: int, enabled: bool):
+    from ..readers.progress import progress  # tqdm's conventions off a terminal (TQDM_DISABLE, ...)
+    return progress(total=n, initial=start, unit="img", enabled=enabled, smoothing=0.1,
+                    dynamic_ncols=True, desc="packing")

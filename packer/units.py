@@ -1,0 +1,325 @@
+"""Units: fixed ranges of scan positions, decoded anywhere in any order, committed in scan order.
+
+The protocol behind ``--engine ray`` (engine_ray.py) and ``engine="units"`` (a local pool):
+
+- *Plan* (driver): unit u is scan positions [u * F, (u + 1) * F), F = unit_files(recipe): it
+  depends on the sample shape only, never on the number of nodes, tasks or processes.
+- *Unit* (a task, anywhere): decode the range with the project's own decoder, write the kept
+  samples' HWC uint8 bytes, in order, to ``run/units/uNNNNNNN.bin`` and then a record
+  ``uNNNNNNN.json`` (each file's status, checksum, source size and mode, shape, skip row) as its
+  commit marker. Both go to a temporary name unique to the attempt (unit, random id, pid),
+  are fsynced and renamed: a retried or zombie attempt writes the same bytes under the same
+  final name, so no attempt can corrupt another.
+- *Commit* (driver, UnitRunner): take the units in order, feed their results to the same stage
+  as the local engine (decoding.py: ledger, checkpoints, the source-gone streak) and their
+  pixels to the same writers, so keys (they count kept samples), tar shard boundaries (cut by
+  bytes after skips) and every byte of the output are those of a local run by construction;
+  readers need nothing new. In-place formats get each unit's rows by ``os.copy_file_range``.
+- *Resume*: the checkpoint is the local engine's (either engine resumes the other's run); a
+  unit past it whose record is present and covers the same range is taken as it is, only the
+  others run again (a record with an I/O skip is redone: the source may be back).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import uuid
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .decode import Decoded, Decoder, Handover, Skipped, Writes, mp_context
+from .imaging import Recipe
+from .options import StrictError
+
+UNIT_BYTES = 32 << 20  # a unit's pixels: ~220 ImageNet samples at 224, ~0.7 s of one core's decoding
+UNITS_DIR = "units"
+SEEN = "shared.json"  # written by the driver; every task checks it can read it (OUT is shared)
+
+
+def unit_files(recipe: Recipe, override: int | None = None) -> int:
+    """Files per unit: UNIT_BYTES of samples of the recipe's shape (N x N x 3 for variable
+    shapes), 16 to 4096. Depends on the recipe only: the same on every cluster."""
+    if override:
+        return int(override)
+    shape = recipe.shape() or (recipe.size, recipe.size, 3)
+    return int(min(4096, max(16, UNIT_BYTES // int(np.prod(shape)))))
+
+
+def unit_name(unit: int) -> str:
+    return f"u{unit:07d}"
+
+
+@dataclass(frozen=True)
+class UnitSpec:
+    """What one task needs: unit ``unit`` = files ``start`` .. start + len(paths) - 1 of the
+    listing, ``paths`` relative to ``root``; ``units_dir``: where its part and record go;
+    ``token``: what ``units_dir/shared.json`` must hold (the node sees this run's directory)."""
+
+    unit: int
+    start: int
+    paths: tuple[str, ...]
+    root: str
+    recipe: Recipe
+    units_dir: str
+    token: str
+
+
+class NotShared(RuntimeError):
+    """A node cannot see the run's partial directory: OUT is not on a filesystem all nodes share."""
+
+
+def run_unit(spec: UnitSpec, node: str | None = None) -> dict:
+    """Decode one unit and commit it (part, then record, each tmp + fsync + rename). Returns
+    {"unit", "node"}. Raises NotShared when ``units_dir`` is not this run's (not shared)."""
+    node = node or socket.gethostname()
+    seen = os.path.join(spec.units_dir, SEEN)
+    try:
+        with open(seen) as f:
+            ok = json.load(f).get("token") == spec.token
+    except (OSError, ValueError):
+        ok = False
+    if not ok:
+        raise NotShared(f"node {node} ({socket.gethostname()}) cannot see {seen}: OUT must be on a "
+                        "filesystem every node mounts at the same path")
+    rows = Handover()
+    results = Decoder(spec.root, spec.recipe, rows).run(
+        [(spec.start + k, rel, k) for k, rel in enumerate(spec.paths)])
+    name, attempt = unit_name(spec.unit), f"{uuid.uuid4().hex[:12]}.{os.getpid()}"
+    base = os.path.join(spec.units_dir, name)
+    decoded, skipped, nbytes = [], [], 0
+    with open(f"{base}.bin.{attempt}.tmp", "wb") as f:
+        for r in results:
+            if isinstance(r, Decoded):
+                pixels = rows.take(r.index - spec.start)
+                f.write(pixels.data)
+                nbytes += pixels.nbytes
+                decoded.append([r.index, r.mode, *r.size, r.checksum, *r.shape])
+            else:
+                skipped.append([r.index, r.kind, r.reason, r.errno])
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(f"{base}.bin.{attempt}.tmp", f"{base}.bin")
+    record = {"unit": spec.unit, "start": spec.start, "stop": spec.start + len(spec.paths), "node": node,
+              "part_bytes": nbytes, "decoded": decoded, "skipped": skipped}
+    with open(f"{base}.json.{attempt}.tmp", "w") as f:
+        json.dump(record, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(f"{base}.json.{attempt}.tmp", f"{base}.json")  # the commit marker, last
+    return {"unit": spec.unit, "node": node}
+
+
+def read_record(units_dir: Path, unit: int) -> dict | None:
+    """Unit ``unit``'s record, or None when it has none (or a torn one, or its part is short)."""
+    base = Path(units_dir) / unit_name(unit)
+    try:
+        record = json.loads((base.with_suffix(".json")).read_text())
+        if (base.with_suffix(".bin")).stat().st_size != record["part_bytes"]:
+            return None
+    except (OSError, ValueError, KeyError):
+        return None
+    return record
+
+
+def results_of(record: dict) -> list[Decoded | Skipped]:
+    """A record's per-file results, in scan order (what a local decoder would have returned)."""
+    out = [Decoded(i, mode, (w, h), checksum, (hh, ww)) for i, mode, w, h, checksum, hh, ww in record["decoded"]]
+    out += [Skipped(i, kind, reason, code) for i, kind, reason, code in record["skipped"]]
+    return sorted(out, key=lambda r: r.index)
+
+
+def submission_order(units: list[int]) -> list[int]:
+    """The order units are handed out (scan order; tests shuffle it to show it does not matter)."""
+    return list(units)
+
+
+def shuffled(units: list[int], seed: int = 0) -> list[int]:
+    """``units`` in a seeded random order (for tests: output must not depend on it)."""
+    units = list(units)
+    random.Random(seed).shuffle(units)
+    return units
+
+
+class PoolExecutor:
+    """Units on ``workers`` local processes (``engine="units"``): the unit protocol without Ray."""
+
+    name = "units"
+
+    def __init__(self, workers: int):
+        self.slots, self.nodes = workers, 1
+        self.pool = ProcessPoolExecutor(workers, mp_context=mp_context())
+        self.futures = set()
+
+    def submit(self, spec: UnitSpec) -> None:
+        self.futures.add(self.pool.submit(run_unit, spec))
+
+    def wait(self) -> list[dict]:
+        """Block until at least one unit is done; its {"unit", "node"} (a failure raises)."""
+        done, self.futures = wait(self.futures, return_when=FIRST_COMPLETED)
+        return [f.result() for f in done]
+
+    def close(self, failed: bool) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+class UnitRunner:
+    """The driver's side (see the module docstring): a runner for decoding.Decoding, like
+    decode.Runner: ``chunks()`` yields each unit's results in scan order from ``start``,
+    ``store()`` hands a decoded sample to the writer, ``writes`` carries every writer call.
+    ``committed()``: the files covered by the last checkpoint (their units' files are deleted)."""
+
+    def __init__(self, listing, recipe: Recipe, writer, start: int, executor, run_dir: Path, per: int,
+                 strict: bool, committed):
+        self.listing, self.recipe, self.writer, self.start = listing, recipe, writer, start
+        self.executor, self.per, self.strict, self.committed = executor, per, strict, committed
+        n = len(listing)
+        self.ranges = [(a, min(n, a + per)) for a in range(0, n, per)]
+        self.dir = run_dir / UNITS_DIR
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.token = uuid.uuid4().hex
+        tmp = self.dir / f"{SEEN}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps({"token": self.token}))
+        os.replace(tmp, self.dir / SEEN)
+        self.streamed = not writer.in_place
+        self.writes = Writes(writer, threaded=True)
+        self.sink = None if self.streamed else writer.sink()
+        self.ran: dict[str, int] = {}  # node -> units it decoded for this run
+        self.reused = 0
+        self.part, self.offsets = None, {}
+
+    def _spec(self, u: int) -> UnitSpec:
+        a, b = self.ranges[u]
+        return UnitSpec(u, a, tuple(self.listing.paths[a:b]), str(self.listing.root), self.recipe,
+                        str(self.dir), self.token)
+
+    def _reusable(self, u: int) -> dict | None:
+        record = read_record(self.dir, u)
+        if record is None or (record["start"], record["stop"]) != self.ranges[u]:
+            return None
+        if any(kind == "io" for _, kind, _, _ in record["skipped"]):
+            return None  # an I/O error may be gone now (a remounted source): decode it again
+        return record
+
+    def chunks(self):
+        first = self.start // self.per
+        ready: dict[int, dict] = {}
+        for u in range(first, len(self.ranges)):
+            if (record := self._reusable(u)) is not None:
+                ready[u] = record
+        self.reused = len(ready)
+        queue = submission_order([u for u in range(first, len(self.ranges)) if u not in ready])
+        inflight: set[int] = set()
+        window = 2 * self.executor.slots + 2
+        for u in range(first, len(self.ranges)):
+            while u not in ready:
+                if u not in inflight:  # the unit the commit waits for goes first, whatever the window
+                    queue.remove(u)
+                    self._submit(u, inflight)
+                while queue and len(inflight) + len(ready) < window:
+                    self._submit(queue.pop(0), inflight)
+                for done in self.executor.wait():
+                    inflight.discard(done["unit"])
+                    record = read_record(self.dir, done["unit"])
+                    if record is None:
+                        raise RuntimeError(f"{self.dir}: unit {done['unit']} reported done but its files "
+                                           "are missing or short")
+                    self.ran[done["node"]] = self.ran.get(done["node"], 0) + 1
+                    if self.strict and record["skipped"]:
+                        raise StrictError(f"--strict: {record['skipped'][0][2]} (no output written)")
+                    ready[done["unit"]] = record
+            yield self._take(u, ready.pop(u))
+            self._forget(u)
+
+    def _submit(self, u: int, inflight: set) -> None:
+        self.executor.submit(self._spec(u))
+        inflight.add(u)
+
+    def _take(self, u: int, record: dict) -> list[Decoded | Skipped]:
+        """Load unit ``u``'s part; in-place formats get its rows now. Returns its results from start."""
+        results = results_of(record)
+        part = self.dir / (unit_name(u) + ".bin")
+        offsets, at = {}, 0
+        for r in results:
+            if isinstance(r, Decoded):
+                offsets[r.index] = at
+                at += r.shape[0] * r.shape[1] * 3
+        if self.streamed:
+            self.part, self.offsets = np.fromfile(part, np.uint8), offsets
+        else:
+            self.writes.call(copy_rows, part, offsets, self.sink)
+        return [r for r in results if r.index >= self.start]
+
+    def _forget(self, u: int) -> None:
+        """Delete the files of units the last checkpoint covers (a resume never needs them)."""
+        upto = self.committed()
+        for k in range(max(0, self.start // self.per - 1), u + 1):
+            if self.ranges[k][1] <= upto:
+                for suffix in (".bin", ".json"):
+                    (self.dir / (unit_name(k) + suffix)).unlink(missing_ok=True)
+
+    def pixels(self, result: Decoded) -> np.ndarray:
+        at, (h, w) = self.offsets[result.index], result.shape
+        return self.part[at:at + h * w * 3].reshape(h, w, 3)
+
+    def store(self, result: Decoded, position: int, label: int) -> None:
+        if self.streamed:
+            self.writes.submit(self.writer.write, position, self.pixels(result), label)
+
+    def close(self, failed: bool) -> None:
+        self.writes.close(failed)
+        self.executor.close(failed)
+
+    def engine_info(self) -> dict:
+        """The manifest run section's engine keys: engine, nodes, units and who ran them."""
+        return {"engine": self.executor.name, "nodes": self.executor.nodes, "unit_files": self.per,
+                "units": len(self.ranges), "units_run": sum(self.ran.values()), "units_reused": self.reused,
+                "units_per_node": dict(sorted(self.ran.items()))}
+
+
+def copy_rows(part: Path, offsets: dict[int, int], sink) -> None:
+    """Copy a unit's rows from its part into the in-place output (``sink``: path, byte offset,
+    shape), row i at scan position i; consecutive rows in one os.copy_file_range (no copy
+    through user space; pread/pwrite where the filesystem cannot)."""
+    path, base, shape = sink
+    row = int(np.prod(shape[1:]))
+    runs, indices = [], sorted(offsets)
+    for i in indices:
+        if runs and runs[-1][0] + runs[-1][2] == i:
+            runs[-1][2] += 1
+        else:
+            runs.append([i, offsets[i], 1])
+    src, dst = os.open(part, os.O_RDONLY), os.open(path, os.O_RDWR)
+    try:
+        for i, at, count in runs:
+            _copy(src, dst, at, base + i * row, count * row)
+    finally:
+        os.close(src)
+        os.close(dst)
+
+
+def _copy(src: int, dst: int, at: int, to: int, nbytes: int) -> None:
+    while nbytes > 0:
+        try:
+            done = os.copy_file_range(src, dst, nbytes, at, to)
+        except (AttributeError, OSError):  # no copy_file_range (or EXDEV/EINVAL here): through memory
+            done = os.pwrite(dst, os.pread(src, min(nbytes, 16 << 20), at), to)
+        if done <= 0:
+            raise OSError(f"short copy into the output at byte {to}")
+        at, to, nbytes = at + done, to + done, nbytes - done
+
+
+def open_unit_runner(listing, recipe: Recipe, writer, start: int, workers: int, opts, staging) -> UnitRunner:
+    """The runner of ``opts.engine`` ("units": a local pool of ``workers``; "ray": engine_ray)."""
+    if opts.engine == "ray":
+        from .engine_ray import RayExecutor
+        executor = RayExecutor(opts.address, workers)
+    else:
+        executor = PoolExecutor(workers)
+    return UnitRunner(listing, recipe, writer, start, executor, staging.run_dir,
+                      unit_files(recipe, opts.unit_files), opts.strict, lambda: staging.done)

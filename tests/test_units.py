@@ -1,0 +1,154 @@
+"""The unit protocol (units.py) on a local pool: same output as the local engine, in any unit order, resumable."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import lmdb
+import numpy as np
+import pytest
+
+from conftest import make_tree
+from helpers import pack_quiet
+from shardpack.packer import PackError, units
+from shardpack.packer.options import StrictError
+from shardpack.readers.manifest import MANIFEST, partial_dir
+
+FORMATS = ["npy", "hdf5", "lmdb", "wds"]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def awkward_tree(root: Path, counts=None) -> Path:
+    """Mixed sizes, grayscale, PNG, and two files that are skipped (not decodable, truncated to nothing)."""
+    make_tree(root, counts or {"a": 14, "b": 13, "c": 12})
+    (root / "b" / "broken.jpg").write_bytes(b"not a jpeg at all")
+    (root / "c" / "empty.jpg").write_bytes(b"")
+    return root
+
+
+def lmdb_items(path: Path) -> list:
+    env = lmdb.open(str(path), readonly=True, lock=False, subdir=True)
+    with env.begin() as txn:
+        items = list(txn.cursor())
+    env.close()
+    return items
+
+
+def assert_same_output(a: Path, b: Path) -> None:
+    """Every file of the two outputs byte-identical (LMDB: the same keys and values, since its
+    transaction boundaries follow the clock); the manifests equal but for how the run went."""
+    names = sorted(str(p.relative_to(a)) for p in a.rglob("*") if p.is_file())
+    assert names == sorted(str(p.relative_to(b)) for p in b.rglob("*") if p.is_file())
+    for name in names:
+        if name == MANIFEST:
+            ma, mb = (json.loads((d / name).read_text()) for d in (a, b))
+            ma.pop("run"), mb.pop("run")
+            assert ma == mb
+        elif name == "data.mdb":
+            assert lmdb_items(a) == lmdb_items(b)
+        elif name != "lock.mdb":
+            assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory):
+    return awkward_tree(tmp_path_factory.mktemp("units") / "src")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("resize", ["center-crop", "shorter-side"])
+def test_units_in_any_order_give_the_local_output(src, tmp_path, monkeypatch, fmt, resize):
+    kw = dict(resize=resize, shard_size=1 << 20)
+    local = pack_quiet(src, tmp_path / "local", fmt, size=24, workers=1, **kw)
+    assert len(local.skipped) == 2
+    monkeypatch.setattr(units, "submission_order", units.shuffled)  # the driver hands units out shuffled
+    one = pack_quiet(src, tmp_path / "u1", fmt, size=24, workers=1, engine="units", unit_files=5, **kw)
+    two = pack_quiet(src, tmp_path / "u2", fmt, size=24, workers=2, engine="units", unit_files=5, **kw)
+    for r in (one, two):
+        assert (r.count, len(r.skipped)) == (local.count, 2)
+        assert_same_output(local.out, r.out)
+    run = json.loads((two.out / MANIFEST).read_text())["run"]
+    assert run["engine"] == "units" and run["units"] == -(-41 // 5) == run["units_run"]
+    assert run["units_reused"] == 0 and sum(run["units_per_node"].values()) == 9
+    assert json.loads((local.out / MANIFEST).read_text())["run"]["engine"] == "local"
+
+
+def test_unit_size_depends_on_the_shape_only():
+    from shardpack.packer import Recipe
+    assert units.unit_files(Recipe(224)) == (32 << 20) // (224 * 224 * 3) == 222
+    assert units.unit_files(Recipe(224, resize="shorter-side")) == 222
+    assert units.unit_files(Recipe(8)) == 4096 and units.unit_files(Recipe(4000)) == 16
+    assert units.unit_files(Recipe(224), override=7) == 7
+
+
+def test_a_units_record_is_its_commit_marker(src, tmp_path):
+    """A part without its record, a torn record or a short part is not taken: the unit runs again."""
+    from shardpack.packer import Recipe
+    d = tmp_path / "units"
+    d.mkdir()
+    (d / units.SEEN).write_text(json.dumps({"token": "t"}))
+    paths = tuple(sorted(str(p.relative_to(src)) for p in src.rglob("*.jpg")))[:4]
+    spec = units.UnitSpec(3, 12, paths, str(src), Recipe(16), str(d), "t")
+    assert units.run_unit(spec)["unit"] == 3
+    record = units.read_record(d, 3)
+    assert (record["start"], record["stop"], len(record["decoded"])) == (12, 16, 4)
+    assert (d / "u0000003.bin").stat().st_size == 4 * 16 * 16 * 3
+    assert sorted(os.listdir(d)) == ["shared.json", "u0000003.bin", "u0000003.json"]  # no tmp left
+    with open(d / "u0000003.bin", "r+b") as f:
+        f.truncate(100)
+    assert units.read_record(d, 3) is None
+    with pytest.raises(units.NotShared, match="cannot see"):
+        units.run_unit(units.UnitSpec(3, 12, paths, str(src), Recipe(16), str(d), "another run"))
+
+
+def test_strict_stops_at_the_first_skipped_unit_and_leaves_nothing(src, tmp_path):
+    with pytest.raises(StrictError, match="--strict"):
+        pack_quiet(src, tmp_path / "o", "wds", size=16, workers=2, engine="units", unit_files=5, strict=True)
+    assert not (tmp_path / "o").exists() and not partial_dir(tmp_path / "o").exists()
+
+
+def test_unknown_engine_is_refused(src, tmp_path):
+    with pytest.raises(PackError, match="engine"):
+        pack_quiet(src, tmp_path / "o", "npy", engine="spark")
+
+
+RUNNER = """
+import sys
+from shardpack.packer import Options, Recipe, pack
+src, out, fmt, resume = sys.argv[1:5]
+pack(src, out, Recipe(48), Options(fmt=fmt, workers=2, engine="units", unit_files=16, resume=resume == "1",
+                                   progress=False, checkpoint_seconds=0.02, shard_size=1 << 20))
+"""
+
+
+def checkpointed(out: Path) -> int:
+    try:
+        return json.loads((partial_dir(out) / "progress.json").read_text())["done"]
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+@pytest.mark.parametrize("fmt", ["npy", "wds"])
+def test_killed_driver_resumes_running_only_the_missing_units(tmp_path_factory, tmp_path, fmt):
+    big = tmp_path_factory.mktemp("bigunits") / "src"
+    make_tree(big, {"a": 80, "b": 80}, sizes=[(480, 360), (360, 480)])
+    out = tmp_path / "o"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-c", RUNNER, str(big), str(out), fmt, "0"], env=env, cwd=ROOT)
+    deadline = time.monotonic() + 60
+    while proc.poll() is None and time.monotonic() < deadline and checkpointed(out) < 48:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert partial_dir(out).exists(), "the run finished before it could be killed"
+    r = pack_quiet(big, out, fmt, size=48, workers=2, engine="units", unit_files=16, resume=True,
+                   shard_size=1 << 20)
+    run = json.loads((out / MANIFEST).read_text())["run"]
+    assert run["units"] == 10 and run["units_run"] < 10  # the units done before the kill did not run again
+    assert r.count == 160
+    ref = pack_quiet(big, tmp_path / "ref", fmt, size=48, workers=1, shard_size=1 << 20)
+    assert_same_output(ref.out, out)
