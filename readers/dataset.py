@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import operator
 import os
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -12,7 +13,23 @@ from torch.utils.data import Dataset
 
 from .formats import open_reader
 from .formats.base import check_out
+from . import system
 from .manifest import Index, load_manifest, split_root
+
+_warned: set = set()  # roots already warned about in this process (workers never construct)
+
+
+def warn_if_larger_than_ram(root, reader) -> None:
+    """Warn once per process and output (RuntimeWarning) when ``reader``'s data files are larger
+    than the memory the page cache may hold: every epoch then reads from disk."""
+    found = system.larger_than_ram(reader.data_paths())
+    if found is None or str(root) in _warned:
+        return
+    _warned.add(str(root))
+    size, room, source = found
+    warnings.warn(f"{root}: its data ({size / 2**30:.1f} GiB) is larger than the memory the page cache may "
+                  f"hold ({room / 2**30:.1f} GiB, {source}), so samples will be read from disk every epoch; "
+                  f"`shardpack bench {root}` measures the rate", RuntimeWarning, stacklevel=3)
 
 
 def as_index(i) -> int:
@@ -65,6 +82,7 @@ class ShardDataset(Dataset):
         self.class_to_idx: dict[str, int] = dict(self.manifest["class_to_idx"])
         self.index = Index(self.root, self.manifest)
         self.reader = open_reader(self.root, self.manifest)
+        warn_if_larger_than_ram(self.root, self.reader)
         self.transform = transform
         self.target_transform = target_transform
 
@@ -131,25 +149,31 @@ class ShardDataset(Dataset):
         """Samples ``indices`` stacked, without ``transform``: ``(imgs, labels)`` with ``imgs`` a
         ``torch.uint8`` (B, 3, H, W) channels_last view of a (B, H, W, 3) buffer and ``labels``
         int64 (B,), in the order of ``indices`` (a sorted batch, as ``make_loader`` gives,
-        reads forwards through the file). One vectorised copy for npy, HDF5 and wds.
+        reads forwards through the file). The samples are read with preadv, a batch's reads in
+        flight at once (readers/diskio.py).
 
         ``out``: a C-contiguous (B, H, W, 3) uint8 numpy array to fill instead of a new one
         (reusing a buffer saves the page faults of fresh memory). Fixed-shape outputs only:
         raises ValueError for variable-shape ones (read those per sample) and for an ``out`` of
         another shape or dtype (before reading anything), IndexError for an index out of range,
-        TypeError for indices that are not integers.
+        TypeError for indices that are not integers; ShardFormatError or OSError naming the file
+        and the sample for a damaged file or a failed read.
         """
+        return self.start_batch(indices, out).wait()
+
+    def start_batch(self, indices, out: np.ndarray | None = None) -> "BatchRead":
+        """Start :meth:`read_batch` and return at once: ``.wait()`` on the result gives its
+        ``(imgs, labels)`` and raises its errors. Checks as read_batch does, before reading.
+        ``make_loader`` keeps the next batches in flight this way while one is used."""
         if self.reader.shape is None:
             raise ValueError(f"{self.root}: samples have different shapes; read them one by one")
         idx = self._indices(indices)
-        if out is not None:
+        if out is None:
+            out = np.empty((len(idx), *self.reader.shape), np.uint8)
+        else:
             check_out(out, len(idx), self.reader.shape)
         labels = torch.from_numpy(self.index.labels_at(idx))
-        if out is None:
-            out = self.reader.read_batch(idx)
-        else:
-            self.reader.read_batch_into(idx, out)
-        return torch.from_numpy(out).permute(0, 3, 1, 2), labels
+        return BatchRead(self.reader.start_batch(idx, out), out, labels)
 
     def __getitems__(self, indices):
         """Read a batch at once (the DataLoader calls this with a whole batch of indices) and
@@ -173,6 +197,17 @@ class ShardDataset(Dataset):
         m = self.manifest
         return (f"ShardDataset({str(self.root)!r}: {m['format']}, {len(self)} samples, "
                 f"{len(self.classes)} classes, shape {m.get('shape') or 'variable'})")
+
+
+class BatchRead:
+    """A batch being read (:meth:`ShardDataset.start_batch`); ``wait()`` returns ``(imgs, labels)``."""
+
+    def __init__(self, pending, out: np.ndarray, labels: torch.Tensor):
+        self._pending, self.out, self.labels = pending, out, labels
+
+    def wait(self):
+        self._pending.wait()
+        return torch.from_numpy(self.out).permute(0, 3, 1, 2), self.labels
 
 
 class _Samples(Sequence):

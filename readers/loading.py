@@ -144,11 +144,15 @@ class BatchedDataset(Dataset):
             # With a batch transform the raw batch is only an intermediate: read it into this
             # thread's reused buffer instead of fresh memory.
             scratch = self._buffer(len(indices)) if self.batch_transform is not None else None
-            imgs, labels = self.ds.read_batch(indices, out=scratch)
-            if self.ds.target_transform is not None:
-                labels = torch.as_tensor([self.ds.target_transform(int(v)) for v in labels])
-        else:
-            imgs, labels = stack_collate(self.ds.__getitems__(indices))
+            return self.finish(indices, *self.ds.read_batch(indices, out=scratch), scratch)
+        return self.finish(indices, *stack_collate(self.ds.__getitems__(indices)))
+
+    def finish(self, indices, imgs, labels, scratch=None):
+        """``(imgs, labels)`` of the batch ``indices`` read whole, after ``target_transform``
+        and ``batch_transform`` (seeded from ``indices.seed``); ``scratch``: the reused buffer
+        imgs is a view of, which the result must not be."""
+        if self.whole_batches and self.ds.target_transform is not None:
+            labels = torch.as_tensor([self.ds.target_transform(int(v)) for v in labels])
         if self.batch_transform is not None:
             seed = getattr(indices, "seed", None)
             gen = None if seed is None else torch.Generator().manual_seed(seed)
@@ -156,6 +160,46 @@ class BatchedDataset(Dataset):
             if scratch is not None and imgs.untyped_storage().data_ptr() == scratch.ctypes.data:
                 imgs = imgs.clone()  # a view of the reused buffer (e.g. CenterCrop) must not escape
         return imgs, labels
+
+
+class PrefetchedBatches(IterableDataset):
+    """Whole batches of ``batch_sampler`` read in this process with the next ``depth`` batches'
+    reads in flight (``ShardDataset.start_batch``) while one is used; yielded in sampler order.
+    Iterated by a ``DataLoader(batch_size=None)`` ("main" mode for fixed-shape data).
+
+    Memory in flight: ``depth`` batches (plus, with a batch transform, ``depth + 1`` reused raw
+    buffers instead of fresh ones)."""
+
+    def __init__(self, batches: BatchedDataset, batch_sampler, depth: int):
+        self.batches, self.batch_sampler, self.depth = batches, batch_sampler, max(1, depth)
+
+    def __len__(self):
+        return len(self.batch_sampler)
+
+    def __iter__(self):
+        view, ring = self.batches, None
+        if view.batch_transform is not None:
+            size = getattr(self.batch_sampler, "batch_size", 1)
+            ring = [np.empty((size, *view.ds.reader.shape), np.uint8) for _ in range(self.depth + 1)]
+        pending: deque = deque()
+        try:
+            for n, batch in enumerate(self.batch_sampler):
+                scratch = None
+                if ring is not None and len(ring[n % len(ring)]) >= len(batch):
+                    scratch = ring[n % len(ring)][:len(batch)]
+                pending.append((batch, scratch, view.ds.start_batch(batch, out=scratch)))
+                while len(pending) > self.depth:
+                    batch, scratch, read = pending.popleft()
+                    yield view.finish(batch, *read.wait(), scratch)
+            while pending:
+                batch, scratch, read = pending.popleft()
+                yield view.finish(batch, *read.wait(), scratch)
+        finally:
+            for _, _, read in pending:  # an abandoned epoch: let its reads end before the buffers go
+                try:
+                    read.wait()
+                except Exception:  # noqa: BLE001 - the error belongs to a batch nobody asked for
+                    pass
 
 
 class ThreadedBatches(IterableDataset):
@@ -252,7 +296,8 @@ def make_loader(ds, batch_size: int, train: bool = True, *, batch_transform=None
     - ``batch_transform(imgs, generator=...)``: runs once per batch on the stacked uint8 batch,
       e.g. ``transforms.Compose([RandomResizedCrop(224), RandomHorizontalFlip()])``; its
       generator is seeded from (seed, epoch, batch number). ``ds.transform`` runs per sample.
-    - ``mode``: "main" (in this process), "threads" (``num_workers`` threads), "processes"
+    - ``mode``: "main" (in this process, the reads of the next ``prefetch_factor`` batches
+      in flight while one is used), "threads" (``num_workers`` threads), "processes"
       (``num_workers`` DataLoader worker processes, ``prefetch_factor`` each, kept between
       epochs unless ``persistent_workers=False``), or "auto" (:func:`auto_mode`).
       ``num_workers`` defaults to ``usable_cpus()``.
@@ -283,6 +328,9 @@ def make_loader(ds, batch_size: int, train: bool = True, *, batch_transform=None
             sampler = SequentialSampler(ds)
     batches = SortedBatchSampler(sampler, batch_size, drop_last, base)
     view = BatchedDataset(ds, batch_transform)
+    if mode == "main" and view.whole_batches and hasattr(ds, "start_batch"):
+        return DataLoader(PrefetchedBatches(view, batches, prefetch_factor), batch_size=None,
+                          collate_fn=_identity, pin_memory=pin)
     if mode == "main":
         return DataLoader(view, batch_sampler=batches, collate_fn=_identity, pin_memory=pin)
     if mode == "threads":

@@ -1,7 +1,8 @@
-"""Facts about the machine for the packer, the loaders and the bench: usable CPUs and mounts.
+"""Facts about the machine for the packer, the loaders and the bench: usable CPUs, mounts, memory.
 
-Usable CPUs, and which filesystem holds a path (from /proc/self/mountinfo) and whether it is a
-high-latency one.
+Usable CPUs; which filesystem holds a path (from /proc/self/mountinfo) and whether it is a
+high-latency one; the memory the page cache may hold (cgroup limit or MemAvailable), whether a
+dataset's files fit in it, and their eviction from it (readers/diskio.py says why reads differ).
 
 Why it matters: WSL2 serves the Windows drives (/mnt/c, /mnt/d) over 9P, so every open, stat and
 read is a round trip to a server on the Windows side, milliseconds each; WSL1 used ``drvfs``;
@@ -174,3 +175,124 @@ def mount_of(path: str | os.PathLike, mountinfo: str | None = None) -> Mount | N
     if not text:
         return None
     return find_mount(os.path.realpath(path), parse_mountinfo(text))
+
+
+# --- memory for the page cache -------------------------------------------------------------
+
+CGROUP = Path("/sys/fs/cgroup")
+UNLIMITED = 1 << 60  # cgroup v1 writes "no limit" as a number near 2**63
+
+
+def _stat(path: Path) -> dict[str, int]:
+    """``key value`` lines of a cgroup stat file as ints; {} when unreadable."""
+    try:
+        return {k: int(v) for k, v in (line.split()[:2] for line in path.read_text().splitlines() if " " in line)}
+    except (OSError, ValueError):
+        return {}
+
+
+def _own_cgroup(controller: str | None, proc: str = "/proc/self/cgroup") -> str | None:
+    """This process's cgroup path for ``controller`` (v1), or its v2 path when None."""
+    try:
+        lines = Path(proc).read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) == 3 and (parts[1] == "" if controller is None else controller in parts[1].split(",")):
+            return parts[2]
+    return None
+
+
+def cgroup_memory(root: Path = CGROUP) -> tuple[int, int] | None:
+    """``(limit, anon)`` in bytes of this process's memory cgroup: the tightest limit on it and
+    its parents (v2 ``memory.max``; v1 ``hierarchical_memory_limit``), and the memory in it that
+    page-cache reclaim cannot free (anon + shmem). None when there is no limit or no cgroup."""
+    v1 = _own_cgroup("memory")
+    if v1 is not None and (root / "memory").is_dir():
+        st = _stat(root / "memory" / v1.lstrip("/") / "memory.stat") or _stat(root / "memory" / "memory.stat")
+        limit = st.get("hierarchical_memory_limit", UNLIMITED)
+        return None if limit >= UNLIMITED else (limit, st.get("total_rss", 0) + st.get("total_shmem", 0))
+    v2 = _own_cgroup(None)
+    if v2 is None:
+        return None
+    d, limit = root / v2.lstrip("/"), UNLIMITED
+    st = _stat(d / "memory.stat")
+    while True:
+        try:
+            text = (d / "memory.max").read_text().strip()
+            limit = min(limit, UNLIMITED if text == "max" else int(text))
+        except (OSError, ValueError):
+            pass
+        if d == root or root not in d.parents:
+            break
+        d = d.parent
+    return None if limit >= UNLIMITED else (limit, st.get("anon", 0) + st.get("shmem", 0))
+
+
+def mem_available(meminfo: str = "/proc/meminfo") -> int | None:
+    """The kernel's estimate of memory available without swapping (MemAvailable), in bytes."""
+    try:
+        for line in Path(meminfo).read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def page_cache_bytes() -> tuple[int, str] | None:
+    """The memory the page cache may hold for this process, in bytes, and where the figure comes
+    from: the smaller of MemAvailable ("MemAvailable") and the memory cgroup's limit less its
+    anonymous memory ("cgroup limit"). None where neither is known (not Linux)."""
+    found = []
+    avail = mem_available()
+    if avail is not None:
+        found.append((avail, "MemAvailable"))
+    cg = cgroup_memory()
+    if cg is not None:
+        found.append((max(0, cg[0] - cg[1]), "cgroup limit"))
+    return min(found) if found else None
+
+
+def data_bytes(paths) -> int:
+    """The bytes of the files ``paths`` (missing ones count 0)."""
+    total = 0
+    for p in paths:
+        try:
+            total += os.stat(p).st_size
+        except OSError:
+            pass
+    return total
+
+
+def larger_than_ram(paths) -> tuple[int, int, str] | None:
+    """``(data bytes, page-cache bytes, source)`` when the files ``paths`` (a reader's
+    ``data_paths()``) are larger than the memory the page cache may hold (:func:`page_cache_bytes`):
+    every epoch will then read them from disk. None when they fit or nothing is known.
+    ``shardpack bench`` reports this as "data larger than RAM"."""
+    room, size = page_cache_bytes(), data_bytes(paths)
+    if room is None or size <= room[0]:
+        return None
+    return size, room[0], room[1]
+
+
+def evict(paths) -> int:
+    """Drop the files ``paths`` from the page cache (``posix_fadvise(POSIX_FADV_DONTNEED)``; no
+    root needed; dirty pages are not dropped, so call after the files are written and synced),
+    so that the next pass reads them from disk: the cold pass of a bench. Returns the bytes
+    advised; 0 where posix_fadvise does not exist. Missing files are skipped."""
+    if not hasattr(os, "posix_fadvise"):
+        return 0
+    total = 0
+    for p in paths:
+        try:
+            fd = os.open(p, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            total += os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+    return total

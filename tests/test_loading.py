@@ -144,7 +144,8 @@ def test_distributed_sampler_and_set_epoch(packed, tmp_path):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
     try:
         loader = make_loader(ds, 4, mode="main", drop_last=False)
-        sampler = loader.batch_sampler.sampler
+        # "main" prefetches through an iterable dataset (as "threads" does): its batch sampler is there
+        sampler = loader.dataset.batch_sampler.sampler
         assert isinstance(sampler, DistributedSampler)
         orders = []
         for epoch in range(2):
