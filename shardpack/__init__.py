@@ -35,9 +35,10 @@ _LAZY = {
     "transforms": ".readers.transforms",
     "verify": ".readers.verify",
     "export_imagefolder": ".packer.export",
+    "bench": ".readers.bench",
 }
 # the names that need torch: a clear ImportError for them when it is not installed
-_TORCH = {"ShardDataset", "make_loader", "stack_collate", "BatchAugment", "transforms"}
+_TORCH = {"ShardDataset", "make_loader", "stack_collate", "BatchAugment", "transforms", "bench"}
 
 TORCH_HINT = ("PyTorch is not installed. Install the torch build for your machine first (the command for "
               "your CUDA version is on https://pytorch.org/get-started/locally/, e.g. `pip install torch`), "

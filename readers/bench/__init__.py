@@ -19,14 +19,60 @@ The modules, in the order a run uses them:
 - ``render``: the table, the JSON and the plot;
 - ``run``: :func:`run_bench`, the whole command, returning a :class:`BenchResult`.
 
+On the user's own code (``shardpack bench FILE.py:NAME``, :func:`bench` with a Dataset,
+DataLoader or factory), the same method drives torch's own DataLoader:
+
+- ``target``: ``FILE.py:NAME`` / ``module:NAME`` loaded and called, the model too;
+- ``user`` (the loader rebuilt per setting) and ``passes`` (passes with floors, interleaved
+  cells, spawn epoch starts, the plain-loop check); ``noise``: median, spread, "not resolved";
+- ``breakdown``: ``__getitem__``, collate, hand-off per batch, flags, the fixes measured;
+- ``gpu``: the real loop's data wait, the GPU saw-tooth, a profiler trace; ``warn``: slow mount,
+  /dev/shm, ROCm; ``userrun`` / ``userrender``: :func:`run_user_bench`, its report and plot;
+- ``cli``: the ``shardpack bench`` click command (imports torch only when run).
+
 ``scripts/bench_read.py`` uses the timing and baseline pieces on their own.
 """
 
-from .baseline import JpegFolder, PilResizeCenterCrop, PilResizedCropFlip, open_source
-from .model import model_step_ms, tiny_cnn
-from .run import BenchResult, run_bench
-from .timing import Pass, Timing, machine, memcpy_rates, step_times, time_loader, time_pass
+import importlib
 
-__all__ = ["run_bench", "BenchResult", "open_source", "JpegFolder", "PilResizeCenterCrop",
-           "PilResizedCropFlip", "Pass", "Timing", "time_pass", "time_loader", "memcpy_rates",
-           "step_times", "machine", "tiny_cnn", "model_step_ms"]
+# name -> submodule; imported on first use, so `shardpack bench --help` (cli) stays free of torch
+_LAZY = {"JpegFolder": "baseline", "PilResizeCenterCrop": "baseline", "PilResizedCropFlip": "baseline",
+         "open_source": "baseline", "model_step_ms": "model", "tiny_cnn": "model", "BenchResult": "run",
+         "run_bench": "run", "Pass": "timing", "Timing": "timing", "machine": "timing", "memcpy_rates": "timing",
+         "step_times": "timing", "time_loader": "timing", "time_pass": "timing", "run_user_bench": "userrun",
+         "UserBenchResult": "userrun", "TargetError": "target"}
+
+__all__ = ["bench", *_LAZY]
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def bench(target, model=None, **kwargs):
+    """``shardpack.bench``: the ``shardpack bench`` command as a call, returning its result.
+
+    ``target``: your Dataset, your DataLoader (its batch_size, collate_fn, sampler and settings
+    are the starting point), a no-argument callable returning one, or a string: ``FILE.py:NAME``
+    / ``module:NAME`` naming one of those, or the path of a packed output or a raw ImageFolder
+    tree. ``model``: ``tiny``, ``torchvision:NAME``, ``FILE.py:NAME`` / ``module:NAME``, an
+    ``nn.Module`` or a factory (None: data only). ``kwargs``: :func:`run_user_bench`'s (or, for a
+    path, :func:`run_bench`'s). Returns a UserBenchResult (or BenchResult) whose ``json()`` is
+    what ``--json`` writes and ``text()`` the report. Raises TargetError (a ValueError, one
+    line) for user code that cannot be loaded or called, ValueError for a bad path.
+    """
+    import os
+    from .target import is_spec
+    if isinstance(target, (str, os.PathLike)) and not is_spec(os.fspath(target)):
+        from .run import run_bench
+        if model is not None and not isinstance(model, str):
+            raise ValueError("bench(PATH, model=...): give the model as a string (tiny, torchvision:NAME, FILE.py:NAME)")
+        kwargs.setdefault("progress", False)
+        return run_bench(target, model=model, **kwargs)
+    from .userrun import run_user_bench
+    kwargs.setdefault("progress", False)
+    return run_user_bench(target, model, **kwargs)

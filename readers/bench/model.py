@@ -70,12 +70,77 @@ def build_model(spec: str, classes: int) -> torch.nn.Module:
         if ctor is None:
             raise ValueError(f"--model {spec}: torchvision.models has no such model")
         return ctor(num_classes=classes)
-    raise ValueError(f"--model {spec!r}: use tiny or torchvision:NAME (e.g. torchvision:resnet18)")
+    raise ValueError(f"--model {spec!r}: use tiny or torchvision:NAME (e.g. torchvision:resnet18), or "
+                     f"FILE.py:NAME / module:NAME naming your own")
 
 
-def measure_step(spec: str, grid: Grid, classes: int, device=None) -> dict:
-    """Time ``spec``'s training step on a fixed batch shaped like ``grid``'s. Returns
-    {"model", "device", "ms" (median), "steps_ms"}."""
+def measure_step(spec: str, grid: Grid, classes: int, device=None, module=None) -> dict:
+    """Time ``spec``'s training step (``module`` when already built) on a fixed batch shaped
+    like ``grid``'s. Returns {"model", "device", "ms" (median), "steps_ms"}."""
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    times = model_step_ms(build_model(spec, classes), (grid.batch_size, *grid.shape), classes, dev)
+    module = module if module is not None else build_model(spec, classes)
+    times = model_step_ms(module, (grid.batch_size, *grid.shape), classes, dev)
     return {"model": spec, "device": str(dev), "ms": statistics.median(times), "steps_ms": times}
+
+
+def fixed_batch_step(model: torch.nn.Module, batch, device=None, how: str = "as-is", seconds: float = 3.0,
+                     warmup: int = 3, max_steps: int = 50) -> dict:
+    """Time ``model``'s training step on one real ``batch`` from the user's loader, replayed:
+    forward on ``batch[0]``, cross-entropy against ``batch[1]``, backward, an SGD step, CUDA
+    synchronised after each. ``how``: "as-is" feeds the batch exactly as the loader yields it
+    (the user's model); "builtin" (tiny, torchvision) makes it float CHW first, /255 for
+    integers, inside the timed step. Steps as :func:`model_step_ms`. Returns {"device", "ms"
+    (median), "steps_ms", "how"}. Raises TargetError (one line) when the step fails."""
+    from .target import TargetError
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if not isinstance(batch, (list, tuple)) or len(batch) < 2:
+        raise TargetError("--model: the step needs (inputs, labels) batches; the loader yields "
+                          f"a {type(batch).__name__}")
+    x, y = batch[0], batch[1]
+    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
+        raise TargetError(f"--model: batch[0] and batch[1] must be tensors, got {type(x).__name__} and "
+                          f"{type(y).__name__}")
+    x, y = x.to(dev), y.to(dev)
+    model = model.to(dev)
+    prep, note = input_prep(x, how)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step():
+        t0 = time.perf_counter()
+        loss = loss_fn(model(prep(x)), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        return 1000 * (time.perf_counter() - t0)
+
+    try:
+        for _ in range(warmup):
+            step()
+        times, end = [], time.perf_counter() + seconds
+        while len(times) < 3 or (time.perf_counter() < end and len(times) < max_steps):
+            times.append(step())
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as err:
+        first = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+        raise TargetError(f"--model: the training step on your batch (inputs {tuple(x.shape)} {x.dtype}, "
+                          f"labels {tuple(y.shape)} {y.dtype}) raised {first}") from err
+    return {"device": str(dev), "ms": statistics.median(times), "steps_ms": times, "how": note}
+
+
+def input_prep(x: torch.Tensor, how: str):
+    """``(prep, note)``: what the step does to the loader's input before the forward. "as-is":
+    nothing; "builtin": float CHW (permuted from HWC, /255 from integers) for tiny/torchvision."""
+    if how != "builtin":
+        return (lambda t: t), "the batch as the loader yields it"
+    hwc = x.ndim == 4 and x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3)
+    note = ("float CHW for the built-in model" + (" (permuted from HWC)" if hwc else "")
+            + (", /255 from integers" if not x.is_floating_point() else ""))
+
+    def prep(t):
+        t = t.permute(0, 3, 1, 2) if hwc else t
+        return t.float().div(255) if not t.is_floating_point() else t
+    return prep, note

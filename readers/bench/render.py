@@ -85,10 +85,12 @@ def to_json(grid: Grid) -> dict:
                                                      "ms_per_batch": rec[0].ms_per_batch, "reason": rec[1]}}
 
 
-def plot(path, grid: Grid, compare: Grid | None = None) -> None:
+def plot(path, grid: Grid, compare: Grid | None = None, step: dict | None = None) -> None:
     """Draw samples/s against num_workers into ``path`` (PNG): one line per mode / prefetch /
-    persistent / pin curve, the knee circled; ``compare``'s curves dashed in the same colours
-    (log scale then), their knees boxed. Raises ImportError naming the extra when matplotlib is missing."""
+    persistent / pin curve with min-max error bars over the passes, the knee circled, the
+    recommended cell starred; ``compare``'s curves dashed in the same colours (log scale then),
+    their knees boxed; ``step`` (the measured model step): the rate the model consumes as a
+    horizontal line. Raises ImportError naming the extra when matplotlib is missing."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -100,7 +102,10 @@ def plot(path, grid: Grid, compare: Grid | None = None) -> None:
     for k, (line, pts) in enumerate(curves(grid.cells).items()):
         color = f"C{k % 10}"
         xs = list(pts)
-        ax.plot(xs, [pts[w].rate for w in xs], "o-", color=color, label=line_label(line))
+        rates = [pts[w].rate for w in xs]
+        err = [[r - min(p.rate for p in pts[w].passes) for r, w in zip(rates, xs)],
+               [max(p.rate for p in pts[w].passes) - r for r, w in zip(rates, xs)]]
+        ax.errorbar(xs, rates, yerr=err, fmt="o-", capsize=3, color=color, label=line_label(line))
         if line in knee_of:
             w = knee_of[line]
             ax.plot([w], [pts[w].rate], "o", ms=14, mfc="none", mec=color)
@@ -109,13 +114,21 @@ def plot(path, grid: Grid, compare: Grid | None = None) -> None:
             ax.plot(list(raw), [c.rate for c in raw.values()], "s--", color=color, alpha=0.7)
             if line in raw_knee:
                 ax.plot([raw_knee[line]], [raw[raw_knee[line]].rate], "s", ms=14, mfc="none", mec=color)
+    rec = recommend(grid)
+    if rec is not None:
+        ax.plot([rec[0].setting.workers], [rec[0].rate], "*", ms=18, mfc="none", mec="k",
+                label=f"recommended: {rec[0].setting.label}")
+    if step is not None and step.get("ms"):
+        rate = 1000 * grid.batch_size / step["ms"]
+        ax.axhline(rate, color="k", ls="--", lw=1,
+                   label=f"the model consumes {rate:,.0f} samples/s ({step['ms']:.0f} ms/step)")
     workers = sorted({c.setting.workers for c in grid.cells})
     ax.set_xticks(workers or [0])
     ax.set_xlabel("num_workers (0 = in the main process)")
     ax.set_ylabel("samples/s")
     if compare is not None:
         ax.set_yscale("log")
-    ax.set_title(f"{Path(grid.source).name}: batch {grid.batch_size}, augment {grid.augment}"
+    ax.set_title(f"{grid.kind}: {Path(grid.source).name}, batch {grid.batch_size}, augment {grid.augment}"
                  + ("; dashed: raw JPEG, same settings" if compare is not None else "") + "; circled: knee",
                  fontsize=10)
     ax.grid(True, alpha=0.3)

@@ -14,7 +14,8 @@ from .advice import BOTTLENECK_SHARE, advice, data_share, recommend, speedups
 from .baseline import open_source
 from .grid import (MODES, TOLERANCE, Grid, augment_transform, default_workers, grid, pin_choices, plain_loop,
                    run_grid)
-from .model import build_model, measure_step
+from .model import measure_step
+from .target import load_model
 from .render import header, render, to_json
 from .timing import machine
 
@@ -70,7 +71,7 @@ def run_bench(path, *, batch_size: int = 64, modes=MODES, workers=None, pin_memo
     """Run ``shardpack bench``: the settings grid on ``path`` (a packed output or a raw
     ImageFolder tree), the same grid on the raw tree ``compare`` when given, then the data share
     of a training step for the recommended setting when ``step_ms`` (milliseconds) or ``model``
-    (``tiny`` or ``torchvision:NAME``) is given. ``modes`` are make_loader's (main, threads,
+    (``tiny``, ``torchvision:NAME`` or ``FILE.py:NAME`` / ``module:NAME``) is given. ``modes`` are make_loader's (main, threads,
     processes; ``inprocess`` is taken as main); ``workers`` defaults to
     :func:`default_workers`; ``pin_memory`` and ``persistent`` are on, off or both; ``size``
     is the raw folder's Resize + CenterCrop side (default: the packed side with ``compare``,
@@ -87,8 +88,9 @@ def run_bench(path, *, batch_size: int = 64, modes=MODES, workers=None, pin_memo
         raw = open_source(compare, size or ds.reader.shape[0])
         if raw[1] != "raw":
             raise ValueError(f"--compare {compare}: give the raw ImageFolder tree, not a packed output")
+    module = None
     if model is not None:
-        build_model(model, len(ds.classes))  # fail now, not after the grid
+        module = load_model(model, len(ds.classes))  # fail now, not after the grid
     pins, skipped = pin_choices(pin_memory)
     keep = {"on": [True], "off": [False], "both": [True, False]}[persistent]
     settings = grid(modes, default_workers() if workers is None else workers, prefetch, keep, pins)
@@ -117,7 +119,7 @@ def run_bench(path, *, batch_size: int = 64, modes=MODES, workers=None, pin_memo
         if step_ms is None and model is None:
             return result
         result.step = ({"model": None, "device": None, "ms": float(step_ms), "steps_ms": []}
-                       if step_ms is not None else measure_step(model, result.grid, len(ds.classes)))
+                       if step_ms is not None else measure_step(model, result.grid, len(ds.classes), module=module))
     except KeyboardInterrupt:
         result.interrupted = True
         return result

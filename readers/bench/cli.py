@@ -1,0 +1,175 @@
+"""The ``shardpack bench`` click command: a packed output, a raw JPEG folder, or the user's own code.
+
+Imports only click at module level (the ``shardpack`` group adds this command without loading
+torch); the measuring modules are imported when the command runs.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+USER_ONLY = ("data_path", "trace", "no_epoch_start")  # options that only a FILE.py:NAME target takes
+PATH_ONLY = ("modes", "augment", "size", "compare")   # options that only a PATH target takes
+
+
+def _csv(kind, allowed=None, minimum=0):
+    """click callback: "a,b,c" -> list of ``kind``, each in ``allowed`` / >= ``minimum``."""
+    def parse(ctx, param, value):
+        if value is None:
+            return None
+        try:
+            items = [kind(v.strip()) for v in value.split(",") if v.strip()]
+        except ValueError:
+            raise click.BadParameter(f"{value!r}: give a comma-separated list, e.g. 0,1,2") from None
+        bad = [v for v in items if (allowed and v not in allowed) or (not allowed and v < minimum)]
+        if bad or not items:
+            want = f"one or more of {', '.join(allowed)}" if allowed else f"numbers >= {minimum}"
+            raise click.BadParameter(f"{value!r}: give {want}, comma-separated")
+        return items
+    return parse
+
+
+def _given(ctx, name) -> bool:
+    return ctx.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)
+
+
+@click.command()
+@click.argument("target")
+@click.option("--batch-size", type=click.IntRange(1), default=None,
+              help="Samples per batch [default: your DataLoader's own, else 64].")
+@click.option("--mode", "modes", default="main,threads,processes", show_default=True,
+              callback=_csv(str, ("main", "threads", "processes", "inprocess")),
+              help="PATH only: make_loader's loading modes: main (in this process; inprocess is another "
+                   "name for it), threads, processes; comma-separated.")
+@click.option("--workers", default=None, callback=_csv(int, minimum=0),
+              help="num_workers values, e.g. 0,1,2,4; 0 = in the main process [default: 0 up to the usable CPUs].")
+@click.option("--pin-memory", type=click.Choice(["on", "off", "both"]), default="both", show_default=True,
+              help="Pinned batches; measured only where CUDA is present.")
+@click.option("--prefetch", default=None, callback=_csv(int, minimum=1),
+              help="prefetch_factor values (batches in flight per worker) [default: 2,8 for your code (1 too "
+                   "when /dev/shm is tight); 2,4 for a PATH].")
+@click.option("--persistent", type=click.Choice(["on", "off", "both"]), default="both", show_default=True,
+              help="persistent_workers (with workers only).")
+@click.option("--augment", default="none", show_default=True,
+              help="PATH only: none, crop<N>, rrc<N> or center<N> (e.g. crop224, rrc224): the batch transform. "
+                   "A raw folder always gets Resize+CenterCrop first, so batches stack.")
+@click.option("--seconds", type=click.FloatRange(0.1), default=None,
+              help="Your code: the timed floor of each pass (with 5 batches at least, after the warm-up) "
+                   "[default: 1.5]. PATH: wall time per cell [default: 5].")
+@click.option("--repeats", type=click.IntRange(1), default=3, show_default=True,
+              help="Timed passes per cell (the median is reported; for your code, interleaved across cells).")
+@click.option("--tolerance", type=click.FloatRange(0, 1, max_open=True), default=0.10, show_default=True,
+              help="Knee: the fewest workers within this fraction of the best samples/s.")
+@click.option("--size", type=click.IntRange(1), default=None,
+              help="PATH only, raw folder: Resize+CenterCrop side [default: the packed side with --compare, else 256].")
+@click.option("--compare", type=click.Path(exists=True, file_okay=False), default=None,
+              help="PATH only: raw ImageFolder tree of PATH's images: run the same grid on it, print speed-ups.")
+@click.option("--step-ms", type=click.FloatRange(0, min_open=True), default=None,
+              help="A measured training step time (ms per batch) to compare the data time with.")
+@click.option("--model", default=None,
+              help="Measure the step: tiny (a small CNN), torchvision:NAME (e.g. torchvision:resnet18), or "
+                   "FILE.py:NAME / module:NAME: your nn.Module subclass or no-argument factory.")
+@click.option("--data", "data_path", type=click.Path(exists=True), default=None,
+              help="Your code: where the data lives, for the slow-mount check [default: a path your dataset names].")
+@click.option("--trace", type=click.Path(dir_okay=False), default=None,
+              help="Your code, with --model: write a torch.profiler trace of 10 real steps here (open it in "
+                   "ui.perfetto.dev).")
+@click.option("--no-epoch-start", is_flag=True,
+              help="Your code: skip the epoch-start comparison under spawn (persistent workers on/off).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the raw numbers here as JSON.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="Draw samples/s against num_workers into this PNG (needs matplotlib).")
+@click.option("--no-check", is_flag=True,
+              help="Skip rerunning the recommended setting as a plain loop at the end.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.pass_context
+def bench(ctx, target, json_path, plot_path, no_check, quiet, **kwargs):
+    """Find what the DataLoader needs: on TARGET, a packed output, a raw ImageFolder tree, or your
+    own code as FILE.py:NAME or module:NAME (a Dataset, a DataLoader, or a no-argument callable
+    returning one).
+
+    Times the loader alone over a grid of settings, prints the table, the knee of each curve and
+    a recommendation (for your code, as a DataLoader(...) line to paste); with --step-ms or
+    --model, says whether loading is the bottleneck (data >= 40% of a step). For your code it
+    also shows where a batch's time goes, measures the fixes it can apply, and the epoch start
+    under spawn with and without persistent workers. Ctrl-C prints what was measured so far."""
+    import os
+    try:
+        from .target import TargetError, is_spec
+    except ModuleNotFoundError as err:
+        from shardpack import torch_missing
+        if (err.name or "").split(".")[0] != "torch":
+            raise
+        raise click.ClickException(str(torch_missing("shardpack bench"))) from None
+    if kwargs["step_ms"] is not None and kwargs["model"] is not None:
+        raise click.UsageError("give --step-ms or --model, not both")
+    user = is_spec(target)
+    wrong = [n for n in (PATH_ONLY if user else USER_ONLY) if _given(ctx, n)]
+    if wrong:
+        flag = "--" + wrong[0].replace("modes", "mode").replace("data_path", "data").replace("_", "-")
+        raise click.UsageError(f"{flag} applies to {'a PATH' if user else 'your code (FILE.py:NAME)'} only")
+    try:
+        if user:
+            result = _run_user(target, kwargs, no_check, quiet)
+        else:
+            if not os.path.isdir(target):
+                where, sep, _ = target.rpartition(":")
+                hint = f" (no such file {where})" if sep and where.endswith(".py") else ""
+                raise click.UsageError(f"{target}: not a folder, nor FILE.py:NAME / module:NAME{hint}")
+            result = _run_path(target, kwargs, no_check, quiet)
+    except TargetError as err:
+        raise click.ClickException(str(err)) from None
+    except ValueError as err:
+        raise click.ClickException(str(err).splitlines()[0]) from None
+    click.echo(result.text())
+    if json_path:
+        import json
+        with open(json_path, "w") as f:
+            json.dump(result.json(), f, indent=1, default=str)
+        click.echo(f"raw numbers: {json_path}")
+    if plot_path:
+        try:
+            if user:
+                result.plot(plot_path)
+            else:
+                from .render import plot
+                plot(plot_path, result.grid, result.compare, step=result.step)
+        except ImportError as err:
+            raise click.ClickException(str(err)) from None
+        click.echo(f"plot: {plot_path}")
+    if result.interrupted:
+        sys.exit(130)
+
+
+def _run_path(target, kw, no_check, quiet):
+    from .grid import augment_transform
+    from .run import run_bench
+    try:
+        augment_transform(kw["augment"])  # a bad name is a usage error (exit status 2)
+    except ValueError as err:
+        raise click.UsageError(str(err)) from None
+    args = {k: v for k, v in kw.items() if k not in USER_ONLY}
+    args["batch_size"] = args["batch_size"] or 64
+    args["seconds"] = args["seconds"] or 5.0
+    args["prefetch"] = args["prefetch"] or (2, 4)
+    return run_bench(target, check=not no_check, progress=not quiet, **args)
+
+
+def _run_user(target, kw, no_check, quiet):
+    from .target import TargetError
+    from .userrun import run_user_bench
+    try:
+        return run_user_bench(
+            target, kw["model"], batch_size=kw["batch_size"], workers=kw["workers"], prefetch=kw["prefetch"],
+            persistent=kw["persistent"], pin_memory=kw["pin_memory"], seconds=kw["seconds"] or 1.5,
+            repeats=kw["repeats"], tolerance=kw["tolerance"], step_ms=kw["step_ms"],
+            epoch_start=not kw["no_epoch_start"], check=not no_check, data_path=kw["data_path"],
+            trace=kw["trace"], progress=not quiet)
+    except (TargetError, ValueError, KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as err:  # the user's code failing where bench could not catch it per cell: one line
+        first = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+        raise TargetError(f"{target}: your code raised {first} (run it alone to see the traceback)") from None

@@ -1,0 +1,96 @@
+"""Numbers that hold: a cell's repeats as median and spread, and choices checked against the noise.
+
+A knee or a recommendation is a claim that a lighter setting is slower by more than the
+tolerance. When the lighter setting's fastest repeat could still be within the tolerance of the
+best cell's slowest repeat, the spread does not support the claim: the choice is reported as
+"not resolved at this noise" (with the settings it could not tell apart) rather than picked.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from dataclasses import dataclass
+from typing import Hashable
+
+TOLERANCE = 0.10  # a lighter setting within this fraction of the best rate is as good
+
+
+@dataclass
+class Spread:
+    """Repeated measurements of one rate (samples/s): ``median``, ``low``, ``high`` and the
+    relative spread ``(high - low) / median``."""
+
+    values: list[float]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values)
+
+    @property
+    def low(self) -> float:
+        return min(self.values)
+
+    @property
+    def high(self) -> float:
+        return max(self.values)
+
+    @property
+    def rel(self) -> float:
+        return (self.high - self.low) / self.median if self.median else 0.0
+
+    def text(self) -> str:
+        """e.g. ``±4%`` (half the relative spread) or ``-`` for one value."""
+        return f"±{self.rel / 2:.0%}" if len(self.values) > 1 else "-"
+
+
+@dataclass
+class Choice:
+    """The result of :func:`choose`: ``pick`` (the lightest key within the tolerance of the
+    best median), ``best`` (the fastest key), and ``rivals``: lighter keys rejected by their
+    median whose spread still reaches within the tolerance of ``best`` (empty = resolved)."""
+
+    pick: Hashable
+    best: Hashable
+    rivals: list
+
+    @property
+    def resolved(self) -> bool:
+        return not self.rivals
+
+
+def choose(rates: dict, tolerance: float = TOLERANCE, order=None) -> Choice:
+    """The lightest setting as good as the best, checked against the noise.
+
+    ``rates``: {key: list of samples/s, one per repeat}; ``order``: key -> sort key, lighter
+    first (default: the key itself, e.g. a worker count, so this gives a curve's knee). The pick
+    is the lightest key whose median is at least ``(1 - tolerance)`` times the best median. A
+    lighter key left out is a rival when its fastest repeat reaches ``(1 - tolerance)`` times the
+    best key's slowest repeat: at this noise it may be as good. Raises ValueError when empty."""
+    if not rates:
+        raise ValueError("no measured points")
+    order = order or (lambda k: k)
+    spreads = {k: Spread(list(v)) for k, v in rates.items()}
+    best = max(spreads, key=lambda k: spreads[k].median)
+    line = (1 - tolerance) * spreads[best].median
+    pick = min((k for k, s in spreads.items() if s.median >= line), key=order)
+    reach = (1 - tolerance) * spreads[best].low
+    rivals = sorted((k for k, s in spreads.items() if order(k) < order(pick) and s.high >= reach), key=order)
+    return Choice(pick, best, rivals)
+
+
+def load_average() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages, or None where the OS has none."""
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
+def physical_cores() -> int | None:
+    """Physical cores (psutil), or None when unknown."""
+    try:
+        import psutil
+        return psutil.cpu_count(logical=False)
+    except Exception:  # psutil missing, or a platform it cannot read
+        return None

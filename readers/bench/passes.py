@@ -1,0 +1,264 @@
+"""Timing the user's loader: passes with floors, the interleaved grid, spawn epoch starts, the check.
+
+A pass is sized by floors, not guesses: after a warm-up of ``workers x prefetch + 2`` batches
+(the batches every worker prefetched arrive together after start-up, so timing them would
+flatter the rate) it runs until both ``seconds`` and ``min_batches`` have passed, then stops
+feeding indices so the epoch ends as a real one. Cells are measured interleaved (A B C, A B C)
+so a change in the machine's load touches them alike.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+
+from .user import Base, Feed, LoaderSetting
+
+MIN_BATCHES = 5  # timed batches per pass, at least (with at least ``seconds`` of time)
+
+
+def batch_len(batch) -> int:
+    """Samples in a batch: the first dimension of its first tensor or array (recursively)."""
+    if hasattr(batch, "shape") and len(batch.shape):
+        return int(batch.shape[0])
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        for item in batch:
+            n = batch_len(item)
+            if n:
+                return n
+        return len(batch)
+    return 1
+
+
+def to_device(batch, device):
+    """``batch`` with every tensor copied to ``device`` (non_blocking: pinned ones copy asynchronously)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(b, device) for b in batch) if not hasattr(batch, "_fields") else batch
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    return batch
+
+
+@dataclass
+class UserPass:
+    """One timed pass: ``first_s`` from ``iter()`` to the first batch (an epoch start), then
+    ``batches`` batches of ``samples`` samples in ``seconds`` after ``warmup`` untimed batches."""
+
+    first_s: float
+    warmup: int
+    batches: int
+    samples: int
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        return self.samples / self.seconds
+
+    @property
+    def ms_per_batch(self) -> float:
+        return 1000 * self.seconds / self.batches
+
+    def as_dict(self) -> dict:
+        return {"first_batch_s": self.first_s, "warmup_batches": self.warmup, "batches": self.batches,
+                "samples": self.samples, "seconds": self.seconds, "samples_per_s": self.rate}
+
+
+def warmup_batches(setting: LoaderSetting) -> int:
+    """Untimed batches at a pass's start: every worker's prefetched batches, which arrive
+    together after start-up, plus 2."""
+    return (setting.workers * (setting.prefetch or 2) if setting.workers else 0) + 2
+
+
+def run_pass(loader, feed: Feed | None, warmup: int, seconds: float, min_batches: int = MIN_BATCHES,
+             device=None, consume=None) -> UserPass:
+    """Time one pass over ``loader``: the epoch start, ``warmup`` untimed batches, then batches
+    until both ``seconds`` and ``min_batches`` have passed; then ``feed`` stops and the batches
+    in flight are drained untimed (the epoch ends as a real one does). ``device``: every batch is
+    copied there (CUDA synchronised before the clock stops); ``consume(batch)``: called on each
+    timed batch. Raises ValueError when the loader ends before the floors (an IterableDataset
+    shorter than a pass)."""
+    dev = None if device is None else torch.device(device)
+    t0 = time.perf_counter()
+    it = iter(loader)
+    try:
+        batch = next(it)
+        first_s = time.perf_counter() - t0
+        for _ in range(warmup - 1):
+            batch = next(it)
+    except StopIteration:
+        raise ValueError(f"the loader gave fewer than {warmup} batches (the warm-up)") from None
+    n = b = 0
+    start = time.perf_counter()
+    for batch in it:
+        if dev is not None:
+            batch = to_device(batch, dev)
+        if consume is not None:
+            consume(batch)
+        n += batch_len(batch)
+        b += 1
+        if b >= min_batches and time.perf_counter() - start >= seconds:
+            break
+    if dev is not None and dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    end = time.perf_counter()
+    if b < min_batches and feed is None and b == 0:
+        raise ValueError(f"the loader ended after its {warmup} warm-up batches: nothing left to time")
+    if feed is not None:
+        feed.stop()
+        for _ in it:  # drain: what was in flight
+            pass
+    del it
+    return UserPass(first_s, warmup, b, n, end - start)
+
+
+@dataclass
+class UserCell:
+    """A setting's passes (one per repeat, interleaved with the other cells), or its error."""
+
+    setting: LoaderSetting
+    passes: list[UserPass] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and bool(self.passes)
+
+    @property
+    def rates(self) -> list[float]:
+        return [p.rate for p in self.passes]
+
+    @property
+    def rate(self) -> float:
+        from statistics import median
+        return median(self.rates)
+
+    @property
+    def ms_per_batch(self) -> float:
+        from statistics import median
+        return median(p.ms_per_batch for p in self.passes)
+
+    @property
+    def first_ms(self) -> tuple[float, float | None]:
+        """(first pass's epoch start, median of the later ones) in ms."""
+        from statistics import median
+        later = [p.first_s for p in self.passes[1:]]
+        return 1000 * self.passes[0].first_s, (1000 * median(later) if later else None)
+
+    def as_dict(self) -> dict:
+        out = {**self.setting.as_dict(), "label": self.setting.label, "error": self.error}
+        if self.ok:
+            from .noise import Spread
+            sp = Spread(self.rates)
+            out.update(samples_per_s=sp.median, low=sp.low, high=sp.high, spread=sp.rel,
+                       ms_per_batch=self.ms_per_batch, first_batch_ms=list(self.first_ms))
+        out["passes"] = [p.as_dict() for p in self.passes]
+        return out
+
+
+def measure_interleaved(base: Base, settings: list[LoaderSetting], seconds: float, repeats: int,
+                        device=None, bar=None, min_batches: int = MIN_BATCHES, dataset=None) -> list[UserCell]:
+    """Measure every setting ``repeats`` times, interleaved (A B C, A B C, ...), so a change in
+    the machine's load touches every cell alike. A persistent-workers cell keeps its loader (and
+    workers) across its passes; the others build theirs per pass. A failing setting records its
+    error and is skipped from then on; Ctrl-C propagates (the caller keeps what was measured)."""
+    cells = [UserCell(s) for s in settings]
+    kept: dict[int, tuple] = {}
+    try:
+        for _ in range(repeats):
+            for k, cell in enumerate(cells):
+                if cell.error is not None:
+                    continue
+                s = cell.setting
+                if bar is not None:
+                    bar.set_postfix_str(s.label, refresh=True)
+                try:
+                    if k in kept:
+                        loader, feed = kept[k]
+                    else:
+                        feed = base.feed()
+                        with warnings.catch_warnings():
+                            warnings.simplefilter("ignore", UserWarning)  # "more workers than CPUs": said in the report
+                            loader = base.loader(s, feed, dataset=dataset)
+                        if s.persistent:
+                            kept[k] = (loader, feed)
+                    cell.passes.append(run_pass(loader, feed, warmup_batches(s), seconds, min_batches, device))
+                except (KeyboardInterrupt, SystemExit):
+                    raise
+                except Exception as err:  # a setting that fails (shared memory, pickling) is a result
+                    cell.error = f"{type(err).__name__}: {err}".splitlines()[0][:200]
+                    kept.pop(k, None)
+                if bar is not None:
+                    bar.update(1)
+    finally:
+        kept.clear()  # persistent workers end with their loaders
+    return cells
+
+
+def epoch_starts(base: Base, workers: list[int], prefetch: int, epochs: int = 2, bar=None) -> list[dict]:
+    """The epoch-start comparison under ``spawn`` (what Windows, macOS and CUDA parents use):
+    for each worker count, persistent_workers off and on, ``epochs`` short epochs (the first
+    batch, then the epoch is stopped and drained); returns {"num_workers", "persistent_workers",
+    "starts_s": [per epoch], "error"} per cell. Later epochs show the cost a real run pays at
+    every epoch: worker start-up (import, unpickling the dataset) unless persistent."""
+    out = []
+    for w in (w for w in workers if w > 0):
+        for keep in (False, True):
+            s = LoaderSetting(w, prefetch, keep, False)
+            row = {"num_workers": w, "persistent_workers": keep, "starts_s": [], "error": None}
+            if bar is not None:
+                bar.set_postfix_str(f"spawn: {s.label}", refresh=True)
+            try:
+                feed = base.feed()
+                loader = base.loader(s, feed, context="spawn")
+                for _ in range(epochs):
+                    t0 = time.perf_counter()
+                    it = iter(loader)
+                    next(it)
+                    row["starts_s"].append(time.perf_counter() - t0)
+                    if feed is not None:
+                        feed.stop()
+                        for _ in it:
+                            pass
+                    del it
+                del loader
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except Exception as err:
+                row["error"] = f"{type(err).__name__}: {err}".splitlines()[0][:200]
+            out.append(row)
+            if bar is not None:
+                bar.update(1)
+    return out
+
+
+def plain_check(base: Base, setting: LoaderSetting, rate: float, seconds: float, device=None) -> dict:
+    """The recommended setting as a plain training loop: a fresh DataLoader over about
+    ``seconds`` worth of samples at ``rate`` (samples/s), every batch timed from ``iter()``,
+    the first batch and the workers' start-up included. Returns its samples/s and the ratio."""
+    feed = base.feed()
+    batches = max(3, round(rate * seconds / (base.batch_size or 1)))
+    if feed is not None:
+        feed.limit = batches if base.batch_sampler is not None else batches * base.batch_size
+    loader = base.loader(setting, feed)
+    dev = None if device is None else torch.device(device)
+    t0 = time.perf_counter()
+    n = b = 0
+    for batch in loader:
+        if dev is not None:
+            batch = to_device(batch, dev)
+        n += batch_len(batch)
+        b += 1
+        if feed is None and b >= batches:
+            break
+    if dev is not None and dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    secs = time.perf_counter() - t0
+    return {"samples": n, "batches": b, "seconds": secs, "samples_per_s": n / secs,
+            "cell_samples_per_s": rate, "ratio": n / secs / rate}

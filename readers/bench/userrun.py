@@ -1,0 +1,250 @@
+"""``shardpack bench FILE.py:NAME``: the seed method on the user's own Dataset or DataLoader, as one call.
+
+1. the model alone on one fixed real batch (``--model``); 2. the empty loop over the user's
+loader across num_workers x prefetch_factor x persistent_workers x pin_memory (pin only with
+CUDA), interleaved repeats with floors; 3. the data share of a step, serial and overlapped, and
+the 40% verdict; then where a batch's time goes, the fixes bench can measure, the epoch start
+under spawn with and without persistent workers, the plain-loop check of the recommendation,
+and the warnings (slow mount, /dev/shm, ROCm). :func:`run_user_bench` returns a
+:class:`UserBenchResult` (``text()``, ``json()``, ``plot(path)``).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from dataclasses import dataclass, field
+
+import torch
+
+from ..system import usable_cpus
+from .advice import BOTTLENECK_SHARE
+from .noise import TOLERANCE, Choice, choose, load_average, physical_cores
+from .target import TargetError, load_data, load_model
+from .passes import UserCell, epoch_starts, measure_interleaved, plain_check
+from .user import Base, LoaderSetting, user_grid
+
+NO_CUDA = "no CUDA device (torch.cuda.is_available() is False)"
+
+
+@dataclass
+class UserBenchResult:
+    """What bench measured on the user's loader; ``text()`` is the report, ``json()`` the same
+    content as a dict, ``plot(path)`` the PNG."""
+
+    name: str
+    kind: str
+    base: Base
+    seconds: float
+    repeats: int
+    tolerance: float
+    device: str | None
+    cells: list[UserCell] = field(default_factory=list)
+    planned: int = 0
+    skipped: list[str] = field(default_factory=list)
+    load: dict = field(default_factory=dict)
+    cores: dict = field(default_factory=dict)
+    choice: Choice | None = None
+    rec: UserCell | None = None
+    why: str = ""
+    knees: list[dict] = field(default_factory=list)
+    breakdown: dict | None = None
+    fixes: list[dict] = field(default_factory=list)
+    epoch: list[dict] = field(default_factory=list)
+    step: dict | None = None
+    share: dict | None = None
+    check: dict | None = None
+    warnings: list[str] = field(default_factory=list)
+    gpu: dict | None = None
+    interrupted: bool = False
+
+    def paste(self) -> str | None:
+        from .userrender import paste_line
+        return paste_line(self) if self.rec is not None else None
+
+    def text(self) -> str:
+        from .userrender import render_text
+        return render_text(self)
+
+    def json(self) -> dict:
+        from .userrender import render_json
+        return render_json(self)
+
+    def plot(self, path) -> None:
+        from .userrender import plot_user
+        plot_user(path, self)
+
+
+def default_prefetch(mb_per_batch: float, workers: list[int]) -> list[int]:
+    """prefetch_factor values to try: 2 (torch's default) and 8 (rides out slow batches); 1 too
+    when 8 batches in flight per worker would fill a quarter of /dev/shm."""
+    from .warn import shm_free
+    free = shm_free()
+    tight = free is not None and mb_per_batch * 1e6 * max(workers or [1]) * 8 > free / 4
+    return [1, 2, 8] if tight else [2, 8]
+
+
+def recommend_user(cells: list[UserCell], tolerance: float, cores: int) -> tuple[Choice | None, UserCell | None, str]:
+    """The lightest setting within ``tolerance`` of the fastest, at most ``cores`` workers unless
+    a cell above beats every cell within by more than the tolerance beyond its spread (then
+    said why); ``(choice, cell, why)``; (None, None, reason) when nothing was measured."""
+    ok = [c for c in cells if c.ok]
+    if not ok:
+        return None, None, "no setting could be measured"
+    within = [c for c in ok if c.setting.workers <= cores] or ok
+    by = {c.setting: c for c in ok}
+    choice = choose({c.setting: c.rates for c in within}, tolerance, order=lambda s: s.rank)
+    pick = by[choice.pick]
+    over = [c for c in ok if c.setting.workers > cores]
+    why = (f"the lightest setting within {tolerance:.0%} of the fastest "
+           f"({by[choice.best].rate:,.0f} samples/s, {choice.best.label})"
+           if choice.pick != choice.best else
+           f"the fastest setting; nothing lighter came within {tolerance:.0%} of it")
+    if over:
+        top = max(over, key=lambda c: c.rate)
+        if min(top.rates) > (1 + tolerance) * max(by[choice.best].rates):
+            why = (f"{top.setting.workers} workers is more than the {cores} usable cores: chosen because it "
+                   f"measured {top.rate / by[choice.best].rate - 1:.0%} faster than the best within the cores, "
+                   f"beyond the spread (workers that wait on I/O, e.g. a network mount, can outnumber cores)")
+            return Choice(top.setting, top.setting, []), top, why
+        why += (f"; {', '.join(sorted({str(c.setting.workers) for c in over}))} workers (more than the "
+                f"{cores} usable cores) were measured but not chosen: no gain beyond the spread")
+    return choice, pick, why
+
+
+def knees_of(cells: list[UserCell], tolerance: float) -> list[dict]:
+    """Each curve's (prefetch, persistent, pin; the 0-worker cell is its first point) knee, with
+    whether the noise resolves it."""
+    ok = [c for c in cells if c.ok]
+    zero = {c.setting.pin: c for c in ok if c.setting.workers == 0}
+    lines: dict[tuple, dict[int, UserCell]] = {}
+    for c in ok:
+        if c.setting.workers:
+            s = c.setting
+            lines.setdefault((s.prefetch, s.persistent, s.pin), {})[s.workers] = c
+    out = []
+    for (prefetch, persistent, pin), pts in lines.items():
+        if pin in zero:
+            pts = {0: zero[pin], **pts}
+        if len(pts) < 2:
+            continue
+        ch = choose({w: c.rates for w, c in pts.items()}, tolerance)
+        out.append({"prefetch_factor": prefetch, "persistent_workers": persistent, "pin_memory": pin,
+                    "points": {w: c.rate for w, c in sorted(pts.items())}, "knee": ch.pick,
+                    "resolved": ch.resolved, "rivals": ch.rivals})
+    return out
+
+
+def shares(data_ms: float, step_ms: float, workers: int) -> dict:
+    """The data share of a step two ways: serial ``d / (d + s)`` (loading never overlaps
+    compute: num_workers=0) and overlapped ``max(0, d - s) / max(d, s)`` (workers load the next
+    batches during the step; the loop waits only for what the step does not cover). The verdict
+    uses the one the setting runs (overlapped with workers) against the 40% line."""
+    serial = data_ms / (data_ms + step_ms)
+    wait = max(0.0, data_ms - step_ms)
+    overlapped = wait / max(data_ms, step_ms)
+    used = overlapped if workers else serial
+    return {"data_ms": data_ms, "step_ms": step_ms, "serial": serial, "overlapped_wait_ms": wait,
+            "overlapped": overlapped, "applies": "overlapped" if workers else "serial",
+            "bottleneck": used >= BOTTLENECK_SHARE}
+
+
+def run_user_bench(target, model=None, *, batch_size: int | None = None, workers=None, prefetch=None,
+                   persistent: str = "both", pin_memory: str = "both", seconds: float = 1.5,
+                   repeats: int = 3, tolerance: float = TOLERANCE, step_ms: float | None = None,
+                   epoch_start: bool = True, fixes: bool = True, check: bool = True, data_path=None,
+                   gpu_steps: int = 30, trace=None, progress: bool = True) -> UserBenchResult:
+    """Run bench on the user's own loader. ``target``: a Dataset, a DataLoader, a no-argument
+    callable returning one, or ``FILE.py:NAME`` / ``module:NAME`` naming one of these.
+    ``model``: ``tiny``, ``torchvision:NAME``, ``FILE.py:NAME`` / ``module:NAME`` (an nn.Module
+    subclass or a factory), or a module or callable; ``step_ms`` instead gives a measured step.
+    ``workers`` (default: 0 up to the usable CPUs), ``prefetch`` (default 2 and 8, 1 too when
+    /dev/shm is tight); ``seconds``: the timed floor of each pass (with 5 batches at least)
+    after a warm-up of workers x prefetch + 2 batches; ``repeats``: interleaved passes per cell.
+    ``data_path``: where the data lives, for the slow-mount warning (default: a path the dataset
+    names). Ctrl-C returns what was measured. Raises TargetError (one line) on bad user code."""
+    from ..progress import progress as progress_bar
+    from .grid import default_workers
+    from .model import fixed_batch_step
+    from .warn import data_warnings, gpu_note
+    obj, kind, name = load_data(target)
+    base = Base.of(obj, kind, batch_size)
+    cores = usable_cpus()
+    device = "cuda" if torch.cuda.is_available() else None
+    res = UserBenchResult(name, kind if kind != "loader" else f"loader ({base.kind})", base, seconds, repeats,
+                          tolerance, device)
+    res.load["start"] = load_average()
+    res.cores = {"usable": cores, "physical": physical_cores(), "logical": os.cpu_count()}
+    if base.kind == "iterable":
+        res.skipped.append("IterableDataset: measured without the sampler grid (it yields its own order; "
+                           "each pass stops once its floors are met)")
+    try:
+        fixed = next(iter(base.loader(LoaderSetting(0, None, None, False), base.feed())))
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as err:
+        raise TargetError(f"{name}: its first batch raised {type(err).__name__}: {err}".splitlines()[0]) from err
+    module = None
+    if model is not None:
+        module, how = _model(model, base, fixed)
+    from .breakdown import batch_bytes
+    workers = sorted(set(default_workers(cores) if workers is None else workers))
+    pins = [False, True] if pin_memory == "both" else [pin_memory == "on"]
+    if device is None and True in pins:
+        pins = [False]
+        res.skipped.append(f"pin_memory=True not measured: {NO_CUDA}; pinned memory only speeds up copies to a GPU")
+    keep = {"on": [True], "off": [False], "both": [False, True]}[persistent]
+    prefetch = prefetch or default_prefetch(batch_bytes(fixed) / 1e6, workers)
+    settings = user_grid(workers, prefetch, keep, pins)
+    if not settings:
+        raise ValueError("the grid is empty: check --workers")
+    res.planned = len(settings)
+    spawn_cells = 2 * len([w for w in workers if w > 0]) if epoch_start else 0
+    total = len(settings) * repeats + spawn_cells
+    with progress_bar(total=total, unit="pass", desc="bench", enabled=progress, dynamic_ncols=True) as bar:
+        try:
+            res.cells = measure_interleaved(base, settings, seconds, repeats, device, bar)
+            res.choice, res.rec, res.why = recommend_user(res.cells, tolerance, cores)
+            res.knees = knees_of(res.cells, tolerance)
+            from .breakdown import breakdown, compare
+            res.breakdown = breakdown(base, 1 if any(w > 0 for w in workers) else 0, seconds, device)
+            if fixes and res.rec is not None:
+                res.fixes = compare(base, res.rec.setting, seconds, repeats, device)
+            if epoch_start and base.kind == "dataset":
+                res.epoch = epoch_starts(base, workers, 2, bar=bar)
+            elif epoch_start:
+                res.skipped.append("epoch start under spawn: not measured for an IterableDataset")
+            if res.rec is not None:
+                if module is not None:
+                    res.step = {**fixed_batch_step(module, fixed, device, how), "model": _model_name(model)}
+                elif step_ms is not None:
+                    res.step = {"model": None, "device": None, "ms": float(step_ms), "steps_ms": [], "how": ""}
+                if res.step is not None:
+                    res.share = shares(res.rec.ms_per_batch, res.step["ms"], res.rec.setting.workers)
+                if check:
+                    res.check = plain_check(base, res.rec.setting, res.rec.rate, 2 * seconds, device)
+            res.warnings = data_warnings(base, res, data_path)
+            res.gpu = gpu_note(device, base, res.rec, module, how if module is not None else "as-is",
+                             gpu_steps, trace)
+        except KeyboardInterrupt:
+            res.interrupted = True
+    res.load["end"] = load_average()
+    return res
+
+
+def _model(spec, base: Base, batch):
+    """The model and how its input is fed: ``(module, how)``; built-ins get float CHW."""
+    classes = getattr(base.dataset, "classes", None)
+    n = len(classes) if classes is not None else 1000  # unknown: ImageNet's, wide enough for most labels
+    if isinstance(batch, (list, tuple)) and len(batch) > 1 and isinstance(batch[1], torch.Tensor) and batch[1].numel():
+        n = max(n, int(batch[1].max()) + 1)
+    builtin = isinstance(spec, str) and (spec == "tiny" or spec.startswith("torchvision:"))
+    return load_model(spec, n or 1000), ("builtin" if builtin else "as-is")
+
+
+def _model_name(spec) -> str:
+    return spec if isinstance(spec, str) else getattr(spec, "__qualname__", type(spec).__name__)
+
+
+def median_or_none(values):
+    return statistics.median(values) if values else None
