@@ -167,8 +167,8 @@ class PrefetchedBatches(IterableDataset):
     reads in flight (``ShardDataset.start_batch``) while one is used; yielded in sampler order.
     Iterated by a ``DataLoader(batch_size=None)`` ("main" mode for fixed-shape data).
 
-    Memory in flight: ``depth`` batches (plus, with a batch transform, ``depth + 1`` reused raw
-    buffers instead of fresh ones)."""
+    Memory: ``depth`` batches in flight while one is used (``depth + 1`` as the next starts);
+    with a batch transform, ``depth + 1`` reused raw buffers instead of fresh ones."""
 
     def __init__(self, batches: BatchedDataset, batch_sampler, depth: int):
         self.batches, self.batch_sampler, self.depth = batches, batch_sampler, max(1, depth)

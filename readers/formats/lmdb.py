@@ -72,8 +72,8 @@ def locate(root: Path, count: int, data: mmap.mmap) -> tuple[np.ndarray, np.ndar
     read-only without locking and closed again before this returns.
 
     The records are read from the B-tree's pages (lmdb_pages.py) when LMDB agrees with them (its
-    record count, and the values of a spread of 64 records fetched with ``txn.get`` found at those
-    offsets), else by a cursor walk. When another Environment of this process has the files open
+    record count, and the values of a spread of up to 64 records fetched with ``txn.get``
+    found at those offsets), else by a cursor walk. When another Environment of this process has the files open
     (a user's ``lmdb.open(OUT)``; py-lmdb allows one), the pages alone are read. Raises
     ShardFormatError naming the file when LMDB cannot read it, the records are not keys
     ``sample_key(0..count-1)`` in order, or a value lies outside the file."""
@@ -119,6 +119,7 @@ def _agrees(txn, records: Records, data: mmap.mmap, spread: int = 64) -> bool:
     """Whether LMDB's own values of the first, the last and a spread of records are where
     ``records`` puts them, byte for byte."""
     n = len(records)
+    spread = min(spread, 2 + n // 64)  # values read from disk at open: a small share of a small set
     for i in sorted({0, n - 1, *np.linspace(0, n - 1, spread).astype(int).tolist()}) if n else ():
         value, at, size = txn.get(records.key(i)), int(records.offsets[i]), int(records.lengths[i])
         if value is None or len(value) != size or data[at:at + size] != bytes(value):
@@ -193,11 +194,11 @@ class LmdbReader(Reader):
             st = os.fstat(f.fileno())
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if hasattr(mmap, "MADV_RANDOM"):  # no readahead around the B-tree pages and .npy headers read here:
+            self._map.madvise(mmap.MADV_RANDOM)  # on a cold file, 8 MB each would read the whole file
         if self._offsets is None or identity != self._file:
             self._offsets, self._lengths = locate(self.root, self.count, self._map)
             self._file = identity
-        if hasattr(mmap, "MADV_RANDOM"):  # the map serves only .npy headers now: no readahead around them
-            self._map.madvise(mmap.MADV_RANDOM)
         self._data = np.frombuffer(self._map, np.uint8)
         self._pread = diskio.DataFile(self._path)
 

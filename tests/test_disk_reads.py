@@ -1,0 +1,218 @@
+"""The readers' own I/O (readers/diskio.py): exact bytes, errors raised in the caller, bounded
+prefetch, the "larger than RAM" warning, and reads under a memory cgroup counted on the disk."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from helpers import pack_quiet
+from shardpack.readers import ShardDataset, ShardFormatError, diskio, system
+from shardpack.readers import dataset as dataset_module
+from shardpack.readers.formats import open_reader
+from shardpack.readers.loading import make_loader
+from shardpack.readers.manifest import load_manifest
+
+FORMATS = ("npy", "lmdb", "hdf5", "wds")
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    from conftest import make_tree
+    base = tmp_path_factory.mktemp("disk")
+    src = make_tree(base / "src", {"a": 9, "b": 8, "c": 7})
+    return {fmt: pack_quiet(src, base / fmt, fmt, size=24) and base / fmt for fmt in FORMATS}
+
+
+def reference(ds):
+    return np.stack([ds[i][0].permute(1, 2, 0).numpy() for i in range(len(ds))])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_batches_read_on_the_pool_are_the_samples(packed, fmt):
+    ds = ShardDataset(packed[fmt])
+    ref = reference(ds)
+    # adjacent runs (merged into one preadv), repeats, descending and random order
+    for idx in ([0, 1, 2, 3, 4, 5], [7, 7, 3, 3], list(range(len(ds)))[::-1],
+                np.random.default_rng(0).permutation(len(ds)).tolist()):
+        imgs, labels = ds.read_batch(idx)
+        assert np.array_equal(imgs.permute(0, 2, 3, 1).numpy(), ref[idx])
+        assert labels.tolist() == ds.targets[idx].tolist()
+        got = ds.__getitems__(idx)
+        assert all(np.array_equal(g[0].permute(1, 2, 0).numpy(), ref[i]) for g, i in zip(got, idx))
+
+
+def test_merged_reads_stop_at_the_merge_limit(packed, monkeypatch):
+    monkeypatch.setattr(diskio, "MERGE_BYTES", 3 * 24 * 24 * 3)  # three samples per preadv at most
+    calls = []
+    real = os.preadv
+    monkeypatch.setattr(diskio.os, "preadv", lambda fd, bufs, at: calls.append(len(bufs)) or real(fd, bufs, at))
+    ds = ShardDataset(packed["npy"])
+    ref = reference(ds)
+    calls.clear()
+    imgs, _ = ds.read_batch(list(range(10)))
+    assert np.array_equal(imgs.permute(0, 2, 3, 1).numpy(), ref[:10])
+    assert sorted(calls) == [1, 3, 3, 3]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_an_io_error_in_a_read_thread_is_raised_in_the_caller(packed, fmt, monkeypatch):
+    ds = ShardDataset(packed[fmt])
+    ds.read_batch([0])  # opened
+    real, done = os.preadv, []
+
+    def failing(fd, bufs, at):
+        if len(done) == 2:
+            done.append(at)
+            raise OSError(errno.EIO, "Input/output error")
+        done.append(at)
+        return real(fd, bufs, at)
+
+    monkeypatch.setattr(diskio.os, "preadv", failing)
+    with pytest.raises(OSError, match=r"reading sample \d+ .*Input/output error") as err:
+        ds.read_batch([1, 5, 9, 13, 17, 21])
+    assert err.value.errno == errno.EIO and Path(err.value.filename).parent == packed[fmt]
+    assert len(done) == 6  # every other read of the batch finished before the caller heard
+
+
+@pytest.mark.parametrize("fmt", ["npy", "lmdb", "hdf5"])
+def test_a_file_cut_short_after_opening_names_the_file_and_sample(packed, fmt, tmp_path):
+    import shutil
+    root = tmp_path / fmt
+    shutil.copytree(packed[fmt], root)
+    ds = ShardDataset(root)
+    ds.read_batch([0])
+    data = ds.reader.data_paths()[0]
+    last = len(ds) - 1
+    end = ds.reader._base + last * 24 * 24 * 3 if fmt != "lmdb" else int(ds.reader._offsets[last])
+    os.truncate(data, end + 10)
+    with pytest.raises(ShardFormatError, match=rf"{data.name}: sample {last}: the file ends at byte {end + 10}"):
+        ds.read_batch([0, last])
+    with pytest.raises(ShardFormatError, match=rf"sample {last}: the file ends"):
+        ds[last]
+
+
+def test_main_mode_keeps_at_most_prefetch_factor_batches_in_flight(packed, monkeypatch):
+    ds = ShardDataset(packed["npy"])
+    live, most, real = [0], [0], ds.start_batch
+
+    class Counted:
+        def __init__(self, read):
+            self.read = read
+
+        def wait(self):
+            live[0] -= 1
+            return self.read.wait()
+
+    def start(indices, out=None):
+        live[0] += 1
+        most[0] = max(most[0], live[0])
+        return Counted(real(indices, out))
+
+    monkeypatch.setattr(ds, "start_batch", start)
+    for depth in (1, 3):
+        most[0] = 0
+        loader = make_loader(ds, 4, mode="main", seed=0, prefetch_factor=depth)
+        got = [labels for _, labels in loader]
+        assert most[0] == depth + 1 and live[0] == 0  # depth in flight while one is used, +1 starting
+        assert len(got) == len(ds) // 4
+
+
+def test_main_mode_prefetch_gives_the_same_batches_as_threads(packed):
+    from shardpack.readers.transforms import RandomCrop
+    ds = ShardDataset(packed["wds"])
+    runs = [[(i.clone(), lab) for i, lab in make_loader(ds, 5, mode=m, seed=3, batch_transform=RandomCrop(16))]
+            for m in ("main", "threads")]
+    assert all(np.array_equal(a[0], b[0]) and a[1].tolist() == b[1].tolist() for a, b in zip(*runs))
+
+
+def test_larger_than_ram_warns_once_per_output(packed, monkeypatch):
+    monkeypatch.setattr(system, "page_cache_bytes", lambda: (1000, "cgroup limit"))
+    monkeypatch.setattr(dataset_module, "_warned", set())
+    size = system.data_bytes(open_reader(packed["npy"], load_manifest(packed["npy"])).data_paths())
+    with pytest.warns(RuntimeWarning, match=r"larger than the memory the page cache may hold .*cgroup limit.*"
+                                            r"shardpack bench"):
+        ShardDataset(packed["npy"])
+    assert size == os.stat(packed["npy"] / "images.npy").st_size
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        ShardDataset(packed["npy"])  # the same output again: no second warning
+    monkeypatch.setattr(system, "page_cache_bytes", lambda: (1 << 40, "MemAvailable"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        ShardDataset(packed["lmdb"])
+
+
+def test_page_cache_memory_and_eviction(packed):
+    room = system.page_cache_bytes()
+    assert room is not None and 0 < room[0] <= system.mem_available()
+    paths = open_reader(packed["wds"], load_manifest(packed["wds"])).data_paths()
+    assert paths and system.evict(paths) == sum(p.stat().st_size for p in paths)
+    assert system.evict([packed["wds"] / "missing.tar"]) == 0
+
+
+# --- under a memory cgroup: a 256 MiB file read through a 64 MiB limit ----------------------
+
+CHILD = textwrap.dedent("""
+    import hashlib, json, sys
+    import numpy as np
+    from shardpack.readers.formats import open_reader
+    from shardpack.readers.manifest import load_manifest
+    root, order = sys.argv[1], np.array(json.loads(sys.argv[2]))
+    reader = open_reader(root, load_manifest(root))
+    sums = {}
+    for a in range(0, len(order), 8):
+        idx = np.sort(order[a:a + 8])
+        batch = reader.read_batch(idx)
+        sums.update({int(i): hashlib.sha1(b.tobytes()).hexdigest() for i, b in zip(idx, batch)})
+    print(json.dumps({"sums": sums, "torch": "torch" in sys.modules}))
+""")
+
+
+def _cgroup_or_skip(limit, where):
+    from shardpack.readers.memlimit import Cgroup, CgroupUnavailable
+    try:
+        return Cgroup(limit, where)
+    except CgroupUnavailable as err:
+        pytest.skip(f"no memory cgroup on this machine: {err}")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_reads_under_a_64_mib_cgroup_fetch_only_the_samples_bytes(fmt, tmp_path_factory):
+    import hashlib
+    from conftest import make_tree
+    base = tmp_path_factory.mktemp("cgroup")
+    group = _cgroup_or_skip(64 << 20, base)
+    with group:
+        src = make_tree(base / "src", {"a": 180, "b": 162}, sizes=[(40, 40)])  # 342 x 768 KiB = 256 MiB
+        pack_quiet(src, base / fmt, fmt, size=512)
+        reader = open_reader(base / fmt, load_manifest(base / fmt))
+        paths = reader.data_paths()
+        assert sum(p.stat().st_size for p in paths) >= 256 << 20
+        order = np.random.default_rng(1).permutation(reader.count)
+        want = {int(i): hashlib.sha1(reader.read_batch(np.array([i]))[0].tobytes()).hexdigest() for i in order}
+        count = reader.count
+        del reader  # its maps (LMDB's, the shards') would keep the pages they touched in the cache
+        os.sync()
+        system.evict(paths)
+        before = group.read_bytes()
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        done = group.run([sys.executable, "-c", CHILD, str(base / fmt), json.dumps(order.tolist())],
+                         timeout=300, env=env, cwd=REPO)
+        assert done.returncode == 0, done.stderr[-2000:]
+        got = json.loads(done.stdout)
+        read = group.read_bytes() - before
+    delivered = count * 512 * 512 * 3
+    assert not got["torch"]
+    assert {int(k): v for k, v in got["sums"].items()} == want
+    assert delivered <= read <= 1.2 * delivered, f"{read / delivered:.2f} bytes read per byte delivered"
