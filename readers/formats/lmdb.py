@@ -73,8 +73,9 @@ def locate(root: Path, count: int, data: mmap.mmap) -> tuple[np.ndarray, np.ndar
 
     The records are read from the B-tree's pages (lmdb_pages.py) when LMDB agrees with them (its
     record count, and the values of a spread of up to 64 records fetched with ``txn.get``
-    found at those offsets), else by a cursor walk. When another Environment of this process has the files open
-    (a user's ``lmdb.open(OUT)``; py-lmdb allows one), the pages alone are read. Raises
+    found at those offsets), else by a cursor walk. When another Environment of this process
+    has the files open (a user's ``lmdb.open(OUT)``; py-lmdb allows one), the pages alone are
+    read. Raises
     ShardFormatError naming the file when LMDB cannot read it, the records are not keys
     ``sample_key(0..count-1)`` in order, or a value lies outside the file."""
     path = root / DATA
