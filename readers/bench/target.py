@@ -18,6 +18,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 
+_LOADED: dict = {}  # stem -> module this process imported from a FILE.py (another file may replace it)
+
+
 class TargetError(ValueError):
     """A target (``FILE.py:NAME`` / ``module:NAME``) that cannot be loaded, called or used."""
 
@@ -38,12 +41,15 @@ def _one_line(err: BaseException) -> str:
 
 def import_file(path: Path):
     """Import ``path`` (a .py file) as the module named by its stem, its folder first on
-    ``sys.path`` (so spawn workers re-import it by that name). Raises TargetError when the stem
+    ``sys.path`` (so spawn workers re-import it by that name); once per process (the dataset
+    and the model may come from one file). Raises TargetError when the stem
     is already the name of another imported module (the workers would import that one)."""
     path = path.resolve()
     stem, folder = path.stem, str(path.parent)
     old = sys.modules.get(stem)
-    if old is not None and getattr(old, "__file__", None) and Path(old.__file__).resolve() != path:
+    if old is not None and getattr(old, "__file__", None) and Path(old.__file__).resolve() == path:
+        return old  # once: a second import would make new classes, and pickling the first ones would fail
+    if old is not None and old not in _LOADED.values() and getattr(old, "__file__", None):
         raise TargetError(f"{path.name}: its name {stem!r} is already the imported module {old.__file__}; "
                           f"workers would import that one: rename the file")
     if folder in sys.path:
@@ -51,11 +57,11 @@ def import_file(path: Path):
     sys.path.insert(0, folder)
     spec = importlib.util.spec_from_file_location(stem, path)
     module = importlib.util.module_from_spec(spec)
-    sys.modules[stem] = module
+    sys.modules[stem] = _LOADED[stem] = module
     try:
         spec.loader.exec_module(module)
     except BaseException as err:
-        del sys.modules[stem]
+        del sys.modules[stem], _LOADED[stem]
         if isinstance(err, (KeyboardInterrupt, SystemExit)):
             raise
         raise TargetError(f"{path.name}: importing it raised {_one_line(err)}") from err

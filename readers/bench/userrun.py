@@ -185,8 +185,11 @@ def run_user_bench(target, model=None, *, batch_size: int | None = None, workers
     except Exception as err:
         raise TargetError(f"{name}: its first batch raised {type(err).__name__}: {err}".splitlines()[0]) from err
     module = None
-    if model is not None:
+    if model is not None:  # the seed method's first step, and a model that fails fails before the grid
         module, how = _model(model, base, fixed)
+        res.step = {**fixed_batch_step(module, fixed, device, how), "model": _model_name(model)}
+    elif step_ms is not None:
+        res.step = {"model": None, "device": None, "ms": float(step_ms), "steps_ms": [], "how": ""}
     from .breakdown import batch_bytes
     workers = sorted(set(default_workers(cores) if workers is None else workers))
     pins = [False, True] if pin_memory == "both" else [pin_memory == "on"]
@@ -215,10 +218,6 @@ def run_user_bench(target, model=None, *, batch_size: int | None = None, workers
             elif epoch_start:
                 res.skipped.append("epoch start under spawn: not measured for an IterableDataset")
             if res.rec is not None:
-                if module is not None:
-                    res.step = {**fixed_batch_step(module, fixed, device, how), "model": _model_name(model)}
-                elif step_ms is not None:
-                    res.step = {"model": None, "device": None, "ms": float(step_ms), "steps_ms": [], "how": ""}
                 if res.step is not None:
                     res.share = shares(res.rec.ms_per_batch, res.step["ms"], res.rec.setting.workers)
                 if check:

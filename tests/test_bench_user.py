@@ -1,0 +1,282 @@
+"""shardpack bench on the user's own code: FILE.py:NAME through the CLI and shardpack.bench, the
+breakdown and its flags, the paste-able DataLoader line, spawn epoch starts, one-line errors, and
+the noise rules (not resolved, never more workers than cores silently) on synthetic timings."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import shardpack
+from shardpack.packer.cli import main
+from shardpack.readers.bench.noise import Spread, choose
+from shardpack.readers.bench.passes import UserCell, UserPass, epoch_starts
+from shardpack.readers.bench.target import TargetError, load_data
+from shardpack.readers.bench.user import Base, LoaderSetting
+from shardpack.readers.bench.userrun import recommend_user
+
+ROOT = Path(__file__).resolve().parents[1]
+
+USER_CODE = '''
+import os
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+COUNTER = {counter!r}
+
+
+class HwcFloat(Dataset):
+    """HWC float32 numpy images, as a new user writes them; every __getitem__ leaves a byte."""
+
+    def __len__(self):
+        return 96
+
+    def __getitem__(self, i):
+        with open(COUNTER, "ab") as f:
+            f.write(b"x")
+        return np.full((16, 16, 3), i / 96, np.float32), i % 5
+
+
+class ChwU8(Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return torch.full((3, 8, 8), i, dtype=torch.uint8), i % 4
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        for i in range(10 ** 6):
+            yield torch.full((3, 4, 4), i % 256, dtype=torch.uint8), i % 3
+
+
+class PidLog(Dataset):
+    """Records which process read each sample (the workers' pids)."""
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        with open(COUNTER + ".pids", "a") as f:
+            f.write(f"{{os.getpid()}}\\n")
+        return torch.zeros(3, 4, 4), 0
+
+
+def loader():
+    return DataLoader(ChwU8(), batch_size=8, shuffle=True, drop_last=True)
+
+
+class HwcNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+        self.fc = torch.nn.Linear(4, 5)
+
+    def forward(self, x):
+        return self.fc(self.conv(x.permute(0, 3, 1, 2)).mean((2, 3)))
+
+
+def broken():
+    raise RuntimeError("no data here")
+
+
+def not_data():
+    return 42
+'''
+
+
+@pytest.fixture
+def user_file(tmp_path):
+    counter = tmp_path / "calls"
+    path = tmp_path / f"userdata_{tmp_path.name[-8:].replace('-', '_')}.py"
+    path.write_text(USER_CODE.format(counter=str(counter)))
+    return path, counter
+
+
+def test_cli_runs_the_users_dataset_and_model(user_file, tmp_path):
+    """FILE.py:NAME for both the data and the model, in a subprocess (spawn workers, a real CLI)."""
+    path, counter = user_file
+    jpath = tmp_path / "r.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "shardpack", "bench", f"{path}:HwcFloat", "--model", f"{path}:HwcNet",
+         "--workers", "0,1", "--prefetch", "2", "--batch-size", "8", "--seconds", "0.2", "--repeats", "2",
+         "--json", str(jpath), "--quiet"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    text, report = result.stdout, json.loads(jpath.read_text())
+    # (a) the user's own __getitem__ ran: at least every timed sample left its byte
+    timed = sum(p["samples"] for c in report["cells"] for p in c["passes"])
+    assert timed > 0 and counter.stat().st_size >= timed
+    # 1 cell without workers + 1 worker x prefetch 2 x persistent off/on; each pass has its floors
+    assert [(c["num_workers"], c["persistent_workers"]) for c in report["cells"]] == [(0, None), (1, False), (1, True)]
+    for c in report["cells"]:
+        assert c["error"] is None and len(c["passes"]) == 2
+        assert all(p["batches"] >= 5 and p["seconds"] >= 0.2 and p["samples"] == 8 * p["batches"]
+                   for p in c["passes"])
+        assert c["samples_per_s"] == pytest.approx(sorted(p["samples_per_s"] for p in c["passes"])[1] / 2
+                                                   + sorted(p["samples_per_s"] for p in c["passes"])[0] / 2)
+    assert [p["warmup_batches"] for p in report["cells"][1]["passes"]] == [4, 4]  # 1 worker x prefetch 2 + 2
+    # (b) collate reported apart from __getitem__, and the float32 HWC numpy case flagged with the change
+    b = report["breakdown"]
+    assert b["sample"] == {"type": "numpy", "dtype": "float32", "shape": [16, 16, 3], "layout": "HWC",
+                           "contiguous": True}
+    assert b["collate_ms"] > 0 and b["getitem_ms"] > 0 and b["handoff_ms"] is not None
+    assert b["mb_per_batch"] == pytest.approx(8 * 16 * 16 * 3 * 4 / 1e6 + 8 * 8 / 1e6)
+    assert any("float32" in f and "uint8" in f for f in b["flags"])
+    assert any("HWC" in f and "permute(2, 0, 1)" in f for f in b["flags"])
+    assert "collate " in text and "__getitem__ " in text and "hand-off" in text
+    # the model's step on the user's real batch, and the two shares
+    assert report["step"]["model"] == f"{path}:HwcNet" and report["step"]["how"] == "the batch as the loader yields it"
+    sh = report["data_share"]
+    assert sh["serial"] == pytest.approx(sh["data_ms"] / (sh["data_ms"] + sh["step_ms"]))
+    assert sh["overlapped_wait_ms"] == pytest.approx(max(0.0, sh["data_ms"] - sh["step_ms"]))
+    # (f) the epoch start under spawn, persistent off and on, two epochs each
+    rows = report["epoch_start_spawn"]
+    assert [(r["num_workers"], r["persistent_workers"], len(r["starts_s"]), r["error"]) for r in rows] == [
+        (1, False, 2, None), (1, True, 2, None)]
+    # (c) the paste-able line
+    line = next(ln for ln in text.splitlines() if "DataLoader(" in ln)
+    assert line.startswith("DataLoader(dataset, batch_size=8, shuffle=True, num_workers=") and line.endswith(")")
+    assert report["recommended"]["dataloader"] == line
+    if not torch.cuda.is_available():
+        assert "pin_memory=True not measured: no CUDA device" in text and "skipped: GPU utilisation" in text
+
+
+def build_from_line(line, dataset):
+    """Build what a user would by pasting ``line`` after ``import torch, shardpack``."""
+    assert line.count("DataLoader(") == 1 and line.startswith("DataLoader(dataset, ")
+    return eval(line, {"torch": torch, "shardpack": shardpack, "dataset": dataset,  # noqa: S307
+                       "DataLoader": torch.utils.data.DataLoader})
+
+
+def test_api_on_a_users_dataloader_pastes_a_working_line(user_file):
+    """shardpack.bench on a factory returning a DataLoader: its batch_size, shuffle and drop_last
+    are kept; the CHW uint8 tensors get the stack-only collate measured against the default."""
+    path, _ = user_file
+    res = shardpack.bench(f"{path}:loader", workers=[0, 1], prefetch=[2], persistent="on", seconds=0.1,
+                          repeats=2, epoch_start=False, check=False)
+    assert res.base.batch_size == 8 and res.base.fixed == {"drop_last": True} and res.base.shuffle
+    assert res.base.given == LoaderSetting(0, None, None, False)
+    assert res.breakdown["sample"]["layout"] == "CHW" and res.breakdown["sample"]["dtype"] == "uint8"
+    assert not any("float32" in f for f in res.breakdown["flags"])
+    assert [f["variant"] for f in res.fixes] == ["stack"]
+    line = res.paste()
+    assert "batch_size=8" in line and "shuffle=True" in line and "drop_last=True" in line
+    ds, _, _ = load_data(f"{path}:ChwU8")
+    loader = build_from_line(line, ds)
+    imgs, labels = next(iter(loader))
+    assert imgs.shape == (8, 3, 8, 8) and imgs.dtype == torch.uint8 and labels.dtype == torch.int64
+    assert sorted(imgs[:, 0, 0, 0].tolist()) == sorted(int(i) for i in imgs[:, 2, 7, 7])
+    if "collate_fn" not in line:
+        line = line[:-1] + ", collate_fn=shardpack.stack_collate)"
+    with_stack = build_from_line(line, ds)
+    imgs, labels = next(iter(with_stack))
+    assert imgs.shape == (8, 3, 8, 8) and labels.tolist() == [int(v) % 4 for v in imgs[:, 0, 0, 0]]
+    doc = res.json()
+    assert doc["recommended"]["dataloader"] == res.paste() and doc["kind"] == "loader (dataset)"
+    json.dumps(doc, default=str)
+
+
+def test_iterable_dataset_is_measured_without_the_sampler_grid(user_file):
+    path, _ = user_file
+    res = shardpack.bench(f"{path}:Stream", workers=[0], seconds=0.1, repeats=1, check=False, fixes=False,
+                          batch_size=16)
+    assert "IterableDataset: measured without the sampler grid" in res.text()
+    assert "epoch start under spawn: not measured for an IterableDataset" in res.skipped
+    assert res.cells[0].ok and res.cells[0].passes[0].samples == 16 * res.cells[0].passes[0].batches
+
+
+def test_spawn_epoch_starts_restart_workers_unless_persistent(user_file):
+    """Under spawn, every epoch of a non-persistent loader starts new worker processes; a
+    persistent one keeps its worker: the pids that read the samples tell."""
+    path, counter = user_file
+    ds, kind, _ = load_data(f"{path}:PidLog")
+    pids = Path(str(counter) + ".pids")
+    pids.write_text("")
+    rows = epoch_starts(Base.of(ds, kind, 4), [1], 1)  # off (2 epochs), then on (2 epochs)
+    assert [(r["persistent_workers"], len(r["starts_s"]), r["error"]) for r in rows] == [
+        (False, 2, None), (True, 2, None)]
+    order = list(dict.fromkeys(int(p) for p in pids.read_text().split()))
+    assert os.getpid() not in order
+    assert len(order) == 3  # two processes for the two non-persistent epochs, one for both persistent ones
+
+
+CASES = [
+    ("nofile.py:HwcFloat", "no such file nofile.py"),
+    ("{path}:Missing", "has no name 'Missing'"),
+    ("{path}:broken", "calling it raised RuntimeError: no data here"),
+    ("{path}:not_data", "gave a builtins.int, not a torch Dataset or DataLoader"),
+    ("no_such_module_xyz:thing", "no module named 'no_such_module_xyz'"),
+]
+
+
+@pytest.mark.parametrize("spec,message", CASES)
+def test_bad_targets_are_one_line_errors(user_file, spec, message):
+    path, _ = user_file
+    result = CliRunner().invoke(main, ["bench", spec.format(path=path), "--quiet"])
+    assert result.exit_code == 1, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and lines[0].startswith("Error: ")
+
+
+def test_bad_model_and_misplaced_options(user_file, tmp_path):
+    path, _ = user_file
+    with pytest.raises(TargetError, match="no name 'Nope'"):
+        shardpack.bench(f"{path}:ChwU8", model=f"{path}:Nope", workers=[0])
+    result = CliRunner().invoke(main, ["bench", f"{path}:ChwU8", "--augment", "crop4", "--quiet"])
+    assert result.exit_code == 2 and "--augment applies to a PATH only" in result.output
+    result = CliRunner().invoke(main, ["bench", str(tmp_path), "--trace", "t.json", "--quiet"])
+    assert result.exit_code == 2 and "--trace applies to your code" in result.output
+
+
+# --- the noise rules on synthetic timings ---------------------------------------------------------
+
+def test_choose_reports_not_resolved_within_the_noise():
+    clear = choose({0: [100, 101, 99], 1: [180, 200, 220], 2: [195, 205, 240]}, 0.10)
+    assert (clear.pick, clear.best, clear.rivals) == (1, 2, []) and clear.resolved
+    # 1 worker's median is 13% under 2 workers', but its fastest pass reaches 2 workers' slowest
+    noisy = choose({1: [150, 200, 250], 2: [200, 230, 260]}, 0.10)
+    assert noisy.pick == 2 and noisy.rivals == [1] and not noisy.resolved
+    tight = choose({1: [199, 200, 201], 2: [229, 230, 231]}, 0.10)
+    assert tight.pick == 2 and tight.resolved
+    assert Spread([90, 100, 110]).rel == pytest.approx(0.2) and Spread([90, 100, 110]).text() == "±10%"
+
+
+def cell(workers, rates, prefetch=2):
+    s = LoaderSetting(workers, prefetch if workers else None, True if workers else None, False)
+    return UserCell(s, [UserPass(0.01, 2, 10, 10 * 8, 10 * 8 / r) for r in rates])
+
+
+def test_never_more_workers_than_cores_without_saying_why():
+    cells = [cell(0, [100, 100, 100]), cell(1, [190, 200, 210]), cell(2, [280, 300, 310]),
+             cell(4, [300, 320, 340])]
+    choice, pick, why = recommend_user(cells, 0.10, cores=2)
+    assert pick.setting.workers == 2 and "4 workers (more than the 2 usable cores) were measured but not chosen" in why
+    # far beyond the spread: chosen, and said why
+    cells[3] = cell(4, [600, 620, 640])
+    choice, pick, why = recommend_user(cells, 0.10, cores=2)
+    assert pick.setting.workers == 4 and "more than the 2 usable cores: chosen because" in why
+
+
+def test_report_says_not_resolved(user_file):
+    """The report of a grid whose lighter cell lies within the noise names it instead of claiming a pick."""
+    from shardpack.readers.bench.userrun import UserBenchResult, knees_of
+    path, _ = user_file
+    ds, kind, _ = load_data(f"{path}:ChwU8")
+    res = UserBenchResult("x", kind, Base.of(ds, kind, 8), 1.0, 3, 0.10, None,
+                          cells=[cell(0, [100, 101, 99]), cell(1, [150, 200, 250]), cell(2, [200, 230, 260])],
+                          cores={"usable": 2, "physical": 2, "logical": 2})
+    res.choice, res.rec, res.why = recommend_user(res.cells, 0.10, 2)
+    res.knees = knees_of(res.cells, 0.10)
+    text = res.text()
+    assert "recommended: not resolved at this noise: 1 workers" in text
+    assert "knee at 2 workers (not resolved at this noise: 1 workers lie within the spread)" in text
+    line = next(ln for ln in text.splitlines() if ln.startswith("DataLoader("))
+    assert "num_workers=2" in line
