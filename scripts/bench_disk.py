@@ -1,0 +1,252 @@
+#!/usr/bin/env python
+"""Reads of a packed set larger than RAM: every format and loader against the disk's own rate.
+
+    python scripts/bench_disk.py                       # the sample x16 at 256 px, 512 MiB limit
+    python scripts/bench_disk.py SRC --copies 4 --limit 256MiB --samples 2000
+
+Packs SRC (hard-linked ``--copies`` times, so the set is several times the memory limit) in each
+format under ``--work``, then, per round and format, runs one child process inside a memory
+cgroup of ``--limit`` (readers/memlimit.py; only the child and its DataLoader workers are in it)
+that measures, in an order reversed every other round: the disk's own rate for this sample size
+(8 threads of ``os.pread`` at random samples, before and after the readers, since it drifts),
+then ``make_loader`` in each mode and a stock ``DataLoader`` with 0/2/4 workers, in random and
+sequential order, plain uint8 batches of 64. Each pass starts with the data files evicted from
+the page cache (``posix_fadvise(DONTNEED)``) and counts the bytes the cgroup read from disk.
+Prints medians over rounds, each as a share of the disk's rate of its round, and bytes read from
+disk per byte delivered. Without root (no cgroup) the passes only evict pages first, and the
+bytes read are not known: the table says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+
+harness.use_checkout()
+
+FORMATS = ("npy", "lmdb", "hdf5", "wds")
+BATCH = 64
+LOADERS = ("make_loader main", "make_loader threads", "make_loader processes",
+           "DataLoader 0 workers", "DataLoader 2 workers", "DataLoader 4 workers")
+ORDERS = ("random", "sequential")
+DISK = "disk: pread x8"
+
+
+def linked_tree(src: Path, dst: Path, copies: int) -> Path:
+    """``dst/<class>/<k>_<file>``: each file of SRC hard-linked ``copies`` times (no bytes copied)."""
+    if dst.exists():
+        return dst
+    tmp = dst.with_name(dst.name + ".tmp")
+    for f in sorted(src.rglob("*")):
+        if f.is_file():
+            for k in range(copies):
+                out = tmp / f.parent.relative_to(src) / f"{k:02d}_{f.name}"
+                out.parent.mkdir(parents=True, exist_ok=True)
+                os.link(f, out)
+    tmp.rename(dst)
+    return dst
+
+
+def pack_all(src: Path, work: Path, size: int, formats) -> dict[str, Path]:
+    from shardpack.packer import Options, Recipe, pack
+    out = {}
+    for fmt in formats:
+        path = work / f"{src.name}-{size}.{fmt}"
+        if not (path / "manifest.json").exists():
+            print(f"packing {fmt} into {path} ...", flush=True)
+            pack(src, path, Recipe(size=size), Options(fmt=fmt, progress=False, overwrite=True))
+        out[fmt] = path
+    return out
+
+
+# --- the child: runs inside the cgroup --------------------------------------------------------
+
+def _read_counter(counter) -> int | None:
+    if not counter:
+        return None
+    total = 0
+    for line in Path(counter).read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[1] == "Read":
+            total += int(parts[2])
+        total += sum(int(f[7:]) for f in parts[1:] if f.startswith("rbytes="))
+    return total
+
+
+def _disk_rate(path: Path, offset: int, sample: int, count: int, n: int, seed: int) -> float:
+    """Samples/s of 8 threads of os.pread of ``sample`` bytes at random samples of ``path``."""
+    from concurrent.futures import ThreadPoolExecutor
+    import numpy as np
+    fd = os.open(path, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+    at = (offset + np.random.default_rng(seed).integers(0, count, n) * sample).tolist()
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            t = time.perf_counter()
+            for _ in pool.map(lambda o: os.pread(fd, sample, o), at):
+                pass
+            return n / (time.perf_counter() - t)
+    finally:
+        os.close(fd)
+
+
+def _loader(ds, name: str, order: str, n: int, seed: int):
+    import torch
+    from torch.utils.data import DataLoader, RandomSampler
+    from shardpack.readers.loading import make_loader
+    if order == "random":
+        sampler = RandomSampler(ds, num_samples=n, generator=torch.Generator().manual_seed(seed))
+    else:
+        start = int(torch.randint(0, max(1, len(ds) - n), (1,), generator=torch.Generator().manual_seed(seed)))
+        sampler = range(start, min(len(ds), start + n))
+    if name.startswith("make_loader"):
+        return make_loader(ds, BATCH, mode=name.split()[1], seed=seed, sampler=sampler)
+    workers = int(name.split()[1])
+    return DataLoader(ds, BATCH, sampler=sampler, num_workers=workers)
+
+
+def child(job: dict) -> None:
+    """Measure ``job["configs"]`` in order over the output ``job["root"]``, one JSON line each."""
+    import torch
+    from shardpack.readers import ShardDataset, system
+    torch.set_num_threads(1)
+    ds = ShardDataset(job["root"])
+    paths, sample = ds.reader.data_paths(), int(ds.reader.shape[0] * ds.reader.shape[1] * 3)
+    npy = job["disk_file"]
+    for name in job["configs"]:
+        system.evict(paths + [Path(npy["path"])])
+        before = _read_counter(job["counter"])
+        if name == DISK:
+            rate, n = _disk_rate(Path(npy["path"]), npy["offset"], sample, npy["count"], job["samples"], job["seed"]), job["samples"]
+        else:
+            loader_name, order = name.rsplit(" / ", 1)
+            loader = _loader(ds, loader_name, order, job["samples"], job["seed"])
+            n, timed, t = 0, 0, None
+            for k, (imgs, _) in enumerate(loader):
+                n += len(imgs)
+                if k == 1:  # the first batches (worker start, pipeline fill) are not timed
+                    t = time.perf_counter()
+                elif k > 1:
+                    timed += len(imgs)
+            rate = timed / (time.perf_counter() - t)
+            del loader
+        after = _read_counter(job["counter"])
+        read = None if before is None else after - before
+        print(json.dumps({"name": name, "rate": rate, "read": read, "delivered": n * sample}), flush=True)
+
+
+# --- the parent ------------------------------------------------------------------------------
+
+def _size(text: str) -> int:
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    t = text.lower().rstrip("ib")
+    return int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
+
+
+@click.command(help=__doc__)
+@click.argument("src", type=click.Path(path_type=Path), default=harness.DEFAULT_SAMPLE)
+@click.option("--work", type=click.Path(path_type=Path), default=Path("/work/bench-data"), show_default=True,
+              help="where the linked tree and the packed sets go (several GB)")
+@click.option("--copies", default=16, show_default=True, help="hard-linked copies of SRC")
+@click.option("--size", default=256, show_default=True)
+@click.option("--limit", default="512MiB", show_default=True, help="memory limit of the measuring process tree")
+@click.option("--samples", default=3000, show_default=True, help="samples per pass")
+@click.option("--rounds", default=3, show_default=True)
+@click.option("--formats", default=",".join(FORMATS), show_default=True)
+@click.option("--orders", default=",".join(ORDERS), show_default=True)
+@click.option("--loaders", default=",".join(LOADERS), show_default=True)
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="also write the results as JSON")
+def main(src, work, copies, size, limit, samples, rounds, formats, orders, loaders, out):
+    from shardpack.readers.formats import open_reader
+    from shardpack.readers.manifest import load_manifest
+    from shardpack.readers.memlimit import Cgroup, CgroupUnavailable
+    machine = harness.Machine()
+    limit, formats = _size(limit), formats.split(",")
+    work.mkdir(parents=True, exist_ok=True)
+    tree = linked_tree(src, work / f"{src.name}-x{copies}", copies)
+    packed = pack_all(tree, work, size, sorted(set(formats) | {"npy"}))
+    npy = open_reader(packed["npy"], load_manifest(packed["npy"]))
+    npy._ensure_open()
+    disk_file = {"path": str(npy.data_paths()[0]), "offset": npy._base, "count": npy.count}
+    configs = [f"{ld} / {o}" for o in orders.split(",") for ld in loaders.split(",")]
+    results: dict = {}
+    try:
+        group = Cgroup(limit, work)
+        note = f"inside a memory cgroup of {limit / 2**20:.0f} MiB (the measuring process and its workers)"
+    except CgroupUnavailable as err:
+        group, note = None, f"NO memory limit ({err}): pages evicted before each pass; bytes read unknown"
+    print(f"{note}\n", flush=True)
+    try:
+        for r in range(rounds):
+            for fmt in (formats if r % 2 == 0 else formats[::-1]):
+                order = configs if r % 2 == 0 else configs[::-1]
+                job = {"root": str(packed[fmt]), "configs": [DISK, *order, DISK], "samples": samples,
+                       "seed": r, "disk_file": disk_file,
+                       "counter": None if group is None else str(_counter_file(group))}
+                argv = [sys.executable, __file__, "--child", json.dumps(job)]
+                env = dict(os.environ, PYTHONWARNINGS="ignore::RuntimeWarning")
+                done = (group.run(argv, env=env) if group else
+                        subprocess.run(argv, capture_output=True, text=True, env=env))
+                if done.returncode:
+                    raise click.ClickException(f"{fmt} round {r}: the child failed:\n{done.stderr[-3000:]}")
+                lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+                disk = [d["rate"] for d in lines if d["name"] == DISK]
+                for d in lines:
+                    d["disk"] = sum(disk) / len(disk)
+                    results.setdefault((fmt, d["name"]), []).append(d)
+                print(f"round {r + 1} {fmt}: disk {disk[0]:,.0f} / {disk[-1]:,.0f} samples/s; " + ", ".join(
+                    f"{d['name']} {d['rate']:,.0f}" for d in lines if d["name"] != DISK), flush=True)
+    finally:
+        if group is not None:
+            group.close()
+    report(results, formats, configs, note, machine, limit, packed, out)
+
+
+def _counter_file(group) -> Path:
+    v1 = group.io / "blkio.throttle.io_service_bytes"
+    return v1 if v1.exists() else group.io / "io.stat"
+
+
+def report(results, formats, configs, note, machine, limit, packed, out):
+    from shardpack.readers.system import data_bytes
+    from shardpack.readers.formats import open_reader
+    from shardpack.readers.manifest import load_manifest
+    sizes = {f: data_bytes(open_reader(packed[f], load_manifest(packed[f])).data_paths()) for f in formats}
+    print(f"\n{machine.line()}\ncommand: {harness.command()}\n{note}; data per format: "
+          + ", ".join(f"{f} {s / 2**30:.2f} GiB ({s / limit:.1f}x the limit)" for f, s in sizes.items()))
+    disk = [d["rate"] for f in formats for d in results[f, DISK]]
+    print(f"disk's own rate ({DISK}, every measurement): median {harness.median(disk):,.0f} samples/s, "
+          f"{min(disk):,.0f}..{max(disk):,.0f}\n")
+    print("| format | reader | order | samples/s | of the disk's rate | bytes read / delivered |")
+    print("|---|---|---|---:|---:|---:|")
+    rows = []
+    for fmt in formats:
+        for name in configs:
+            runs = results[fmt, name]
+            rates = [d["rate"] for d in runs]
+            share = harness.median([d["rate"] / d["disk"] for d in runs])
+            reads = [d["read"] / d["delivered"] for d in runs if d["read"] is not None]
+            loader, order = name.rsplit(" / ", 1)
+            amp = f"{harness.median(reads):.2f}" if reads else "n/a"
+            print(f"| {fmt} | {loader} | {order} | {harness.shown(rates)} | {share:.0%} | {amp} |")
+            rows.append({"format": fmt, "loader": loader, "order": order, "rates": rates,
+                         "share_of_disk": share, "read_per_delivered": reads})
+    if out:
+        out.write_text(json.dumps({"machine": machine.line(), "command": harness.command(), "note": note,
+                                   "disk_rates": disk, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+        child(json.loads(sys.argv[2]))
+    else:
+        main()
