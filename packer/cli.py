@@ -89,6 +89,11 @@ def pack_options(f):
                           "9p/drvfs/NFS/SMB/FUSE mount, else 0]."),
         click.option("--allow-unsafe-output", is_flag=True,
                      help="Write OUT even on a 9p/drvfs/NFS/SMB/FUSE mount (LMDB and memmaps are not safe there)."),
+        click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+                     help="Who decodes: this machine's processes, or Ray tasks on a cluster (shardpack[ray]; "
+                          "README \"Packing on a Ray cluster\")."),
+        click.option("--address", default=None, metavar="HOST:PORT",
+                     help="--engine ray: the cluster to join [default: $RAY_ADDRESS, else a Ray instance for the run]."),
         click.option("--quiet", is_flag=True, help="No progress bar."),
         click.option("--splits", callback=parse_splits, default=None,
                      help="Pack only these split folders, e.g. train,val [default: all found]."),
@@ -112,7 +117,7 @@ def pack_options(f):
 def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_size, background, draft,
              decoder, allow_truncated, strict, overwrite, resume, no_space_check, quiet, splits,
              no_splits, labels, id_map, classes_from, dry_run, io_threads=None,
-             allow_unsafe_output=False):
+             allow_unsafe_output=False, engine="local", address=None):
     """Shared body of ``pack-dataset`` and ``shardpack pack``: decide (refusing a bad OUT before
     the possibly long listing), scan, print the plan (with the output size estimate), pack, print
     the summary. What is decided here is handed down, never decided again. Exits 0 (also for
@@ -124,7 +129,8 @@ def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_siz
                         allow_truncated=allow_truncated, decoder=decoder, max_pixels=max_pixels)
         opts = Options(fmt=fmt, workers=workers, shard_size=shard_size, overwrite=overwrite,
                        resume=resume, strict=strict, space_check=not no_space_check, progress=not quiet,
-                       io_threads=io_threads, allow_unsafe_output=allow_unsafe_output)
+                       io_threads=io_threads, allow_unsafe_output=allow_unsafe_output, engine=engine,
+                       address=address)
         usable = usable_cpus()
         check_workers(workers, usable)  # before the lock and the scan
         setup = prepare(src, out, recipe, opts, dry_run=dry_run)  # a dry run: no lock, no forkserver

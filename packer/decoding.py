@@ -55,7 +55,7 @@ class Decoding:
             runner = open_unit_runner(self.listing, self.recipe, self.writer, self.start, self.workers,
                                       self.opts, self.staging)
         self.runner = runner
-        bar = _progress_bar(n, self.start, self.opts.progress)
+        bar = _progress_bar(n, self.start, self.opts.progress, getattr(runner, "desc", "packing"))
         previous = {}
         if threading.current_thread() is threading.main_thread():  # SIGTERM as Ctrl-C: stop at a checkpoint
             previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -143,7 +143,7 @@ def _settle(writer, durable: bool) -> dict:
     return writer.state()
 
 
-def _progress_bar(n: int, start: int, enabled: bool):
+def _progress_bar(n: int, start: int, enabled: bool, desc: str = "packing"):
     from ..readers.progress import progress  # tqdm's conventions off a terminal (TQDM_DISABLE, ...)
     return progress(total=n, initial=start, unit="img", enabled=enabled, smoothing=0.1,
-                    dynamic_ncols=True, desc="packing")
+                    dynamic_ncols=True, desc=desc)

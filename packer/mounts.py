@@ -31,11 +31,18 @@ class UnsafeOutput(ValueError):
     """OUT is on a high-latency / network mount where LMDB and memory-mapped writes are unsafe."""
 
 
-def check_output(out: str | os.PathLike, mount: Mount | None) -> None:
+def check_output(out: str | os.PathLike, mount: Mount | None, engine: str = "local") -> None:
     """Raise UnsafeOutput, naming the mount and suggesting a Linux path, when ``mount`` (the
-    mount holding ``out``) is a high-latency one."""
+    mount holding ``out``) is a high-latency one. With ``engine`` "ray" OUT must be shared by
+    every node, so the message says what the opt-in (--allow-unsafe-output) makes safe there."""
     if mount is None or not mount.slow:
         return
+    if engine == "ray":
+        raise UnsafeOutput(
+            f"{out} is on {mount.in_words()}, a {mount.kind} mount. --engine ray needs OUT on a filesystem "
+            f"every node shares; on NFS that is safe for wds, npy and hdf5 (each unit is written by one task, "
+            f"fsynced and renamed before the driver reads it: close-to-open consistency) but not for lmdb "
+            f"(memory-mapped; pack lmdb on Lustre/GPFS or local disk). Pass --allow-unsafe-output to write there")
     raise UnsafeOutput(
         f"{out} is on {mount.in_words()}, a high-latency {mount.kind} mount: LMDB and memory-mapped "
         f"output written there can be corrupted, and every write is a round trip. Write to Linux-native "

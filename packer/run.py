@@ -82,6 +82,13 @@ def prepare(src: str | Path, out: str | Path | None, recipe: Recipe, opts: Optio
         raise PackError(f"unknown format {opts.fmt!r}; choose one of {', '.join(FORMATS)}")
     if opts.engine not in ENGINES:
         raise PackError(f"unknown engine {opts.engine!r}; choose one of {', '.join(ENGINES)}")
+    if opts.address and opts.engine != "ray":
+        raise PackError(f"--address {opts.address} names a Ray cluster: it needs --engine ray")
+    if opts.engine == "ray":  # before anything is written: a missing extra or a dead address leaves nothing
+        from .engine_ray import check_reachable, import_ray
+        import_ray()
+        if opts.address or os.environ.get("RAY_ADDRESS"):
+            check_reachable(opts.address or os.environ["RAY_ADDRESS"])
     named = Path(out).expanduser() if out else default_out(src, opts.fmt, recipe.size)
     target, notes = named.absolute(), ()
     if named.is_symlink():  # write where the link points (the data stays on that filesystem)
@@ -91,7 +98,7 @@ def prepare(src: str | Path, out: str | Path | None, recipe: Recipe, opts: Optio
     out_mount = mounts.of(target)
     if not opts.allow_unsafe_output:
         try:
-            check_output(named, out_mount)
+            check_output(named, out_mount, opts.engine)
         except UnsafeOutput as err:
             raise PackError(str(err)) from None
     elif out_mount is not None and out_mount.slow:

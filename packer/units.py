@@ -192,6 +192,8 @@ class UnitRunner:
         self.ran: dict[str, int] = {}  # node -> units it decoded for this run
         self.reused = 0
         self.part, self.offsets = None, {}
+        nodes = f", {executor.nodes} node{'s' if executor.nodes > 1 else ''}" if executor.name == "ray" else ""
+        self.desc = f"packing ({executor.name}{nodes}, {len(self.ranges)} units)"
 
     def _spec(self, u: int) -> UnitSpec:
         a, b = self.ranges[u]

@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import lmdb
-import numpy as np
 import pytest
 
 from conftest import make_tree

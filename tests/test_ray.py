@@ -1,0 +1,231 @@
+"""--engine ray on a real 2-node Ray cluster (two `ray start` nodes on this machine, 1 CPU each)."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import make_tree
+from helpers import pack_quiet
+from test_units import assert_same_output, awkward_tree
+from shardpack.packer import PackError
+from shardpack.packer.cli import pack_dataset
+from shardpack.packer.options import StrictError
+from shardpack.readers.manifest import MANIFEST, partial_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+FORMATS = ["npy", "hdf5", "lmdb", "wds"]
+
+
+def test_missing_extra_names_it(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    src = make_tree(tmp_path / "src", {"a": 2})
+    with pytest.raises(PackError, match=r"pip install 'shardpack\[ray\]'"):
+        pack_quiet(src, tmp_path / "o", "npy", engine="ray")
+    assert not (tmp_path / "o").exists()
+
+
+def test_unreachable_address_is_one_line(tmp_path):
+    pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'shardpack[ray]')")
+    src = make_tree(tmp_path / "src", {"a": 2})
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = CliRunner().invoke(pack_dataset, [str(src), "--format", "npy", "--size", "16", "-o", str(tmp_path / "o"),
+                                          "--engine", "ray", "--address", f"127.0.0.1:{port}", "--quiet"])
+    assert r.exit_code == 1
+    assert r.output.strip().splitlines()[-1].startswith(f"Error: cannot reach the Ray cluster at 127.0.0.1:{port}")
+
+
+class Cluster:
+    """A head and a worker node started with `ray start --block`, each stopped by its process id."""
+
+    def __init__(self):
+        self.tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Ray's socket paths must stay < 107 bytes
+        self.env = dict(os.environ, RAY_TMPDIR=self.tmp, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
+                        PYTHONPATH=str(ROOT))
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.address = f"127.0.0.1:{self.port}"
+        self.nodes: list[subprocess.Popen] = []
+        self.start_node("--head", f"--port={self.port}", "--include-dashboard=false")
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.3)
+        self.worker = self.start_node(f"--address={self.address}")
+
+    def start_node(self, *args) -> subprocess.Popen:
+        proc = subprocess.Popen([str(BIN / "ray"), "start", "--num-cpus=1", "--disable-usage-stats", "--block", *args],
+                                env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+        self.nodes.append(proc)
+        return proc
+
+    def alive_nodes(self) -> int:
+        code = ("import ray; ray.init(address=%r, log_to_driver=False); "
+                "print(sum(n['Alive'] for n in ray.nodes()))" % self.address)
+        out = subprocess.run([sys.executable, "-c", code], env=self.env, capture_output=True, text=True, timeout=60)
+        return int(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else 0
+
+    def wait_nodes(self, count: int) -> None:
+        deadline = time.monotonic() + 60
+        while self.alive_nodes() != count:
+            assert time.monotonic() < deadline, f"the cluster did not reach {count} nodes"
+            time.sleep(0.5)
+
+    def kill_worker(self) -> None:
+        """The worker node dies: its raylet is SIGKILLed (its `ray start` then ends the node's rest)."""
+        import psutil
+        for child in psutil.Process(self.worker.pid).children(recursive=True):
+            if child.name() == "raylet":
+                child.kill()
+        self.worker.wait(60)
+
+    def stop(self) -> None:
+        for proc in reversed(self.nodes):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)  # `ray start --block` stops its node's processes
+                try:
+                    proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'shardpack[ray]')")
+    c = Cluster()
+    saved = {k: os.environ.get(k) for k in ("RAY_TMPDIR", "RAY_AUTH_MODE")}
+    os.environ.update(RAY_TMPDIR=c.tmp, RAY_AUTH_MODE="disabled")
+    try:
+        c.wait_nodes(2)
+        yield c
+    finally:
+        c.stop()
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+        import psutil
+        left = [p for p in psutil.Process().children(recursive=True)
+                if p.status() != psutil.STATUS_ZOMBIE and "ray" in " ".join(p.cmdline())]
+        assert not left, f"Ray processes left: {left}"
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory):
+    return awkward_tree(tmp_path_factory.mktemp("raysrc") / "src")
+
+
+def run_section(out: Path) -> dict:
+    return json.loads((out / MANIFEST).read_text())["run"]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_two_nodes_give_the_local_output(cluster, src, tmp_path, fmt):
+    for resize in ("center-crop", "shorter-side"):  # fixed and variable shapes
+        kw = dict(resize=resize, shard_size=1 << 20)
+        local = pack_quiet(src, tmp_path / f"local-{resize}", fmt, size=24, workers=1, **kw)
+        r = pack_quiet(src, tmp_path / f"ray-{resize}", fmt, size=24, workers=1, engine="ray",
+                       address=cluster.address, unit_files=3, **kw)
+        assert (r.count, len(r.skipped)) == (local.count, 2) == (39, 2)
+        assert_same_output(local.out, r.out)
+        run = run_section(r.out)
+        assert (run["engine"], run["nodes"], run["units"], run["units_run"]) == ("ray", 2, 14, 14)
+        assert sum(run["units_per_node"].values()) == 14  # which node: Ray's choice (tiny units often all go
+        # to one warm worker); test_worker_node_killed_mid_run_is_retried shows both nodes decoding
+
+
+def test_strict_cancels_and_leaves_no_output(cluster, src, tmp_path):
+    with pytest.raises(StrictError, match="--strict"):
+        pack_quiet(src, tmp_path / "o", "wds", size=16, engine="ray", address=cluster.address, unit_files=3,
+                   strict=True)
+    assert not (tmp_path / "o").exists() and not partial_dir(tmp_path / "o").exists()
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory):
+    """Big JPEGs, so a run lasts long enough to be interrupted: 96 files, ~20 ms each (4 made, copied)."""
+    root = make_tree(tmp_path_factory.mktemp("raybig") / "src", {"a": 2, "b": 2}, sizes=[(1600, 1200), (1200, 1600)])
+    made = sorted(root.rglob("*.jpg"))
+    for k in range(92):
+        shutil.copyfile(made[k % 4], root / "ab"[k % 2] / f"copy{k:03d}.jpg")
+    return root
+
+
+def checkpointed(out: Path) -> int:
+    try:
+        return json.loads((partial_dir(out) / "progress.json").read_text())["done"]
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+DRIVER = """
+import sys
+from shardpack.packer import Options, Recipe, pack
+src, out, resume = sys.argv[1:4]
+pack(src, out, Recipe(48), Options(fmt="wds", engine="ray", unit_files=8, resume=resume == "1", progress=False,
+                                   checkpoint_seconds=0.02, shard_size=1 << 20))
+"""
+
+
+def test_driver_killed_then_resume_runs_only_missing_units(cluster, big, tmp_path):
+    out = tmp_path / "o"
+    cmd = [sys.executable, "-c", DRIVER, str(big), str(out)]
+    env = dict(cluster.env, RAY_ADDRESS=cluster.address)  # the cluster named by RAY_ADDRESS
+    proc = subprocess.Popen(cmd + ["0"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and checkpointed(out) < 24 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert partial_dir(out).exists(), "the run ended before it could be killed"
+    done = subprocess.run(cmd + ["1"], env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    run = run_section(out)
+    assert run["units"] == 12 and run["units_run"] < 12 and run["resumed_at"] >= 24
+    ref = pack_quiet(big, tmp_path / "ref", "wds", size=48, workers=1, shard_size=1 << 20)
+    assert_same_output(ref.out, out)
+
+
+def test_worker_node_killed_mid_run_is_retried(cluster, big, tmp_path):
+    """Last: the worker node dies while its units run; Ray retries them on the head node."""
+    out, result = tmp_path / "o", {}
+
+    def run():
+        try:
+            result["report"] = pack_quiet(big, out, "npy", size=48, engine="ray", address=cluster.address,
+                                          unit_files=4)
+        except BaseException as err:  # noqa: BLE001 -- reported by the assert below
+            result["error"] = err
+    t = threading.Thread(target=run)
+    t.start()
+    deadline = time.monotonic() + 120
+    while checkpointed(out) < 8 and t.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert t.is_alive(), "the run ended before the node could be killed"
+    cluster.kill_worker()
+    t.join(180)
+    assert "error" not in result, result.get("error")
+    ref = pack_quiet(big, tmp_path / "ref", "npy", size=48, workers=1)
+    assert_same_output(ref.out, out)
+    run = run_section(out)
+    assert run["units_run"] == 24 and len(run["units_per_node"]) == 2  # the dead node's done units count
