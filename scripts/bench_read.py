@@ -19,20 +19,36 @@ screened with one short pass first):
 torch runs one intra-op thread here (as in DataLoader workers): the loaders' own threads and
 processes are the parallelism being compared. The measuring code lives in readers/bench/
 (``shardpack.readers.bench.timing`` and ``.baseline``).
+
+``--against REV`` measures instead the readers of git revision REV (checked out in a temporary
+git worktree and imported beside this checkout's as ``shardpack_old``) against this checkout's,
+on the same packed data in the page cache, in rounds that alternate which goes first: per format,
+plain uint8 batches through ``make_loader`` (defaults) and RandomCrop(224) + flip batches, and
+the median ratio new/old with its spread (flagged where the rounds spread by more than 5 %)::
+
+    python scripts/bench_read.py --against HEAD~1 --samples 10000 --repeats 5
 """
 
 from __future__ import annotations
 
-import argparse
+import importlib
+import importlib.util
 import json
+import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
+import click
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, RandomSampler
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+
+harness.use_checkout()
 
 from shardpack.readers import ShardDataset  # noqa: E402
 from shardpack.readers.bench.baseline import JpegFolder, PilResizedCropFlip  # noqa: E402
@@ -95,14 +111,20 @@ def imagefolder(src, workers):
     return {f"{w} workers": config(w) for w in range(workers + 1)}
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("src", type=Path, help="ImageFolder tree of JPEGs")
-    ap.add_argument("--work", type=Path, default=Path("bench-work"), help="where the packed copies go")
-    ap.add_argument("--samples", type=int, default=20_000)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=None, help="write the results as JSON")
-    args = ap.parse_args(argv)
+@click.command(help=__doc__)
+@click.argument("src", type=click.Path(path_type=Path), default=harness.DEFAULT_SAMPLE)
+@click.option("--work", type=click.Path(path_type=Path), default=Path("bench-work"), show_default=True,
+              help="where the packed copies go")
+@click.option("--samples", default=20_000, show_default=True)
+@click.option("--repeats", default=3, show_default=True, help="passes (rounds, with --against)")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="write the results as JSON")
+@click.option("--against", "against", default=None, metavar="REV",
+              help="compare the readers of git revision REV with this checkout's (in RAM)")
+def main(src, work, samples, repeats, out, against):
+    args = type("Args", (), {"src": src, "work": work, "samples": samples, "repeats": repeats, "out": out})
+    if against:
+        return compare(args, against)
+    run = harness.Machine()
     torch.set_num_threads(1)
     cores = usable_cpus()
     screen = max(BATCH * 20, args.samples // 8)
@@ -129,6 +151,7 @@ def main(argv=None):
         "b": step_times(ds, [("RandomResizedCrop(224)", RandomResizedCrop(224)), ("flip", RandomHorizontalFlip(inplace=True))]),
     }
     report(args, cores, bound, folder, results, profile)
+    print(f"{run.line()}\ncommand: {harness.command()}")
 
 
 def report(args, cores, bound, folder, results, profile):
@@ -158,6 +181,83 @@ def report(args, cores, bound, folder, results, profile):
             "imagefolder": {"rate": folder.rate, "rates": folder.rates, "config": folder.config,
                             "screened": folder.extra["screened"]},
             "results": rows, "profile_us_per_sample": profile}, indent=1))
+
+
+def load_old(rev: str, where: Path):
+    """The package ``shardpack`` of git revision ``rev``, checked out at ``where`` (a git
+    worktree) and imported as ``shardpack_old``."""
+    subprocess.run(["git", "-C", str(harness.REPO), "worktree", "add", "--detach", "-q", str(where), rev],
+                   check=True)
+    spec = importlib.util.spec_from_file_location("shardpack_old", where / "shardpack" / "__init__.py",
+                                                  submodule_search_locations=[str(where / "shardpack")])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["shardpack_old"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _pass(ds, make, workload, samples) -> float:
+    """Samples/s of one pass of ``samples`` random samples through ``make`` (a make_loader),
+    the first two batches not timed."""
+    loader = make(ds, BATCH, seed=0, batch_transform=WORKLOADS[workload][1](), sampler=sampler(ds, samples))
+    n, t = 0, None
+    for k, (imgs, _) in enumerate(loader):
+        if k == 1:
+            t = time.perf_counter()
+        elif k > 1:
+            n += len(imgs)
+    return n / (time.perf_counter() - t)
+
+
+def compare(args, rev):
+    """New readers vs those of ``rev``, in RAM, alternating rounds; prints a table of ratios."""
+    machine = harness.Machine()
+    torch.set_num_threads(1)
+    packed = pack_all(args.src, args.work, 256)
+    for path in packed.values():  # in the page cache, as the in-RAM case is
+        for f in path.rglob("*"):
+            if f.is_file():
+                f.read_bytes()
+    tmp = Path(tempfile.mkdtemp(prefix="shardpack-against-"))
+    try:
+        old = load_old(rev, tmp / "tree")
+        from shardpack import readers as new_readers
+        versions = {"old": (old.readers, importlib.import_module("shardpack_old.readers.loading").make_loader),
+                    "new": (new_readers, make_loader)}
+        print(f"old: {rev} ({_rev(rev)}) from {tmp / 'tree'}; new: this checkout ({_rev('HEAD')} + working tree)")
+        rows = []
+        for fmt in FORMATS:
+            for workload in ("c", "a"):
+                contenders = {}
+                for name, (mod, make) in versions.items():
+                    ds = mod.ShardDataset(packed[fmt])
+                    contenders[name] = (lambda ds=ds, make=make: _pass(ds, make, workload, args.samples))
+                got = harness.rounds(contenders, args.repeats)
+                r, spread = harness.ratio(got["new"], got["old"])
+                rows.append((fmt, workload, got, r, spread))
+                print(f"  {fmt} ({workload}): new {harness.shown(got['new'])}, old {harness.shown(got['old'])} "
+                      f"samples/s, new/old {r:.3f}", flush=True)
+    finally:
+        subprocess.run(["git", "-C", str(harness.REPO), "worktree", "remove", "--force", str(tmp / "tree")],
+                       check=False)
+        subprocess.run(["git", "-C", str(harness.REPO), "worktree", "prune"], check=False)
+    print(f"\n{machine.line()}\ncommand: {harness.command()}\n")
+    print(f"| format | workload | new samples/s | old samples/s | new/old (median of {args.repeats} rounds) | "
+          "rounds spread |")
+    print("|---|---|---:|---:|---:|---|")
+    for fmt, workload, got, r, spread in rows:
+        flag = " (more than 5 %)" if spread > 0.05 else ""
+        print(f"| {fmt} | ({workload}) {WORKLOADS[workload][0]} | {harness.shown(got['new'])} | "
+              f"{harness.shown(got['old'])} | {r:.3f} | {spread:.1%}{flag} |")
+    if args.out:
+        args.out.write_text(json.dumps({"machine": machine.line(), "command": harness.command(), "against": rev,
+                                        "rows": [{"format": f, "workload": w, "new": g["new"], "old": g["old"],
+                                                  "ratio": r, "spread": s} for f, w, g, r, s in rows]}, indent=1))
+
+
+def _rev(rev: str) -> str:
+    return subprocess.run(["git", "-C", str(harness.REPO), "rev-parse", "--short", rev],
+                          capture_output=True, text=True).stdout.strip()
 
 
 if __name__ == "__main__":
