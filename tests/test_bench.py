@@ -45,7 +45,7 @@ def test_cli_tiny_grid_table_json_and_plot(tiny, tmp_path):
     jpath, ppath = tmp_path / "bench.json", tmp_path / "bench.png"
     result = subprocess.run([
         sys.executable, "-c", "from shardpack.packer.cli import main; main()",
-        "bench", str(out), "--batch-size", "4", "--workers", "0,1", "--prefetch", "2", "--seconds", "0.2",
+        "bench", str(out), "--batch-size", "4", "--workers", "0,1", "--prefetch", "2", "--seconds", "0.1",
         "--compare", str(src), "--json", str(jpath), "--plot", str(ppath), "--model", "tiny", "--quiet"],
         capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])
     assert result.returncode == 0, result.stdout + result.stderr
@@ -55,7 +55,7 @@ def test_cli_tiny_grid_table_json_and_plot(tiny, tmp_path):
     assert len(rows) == 8
     packed_header = next(line for line in text.splitlines() if line.startswith("| mode"))
     assert packed_header.split("|")[1:-1] == [
-        f" {c} " for c in ("mode", "workers", "prefetch", "persistent", "pin", "samples/s", "ms/batch",
+        f" {c} " for c in ("mode", "workers", "prefetch", "persistent", "pin", "samples/s", "±", "ms/batch",
                            "1st batch ms", "x raw", "knee")]
     assert [r.split("|")[1].strip() for r in rows[:4]] == ["main", "threads", "processes", "processes"]
     assert "recommended: make_loader(ds, 4, " in text and "check: the recommended setting" in text
@@ -193,21 +193,41 @@ def test_grid_cells_and_pin_without_cuda(monkeypatch):
 
 
 def test_ctrl_c_keeps_what_was_measured(tiny, monkeypatch):
+    """Cells are interleaved: a cold pass of each, then rounds; Ctrl-C during the first timed
+    round keeps the one cell with a timed pass."""
     _, out = tiny
-    real, calls = bench_grid.measure_cell, []
+    real, calls = bench_grid.cell_pass, []
 
-    def interrupted_second(*a, **kw):
+    def interrupted_fifth(*a, **kw):
         calls.append(1)
-        if len(calls) == 2:
+        if len(calls) == 5:  # 3 cold passes, cell 1's first timed pass, then cell 2's
             raise KeyboardInterrupt
         return real(*a, **kw)
-    monkeypatch.setattr(bench_grid, "measure_cell", interrupted_second)
+    monkeypatch.setattr(bench_grid, "cell_pass", interrupted_fifth)
     report = run_bench(out, batch_size=4, modes=["threads"], workers=[0, 1, 2], prefetch=[2],
                        seconds=0.1, progress=False, check=False, step_ms=10)
     assert report.interrupted and len(report.grid.cells) == 1 and report.grid.planned == 3
+    assert len(report.grid.cells[0].passes) == 1 and report.grid.cells[0].cold is not None
     assert report.step is None  # nothing after the interrupt
     text = report.text()
     assert "INTERRUPTED: 1 of 3 cells measured" in text and "| main | 0 |" in text
+
+
+def test_passes_hold_their_floors(tiny):
+    """Every timed pass has at least the floor of batches after a warm-up of workers x prefetch
+    + 2, however short the cold pass made the estimate; an interleaved grid keeps the order."""
+    _, out = tiny
+    ds = ShardDataset(out)
+    s = Setting("threads", 2, 3, None, False)
+    assert bench_grid.warmup_batches(s) == 2 * 3 + 2 and bench_grid.warmup_batches(Setting("main", 0, None, None, False)) == 4
+    loader, sampler = bench_grid.open_cell(ds, s, 4)
+    p = bench_grid.cell_pass(loader, sampler, s, 4, 0.05, rate=1.0)  # a far too low estimate: re-run longer
+    assert p.batches >= bench_grid.MIN_BATCHES and p.samples == 4 * p.batches
+    assert sampler.length == (8 + p.batches) * 4
+    g = bench_grid.run_grid(ds, [Setting("main", 0, None, None, False), s], source="x", kind="packed",
+                            description="d", batch_size=4, seconds=0.05, repeats=2)
+    assert [len(c.passes) for c in g.cells] == [2, 2] and all(c.cold is not None for c in g.cells)
+    assert all(p.batches >= 5 for c in g.cells for p in c.passes)
 
 
 def test_time_pass_counts_batches_after_the_warm_up():

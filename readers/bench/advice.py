@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ..loading import MODES
 from .grid import TOLERANCE, Cell, Grid, Setting
+from .noise import Choice, choose
 
 MODE_RANK = {m: k for k, m in enumerate(MODES)}  # lighter first: main (no workers), threads, processes
 BOTTLENECK_SHARE = 0.40  # data at or above this share of a step: loading is the bottleneck
@@ -43,21 +44,33 @@ def curves(cells: list[Cell]) -> dict[tuple, dict[int, Cell]]:
 
 def knees(grid: Grid) -> dict[tuple, int]:
     """{line: knee workers} of every curve of ``grid`` with at least two points."""
-    return {line: knee({w: c.rate for w, c in pts.items()}, grid.tolerance)
+    return {line: ch.pick for line, ch in knee_choices(grid).items()}
+
+
+def knee_choices(grid: Grid) -> dict[tuple, Choice]:
+    """{line: :class:`~shardpack.readers.bench.noise.Choice`} of every curve with at least two
+    points: the knee (``pick``) and the fewer-worker points the spread cannot rule out (``rivals``)."""
+    return {line: choose({w: [p.rate for p in c.passes] for w, c in pts.items()}, grid.tolerance)
             for line, pts in curves(grid.cells).items() if len(pts) > 1}
+
+
+def _rank(c: Cell) -> tuple:
+    return (c.setting.workers, MODE_RANK[c.setting.mode], c.setting.persistent is False, c.setting.pin)
 
 
 def recommend(grid: Grid) -> tuple[Cell, str] | None:
     """The setting to use and why, in one line: the lightest measured setting (fewest workers,
     then main < threads < processes, then persistent workers) within the tolerance of the
-    fastest cell. None when nothing was measured."""
+    fastest cell (medians). When a lighter setting's passes reach within the tolerance of the
+    fastest cell's slowest pass, the choice is "not resolved at this noise" and ``why`` says so.
+    None when nothing was measured."""
     cells = grid.measured
     if not cells:
         return None
-    best = max(cells, key=lambda c: c.rate)
-    near = [c for c in cells if c.rate >= (1 - grid.tolerance) * best.rate]
-    pick = min(near, key=lambda c: (c.setting.workers, MODE_RANK[c.setting.mode],
-                                    c.setting.persistent is False, -c.rate))
+    by = {c.setting: c for c in cells}
+    ch = choose({c.setting: [p.rate for p in c.passes] for c in cells}, grid.tolerance,
+                order=lambda s: (*_rank(by[s]), -by[s].rate))
+    pick, best = by[ch.pick], by[ch.best]
     why = f"{pick.rate:,.0f} samples/s, "
     if pick is best:
         why += f"the fastest cell, and no lighter setting came within {grid.tolerance:.0%} of it"
@@ -66,6 +79,9 @@ def recommend(grid: Grid) -> tuple[Cell, str] | None:
                 f"({best.rate:,.0f} samples/s, {best.setting.label})")
     if pick.setting.persistent:
         why += f"; persistent workers start an epoch in {pick.epoch_start_ms:.0f} ms"
+    if not ch.resolved:
+        why += (f"; NOT RESOLVED at this noise: {'; '.join(s.label for s in ch.rivals)} "
+                f"lies within the spread (rerun with a larger --seconds)")
     return pick, why
 
 

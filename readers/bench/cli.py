@@ -56,10 +56,10 @@ def _given(ctx, name) -> bool:
               help="PATH only: none, crop<N>, rrc<N> or center<N> (e.g. crop224, rrc224): the batch transform. "
                    "A raw folder always gets Resize+CenterCrop first, so batches stack.")
 @click.option("--seconds", type=click.FloatRange(0.1), default=None,
-              help="Your code: the timed floor of each pass (with 5 batches at least, after the warm-up) "
-                   "[default: 1.5]. PATH: wall time per cell [default: 5].")
+              help="The timed floor of each pass, with 5 batches at least, after a warm-up of workers x "
+                   "prefetch + 2 batches [default: 1.5].")
 @click.option("--repeats", type=click.IntRange(1), default=3, show_default=True,
-              help="Timed passes per cell (the median is reported; for your code, interleaved across cells).")
+              help="Timed passes per cell, interleaved across cells (the median and spread are reported).")
 @click.option("--tolerance", type=click.FloatRange(0, 1, max_open=True), default=0.10, show_default=True,
               help="Knee: the fewest workers within this fraction of the best samples/s.")
 @click.option("--size", type=click.IntRange(1), default=None,
@@ -153,7 +153,7 @@ def _run_path(target, kw, no_check, quiet):
         raise click.UsageError(str(err)) from None
     args = {k: v for k, v in kw.items() if k not in USER_ONLY}
     args["batch_size"] = args["batch_size"] or 64
-    args["seconds"] = args["seconds"] or 5.0
+    args["seconds"] = args["seconds"] or 1.5
     args["prefetch"] = args["prefetch"] or (2, 4)
     return run_bench(target, check=not no_check, progress=not quiet, **args)
 

@@ -100,9 +100,9 @@ def _train(module, device, how, batch):
 
 
 def real_loop(base: Base, setting: LoaderSetting, module, device, steps: int = 30, how: str = "as-is",
-              utilisation: bool = False) -> dict:
-    """``steps`` training steps of ``module`` fed by the user's loader at ``setting`` after 3
-    untimed ones: per step the data wait (ms blocked in ``next()``) and the step (ms); the wait
+              utilisation: bool = False, seconds: float = 5.0) -> dict:
+    """Up to ``steps`` training steps of ``module`` (at least 5; stopping once ``seconds`` have
+    passed) fed by the user's loader at ``setting`` after 3 untimed ones: per step the data wait (ms blocked in ``next()``) and the step (ms); the wait
     share of the loop; with ``utilisation`` (CUDA), the GPU utilisation per step and the share of
     samples under 10% (idle)."""
     dev = torch.device(device or "cpu")
@@ -116,8 +116,11 @@ def real_loop(base: Base, setting: LoaderSetting, module, device, steps: int = 3
         step(next(it))
     rows = []
     sampler = Sampler(_visible_index(), 0.02) if utilisation else None
+    end = time.perf_counter() + seconds
     with (sampler or _Null()):
-        for _ in range(steps):
+        for k in range(steps):
+            if k >= 5 and time.perf_counter() > end:
+                break
             t0 = time.perf_counter()
             b = next(it)
             t1 = time.perf_counter()
@@ -130,7 +133,7 @@ def real_loop(base: Base, setting: LoaderSetting, module, device, steps: int = 3
     del it, loader
     wait = [1000 * (t1 - t0) for t0, t1, _ in rows]
     work = [1000 * (t2 - t1) for _, t1, t2 in rows]
-    out = {"steps": steps, "setting": setting.label, "wait_ms": wait, "step_ms": work,
+    out = {"steps": len(rows), "setting": setting.label, "wait_ms": wait, "step_ms": work,
            "wait_share": sum(wait) / (sum(wait) + sum(work)), "median_wait_ms": statistics.median(wait),
            "median_step_ms": statistics.median(work)}
     if sampler is not None:

@@ -1,7 +1,8 @@
 """The settings grid of ``shardpack bench``, and each of its cells measured with make_loader.
 
 Which loader settings to try (mode, workers, prefetch, persistent workers, pinned memory), and
-each one timed with ``make_loader`` in about ``--seconds`` of wall time.
+each one timed with ``make_loader``, cells interleaved, every pass at least ``--seconds`` and 5
+batches after a warm-up of workers x prefetch + 2 batches.
 
 Loader modes are ``make_loader``'s own: ``main`` (in this process, DataLoader's
 ``num_workers=0``), ``threads`` and ``processes``; ``inprocess`` is accepted as another name of
@@ -248,32 +249,56 @@ class Cell:
         return out
 
 
-def measure_cell(ds, setting: Setting, batch_size: int, augment: str = "none", seconds: float = 5.0,
-                 repeats: int = 3, device=None, seed: int = 0) -> Cell:
-    """Measure one setting on ``ds`` with make_loader in about ``seconds`` of wall time.
+MIN_BATCHES = 5  # timed batches per pass, at least (with at least the pass's seconds)
 
-    A short cold pass (the first epoch: worker start-up, pipeline fill) gives a first rate;
-    then ``repeats`` epochs, each sized from the rate so far to fill the time left, are timed
-    by :func:`~shardpack.readers.bench.timing.time_pass` after ``max(1, workers)`` warm-up batches (each worker's
-    first; at least 2 batches timed per pass, so a cell may run over on a slow source). ``device``: batches are
-    copied there. Loader errors are recorded in ``Cell.error``; Ctrl-C propagates.
-    """
-    cell, start = Cell(setting), time.perf_counter()
-    warmup = max(1, setting.workers)
+
+def warmup_batches(setting: Setting) -> int:
+    """Untimed batches at a pass's start: what every worker (or the main process's read-ahead)
+    prefetched arrives together after start-up, so timing it would flatter the rate; plus 2."""
+    return max(1, setting.workers) * (setting.prefetch or 2) + 2
+
+
+def open_cell(ds, setting: Setting, batch_size: int, augment: str = "none", seed: int = 0):
+    """``(loader, sampler)`` for one cell: make_loader over an :class:`EpochSampler` that sizes
+    each pass."""
     sampler = EpochSampler(len(ds), seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the /dev/shm warning: an error shows it
+        loader = make_loader(ds, batch_size, batch_transform=augment_transform(augment), seed=seed,
+                             sampler=sampler, **setting.loader_kwargs())
+    return loader, sampler
+
+
+def cell_pass(loader, sampler: EpochSampler, setting: Setting, batch_size: int, seconds: float,
+              rate: float | None, device=None, min_batches: int = MIN_BATCHES) -> Pass:
+    """One timed pass (an epoch) of at least ``seconds`` and ``min_batches`` after the warm-up
+    (:func:`warmup_batches`). The epoch is sized from ``rate`` (samples/s so far; None: the floor
+    of batches, a cold pass); a pass that ends short of ``seconds`` is run again, longer, up to
+    twice, so the floors hold however wrong the estimate was."""
+    warmup = warmup_batches(setting)
+    n = min_batches if rate is None else max(min_batches, round(1.2 * rate * seconds / batch_size))
+    for _ in range(3):
+        sampler.length = (warmup + n) * batch_size
+        p = time_pass(loader, warmup, device)
+        if rate is None or p.seconds >= seconds:
+            return p
+        n = max(n + 1, round(1.3 * n * seconds / max(p.seconds, 1e-6)))
+    return p
+
+
+def measure_cell(ds, setting: Setting, batch_size: int, augment: str = "none", seconds: float = 1.5,
+                 repeats: int = 3, device=None, seed: int = 0) -> Cell:
+    """Measure one setting alone (the grid interleaves cells instead: :func:`run_grid`): a cold
+    pass (worker start-up), then ``repeats`` passes with the floors of :func:`cell_pass`.
+    Loader errors are recorded in ``Cell.error``; Ctrl-C propagates."""
+    cell, start = Cell(setting), time.perf_counter()
     loader = None
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # the /dev/shm warning: an error shows it
-            loader = make_loader(ds, batch_size, batch_transform=augment_transform(augment), seed=seed,
-                                 sampler=sampler, **setting.loader_kwargs())
-        sampler.length = (warmup + 1) * batch_size
-        cell.cold = time_pass(loader, warmup, device)
-        for r in range(repeats):
-            rate = statistics.median([p.rate for p in cell.passes] or [cell.cold.rate])
-            per_pass = (seconds - (time.perf_counter() - start)) / (repeats - r)
-            sampler.length = max(warmup + 2, round(rate * per_pass / batch_size)) * batch_size
-            cell.passes.append(time_pass(loader, warmup, device))
+        loader, sampler = open_cell(ds, setting, batch_size, augment, seed)
+        cell.cold = cell_pass(loader, sampler, setting, batch_size, seconds, None, device)
+        for _ in range(repeats):
+            cell.passes.append(cell_pass(loader, sampler, setting, batch_size, seconds,
+                                         statistics.median(p.rate for p in cell.passes or [cell.cold]), device))
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as err:  # a setting that fails (e.g. shared memory) is a result, not a crash
@@ -310,21 +335,55 @@ class Grid:
 
 
 def run_grid(ds, settings: list[Setting], *, source: str, kind: str, description: str, batch_size: int,
-             augment: str = "none", seconds: float = 5.0, repeats: int = 3, tolerance: float = TOLERANCE,
+             augment: str = "none", seconds: float = 1.5, repeats: int = 3, tolerance: float = TOLERANCE,
              skipped=(), device=None, seed: int = 0, bar=None) -> Grid:
-    """Measure every setting in turn (see :func:`measure_cell`). ``bar``: a tqdm bar advanced
-    per cell. Ctrl-C stops the grid and returns what was measured, ``interrupted`` set."""
+    """Measure every setting, interleaved: a cold pass of each cell (worker start-up), then
+    ``repeats`` rounds of one pass per cell (A B C, A B C, ...), so a change in the machine's
+    load touches every cell alike. Each cell keeps its loader (and persistent workers) for its
+    passes; each pass holds the floors of :func:`cell_pass` (``seconds`` and 5 batches after a
+    warm-up of workers x prefetch + 2). ``bar``: a tqdm bar advanced per cell and round. Ctrl-C
+    stops the grid and returns the cells measured so far, ``interrupted`` set."""
     grid = Grid(str(source), kind, description, len(ds), batch_shape(ds, augment), batch_size, augment,
                 seconds, repeats, tolerance, None if device is None else str(device),
                 planned=len(settings), skipped=list(skipped))
+    cells = [Cell(s) for s in settings]
+    open_: dict[int, tuple] = {}
+
+    def step(k, cell, rate):
+        t0 = time.perf_counter()
+        try:
+            if k not in open_:
+                open_[k] = open_cell(ds, cell.setting, batch_size, augment, seed)
+            loader, sampler = open_[k]
+            return cell_pass(loader, sampler, cell.setting, batch_size, seconds, rate, device)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as err:  # a setting that fails (e.g. shared memory) is a result, not a crash
+            cell.error = f"{type(err).__name__}: {err}".splitlines()[0][:200]
+            open_.pop(k, None)
+            return None
+        finally:
+            cell.wall_s += time.perf_counter() - t0
+
     try:
         warm_up(ds, batch_size, augment)
-        for s in settings:
-            if bar is not None:
-                bar.set_postfix_str(f"{kind}: {s.label}", refresh=True)
-            grid.cells.append(measure_cell(ds, s, batch_size, augment, seconds, repeats, device, seed))
-            if bar is not None:
-                bar.update(1)
+        for r in range(repeats + 1):
+            for k, cell in enumerate(cells):
+                if cell.error is not None:
+                    continue
+                if bar is not None:
+                    bar.set_postfix_str(f"{kind}: {cell.setting.label}", refresh=True)
+                if r == 0:
+                    cell.cold = step(k, cell, None)
+                else:
+                    p = step(k, cell, statistics.median(q.rate for q in cell.passes or [cell.cold]))
+                    if p is not None:
+                        cell.passes.append(p)
+                if bar is not None:
+                    bar.update(1)
     except KeyboardInterrupt:
         grid.interrupted = True
+    finally:
+        open_.clear()  # persistent workers end with their loaders
+    grid.cells = [c for c in cells if c.passes or c.error] if grid.interrupted else cells
     return grid

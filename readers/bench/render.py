@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .advice import curves, knees, recommend, speedups
+from .advice import curves, knee_choices, knees, recommend, speedups
+from .noise import Spread
 from .grid import Grid, Setting, line_label
 from .timing import machine
 
@@ -32,29 +33,31 @@ def render(grid: Grid, compare: Grid | None = None) -> str:
     shape = "x".join(str(v) for v in grid.shape)
     lines = [f"{grid.source}: {grid.description}; batch {grid.batch_size}, augment {grid.augment} "
              f"-> uint8 {shape}",
-             f"each cell about {grid.seconds:g} s: samples/s and ms/batch are the median of "
-             f"{grid.repeats} epochs after a warm-up; 1st batch = ms from iter() to the first batch, "
-             f"cold (first epoch) / later epochs",
+             f"each pass at least {grid.seconds:g} s and 5 batches after a warm-up of workers x prefetch + 2 "
+             f"batches; cells interleaved; samples/s and ms/batch are the median of {grid.repeats} passes, "
+             f"± half their spread; 1st batch = ms from iter() to the first batch, cold (first epoch) / later epochs",
              f"batches copied to {grid.device}" if grid.device else "batches stay in host memory (no GPU copy)"]
     lines += grid.skipped
     if grid.interrupted:
         lines.append(f"INTERRUPTED: {len(grid.cells)} of {grid.planned} cells measured")
     ups = speedups(grid, compare) if compare is not None else {}
     knee_of = knees(grid)
-    cols = ["mode", "workers", "prefetch", "persistent", "pin", "samples/s", "ms/batch", "1st batch ms"]
+    cols = ["mode", "workers", "prefetch", "persistent", "pin", "samples/s", "±", "ms/batch", "1st batch ms"]
     cols += ["x raw"] if compare is not None else []
     cols += ["knee"]
     lines += ["", "| " + " | ".join(cols) + " |",
-              "|" + "|".join("---:" if c in ("workers", "prefetch", "samples/s", "ms/batch", "x raw")
+              "|" + "|".join("---:" if c in ("workers", "prefetch", "samples/s", "±", "ms/batch", "x raw")
                              else "---" for c in cols) + "|"]
     for c in grid.cells:
         s = c.setting
         row = [s.mode, str(s.workers), _fmt(s.prefetch, "d"),
                "-" if s.persistent is None else ("on" if s.persistent else "off"), "on" if s.pin else "off"]
         if c.ok:
-            row += [f"{c.rate:,.0f}", f"{c.ms_per_batch:.1f}", f"{c.cold_start_ms:.0f} / {c.epoch_start_ms:.0f}"]
+            cold = "-" if c.cold is None else f"{c.cold_start_ms:.0f}"
+            row += [f"{c.rate:,.0f}", Spread([p.rate for p in c.passes]).text(), f"{c.ms_per_batch:.1f}",
+                    f"{cold} / {c.epoch_start_ms:.0f}"]
         else:
-            row += [f"error: {c.error}", "", ""]
+            row += [f"error: {c.error}" if c.error else "not measured", "", "", ""]
         if compare is not None:
             row.append(f"{ups[s]:.1f}x" if s in ups else "-")
         row.append(_knee_mark(s, knee_of) if c.ok else "")
@@ -62,10 +65,13 @@ def render(grid: Grid, compare: Grid | None = None) -> str:
     if knee_of:
         lines.append(f"\nknee (the fewest workers within {grid.tolerance:.0%} of the curve's best; "
                      f"more workers gain less):")
+        choices = knee_choices(grid)
         for line, w in knee_of.items():
             pts = curves(grid.cells)[line]
+            rivals = choices[line].rivals
             lines.append(f"  {line_label(line)}: " + ", ".join(f"{k}w {c.rate:,.0f}" for k, c in pts.items())
-                         + f" -> knee at {w} workers")
+                         + f" -> knee at {w} workers" + (f" (not resolved at this noise: {', '.join(map(str, rivals))} "
+                                                         f"workers lie within the spread)" if rivals else ""))
     rec = recommend(grid)
     if rec:
         lines.append(f"\nrecommended: make_loader(ds, {grid.batch_size}, {rec[0].setting.make_loader_args()}): {rec[1]}")

@@ -143,9 +143,10 @@ def render_text(res) -> str:
         lines.append("no recommendation: no setting could be measured")
     else:
         if res.choice is not None and not res.choice.resolved:
-            lines.append("recommended: not resolved at this noise: " + "; ".join(
-                s.label for s in res.choice.rivals) + f" came within the spread of {res.choice.best.label}; "
-                "rerun with a larger --seconds or on a quieter machine. Until then, the lightest of them:")
+            lines.append("recommended by the medians, but NOT RESOLVED at this noise: lighter settings came within "
+                         f"the spread of the fastest ({res.choice.best.label}): "
+                         + "; ".join(s.label for s in res.choice.rivals)
+                         + ". They may be as good: rerun with a larger --seconds or on a quieter machine.")
             lines.append(paste_line(res))
         else:
             lines += ["recommended:", paste_line(res)]

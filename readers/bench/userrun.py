@@ -224,7 +224,7 @@ def run_user_bench(target, model=None, *, batch_size: int | None = None, workers
                     res.check = plain_check(base, res.rec.setting, res.rec.rate, 2 * seconds, device)
             res.warnings = data_warnings(base, res, data_path)
             res.gpu = gpu_note(device, base, res.rec, module, how if module is not None else "as-is",
-                             gpu_steps, trace)
+                             gpu_steps, trace, seconds=max(3.0, 2 * seconds))
         except KeyboardInterrupt:
             res.interrupted = True
     res.load["end"] = load_average()

@@ -76,9 +76,9 @@ def data_warnings(base, res, data_path=None) -> list[str]:
     return out
 
 
-def gpu_note(device, base, rec, module, how: str, steps: int, trace) -> dict:
+def gpu_note(device, base, rec, module, how: str, steps: int, trace, seconds: float = 5.0) -> dict:
     """The real loop (readers/bench/gpu.py): the recommended loader feeding the model for
-    ``steps`` steps, its measured data wait; on CUDA the utilisation saw-tooth, without CUDA
+    up to ``steps`` steps (or ``seconds``), its measured data wait; on CUDA the utilisation saw-tooth, without CUDA
     what was skipped and why. A ``trace`` path gets a torch.profiler trace of 10 steps."""
     out = {}
     if device is None:
@@ -89,7 +89,8 @@ def gpu_note(device, base, rec, module, how: str, steps: int, trace) -> dict:
         out.setdefault("skipped", "the real loop: give --model to run one")
         return out
     from .gpu import profile_steps, real_loop
-    out["loop"] = real_loop(base, rec.setting, module, device, steps, how, utilisation=device is not None)
+    out["loop"] = real_loop(base, rec.setting, module, device, steps, how, utilisation=device is not None,
+                            seconds=seconds)
     if trace:
         out["trace"] = profile_steps(base, rec.setting, module, trace, how, min(steps, 10), device)
     return out
