@@ -19,6 +19,7 @@ bytes read are not known: the table says so.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -108,8 +109,10 @@ def _loader(ds, name: str, order: str, n: int, seed: int):
     else:
         start = int(torch.randint(0, max(1, len(ds) - n), (1,), generator=torch.Generator().manual_seed(seed)))
         sampler = range(start, min(len(ds), start + n))
-    if name.startswith("make_loader"):
-        return make_loader(ds, BATCH, mode=name.split()[1], seed=seed, sampler=sampler)
+    if name.startswith("make_loader"):  # "make_loader MODE [prefetch N]"
+        words = name.split()
+        depth = int(words[3]) if len(words) > 3 else 2
+        return make_loader(ds, BATCH, mode=words[1], seed=seed, sampler=sampler, prefetch_factor=depth)
     workers = int(name.split()[1])
     return DataLoader(ds, BATCH, sampler=sampler, num_workers=workers)
 
@@ -120,6 +123,10 @@ def child(job: dict) -> None:
     from shardpack.readers import ShardDataset, system
     torch.set_num_threads(1)
     ds = ShardDataset(job["root"])
+    # workers fork from this process: without this, their first garbage collection copies every
+    # page of inherited objects, ~60 MB a worker, and 4 workers no longer fit in 512 MiB
+    gc.collect()
+    gc.freeze()
     paths, sample = ds.reader.data_paths(), int(ds.reader.shape[0] * ds.reader.shape[1] * 3)
     npy = job["disk_file"]
     for name in job["configs"]:
@@ -163,7 +170,8 @@ def _size(text: str) -> int:
 @click.option("--rounds", default=3, show_default=True)
 @click.option("--formats", default=",".join(FORMATS), show_default=True)
 @click.option("--orders", default=",".join(ORDERS), show_default=True)
-@click.option("--loaders", default=",".join(LOADERS), show_default=True)
+@click.option("--loaders", default=",".join(LOADERS), show_default=True,
+              help='also "make_loader MODE prefetch N" (prefetch_factor N; 2 by default)')
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="also write the results as JSON")
 def main(src, work, copies, size, limit, samples, rounds, formats, orders, loaders, out):
     from shardpack.readers.formats import open_reader
@@ -197,7 +205,9 @@ def main(src, work, copies, size, limit, samples, rounds, formats, orders, loade
                 done = (group.run(argv, env=env) if group else
                         subprocess.run(argv, capture_output=True, text=True, env=env))
                 if done.returncode:
-                    raise click.ClickException(f"{fmt} round {r}: the child failed:\n{done.stderr[-3000:]}")
+                    raise click.ClickException(f"{fmt} round {r}: the child failed (exit status {done.returncode}"
+                                               f"{', killed: out of memory?' if done.returncode < 0 else ''}):\n"
+                                               f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
                 lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
                 disk = [d["rate"] for d in lines if d["name"] == DISK]
                 for d in lines:
