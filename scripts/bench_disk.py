@@ -5,9 +5,9 @@
     python scripts/bench_disk.py SRC --copies 4 --limit 256MiB --samples 2000
 
 Packs SRC (hard-linked ``--copies`` times, so the set is several times the memory limit) in each
-format under ``--work``, then, per round and format, runs one child process inside a memory
-cgroup of ``--limit`` (readers/memlimit.py; only the child and its DataLoader workers are in it)
-that measures, in an order reversed every other round: the disk's own rate for this sample size
+format under ``--work``, then, per round and format, measures in an order reversed every other
+round, each in a fresh child process inside a memory cgroup of ``--limit`` (readers/memlimit.py;
+only the child and its DataLoader workers are in it): the disk's own rate for this sample size
 (8 threads of ``os.pread`` at random samples, before and after the readers, since it drifts),
 then ``make_loader`` in each mode and a stock ``DataLoader`` with 0/2/4 workers, in random and
 sequential order, plain uint8 batches of 64. Each pass starts with the data files evicted from
@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import click
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
@@ -86,7 +87,6 @@ def _read_counter(counter) -> int | None:
 def _disk_rate(path: Path, offset: int, sample: int, count: int, n: int, seed: int) -> float:
     """Samples/s of 8 threads of os.pread of ``sample`` bytes at random samples of ``path``."""
     from concurrent.futures import ThreadPoolExecutor
-    import numpy as np
     fd = os.open(path, os.O_RDONLY)
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
     at = (offset + np.random.default_rng(seed).integers(0, count, n) * sample).tolist()
@@ -119,16 +119,19 @@ def _loader(ds, name: str, order: str, n: int, seed: int):
 
 def child(job: dict) -> None:
     """Measure ``job["configs"]`` in order over the output ``job["root"]``, one JSON line each."""
-    import torch
-    from shardpack.readers import ShardDataset, system
-    torch.set_num_threads(1)
-    ds = ShardDataset(job["root"])
-    # workers fork from this process: without this, their first garbage collection copies every
-    # page of inherited objects, ~60 MB a worker, and 4 workers no longer fit in 512 MiB
-    gc.collect()
-    gc.freeze()
-    paths, sample = ds.reader.data_paths(), int(ds.reader.shape[0] * ds.reader.shape[1] * 3)
     npy = job["disk_file"]
+    paths, sample, ds = [], npy["sample"], None
+    if any(name != DISK for name in job["configs"]):  # torch only where a loader is measured
+        import torch
+        from shardpack.readers import ShardDataset
+        torch.set_num_threads(1)
+        ds = ShardDataset(job["root"])
+        paths = ds.reader.data_paths()
+        # workers fork from this process: without this, their first garbage collection copies
+        # every page of inherited objects (~60 MB a worker)
+        gc.collect()
+        gc.freeze()
+    from shardpack.readers import system
     for name in job["configs"]:
         system.evict(paths + [Path(npy["path"])])
         before = _read_counter(job["counter"])
@@ -184,7 +187,8 @@ def main(src, work, copies, size, limit, samples, rounds, formats, orders, loade
     packed = pack_all(tree, work, size, sorted(set(formats) | {"npy"}))
     npy = open_reader(packed["npy"], load_manifest(packed["npy"]))
     npy._ensure_open()
-    disk_file = {"path": str(npy.data_paths()[0]), "offset": npy._base, "count": npy.count}
+    disk_file = {"path": str(npy.data_paths()[0]), "offset": npy._base, "count": npy.count,
+                 "sample": int(np.prod(npy.shape))}
     configs = [f"{ld} / {o}" for o in orders.split(",") for ld in loaders.split(",")]
     results: dict = {}
     try:
@@ -197,18 +201,11 @@ def main(src, work, copies, size, limit, samples, rounds, formats, orders, loade
         for r in range(rounds):
             for fmt in (formats if r % 2 == 0 else formats[::-1]):
                 order = configs if r % 2 == 0 else configs[::-1]
-                job = {"root": str(packed[fmt]), "configs": [DISK, *order, DISK], "samples": samples,
-                       "seed": r, "disk_file": disk_file,
-                       "counter": None if group is None else str(_counter_file(group))}
-                argv = [sys.executable, __file__, "--child", json.dumps(job)]
-                env = dict(os.environ, PYTHONWARNINGS="ignore::RuntimeWarning")
-                done = (group.run(argv, env=env) if group else
-                        subprocess.run(argv, capture_output=True, text=True, env=env))
-                if done.returncode:
-                    raise click.ClickException(f"{fmt} round {r}: the child failed (exit status {done.returncode}"
-                                               f"{', killed: out of memory?' if done.returncode < 0 else ''}):\n"
-                                               f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
-                lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+                lines = []
+                for name in [DISK, *order, DISK]:  # each in a fresh process: the same memory to start from
+                    job = {"root": str(packed[fmt]), "configs": [name], "samples": samples, "seed": r,
+                           "disk_file": disk_file, "counter": None if group is None else str(_counter_file(group))}
+                    lines += _run_child(group, job, f"{fmt} round {r + 1}")
                 disk = [d["rate"] for d in lines if d["name"] == DISK]
                 for d in lines:
                     d["disk"] = sum(disk) / len(disk)
@@ -219,6 +216,18 @@ def main(src, work, copies, size, limit, samples, rounds, formats, orders, loade
         if group is not None:
             group.close()
     report(results, formats, configs, note, machine, limit, packed, out)
+
+
+def _run_child(group, job: dict, what: str) -> list[dict]:
+    """Run one child (inside ``group`` when there is one); its JSON lines."""
+    argv = [sys.executable, __file__, "--child", json.dumps(job)]
+    env = dict(os.environ, PYTHONWARNINGS="ignore::RuntimeWarning,ignore::UserWarning")
+    done = group.run(argv, env=env) if group else subprocess.run(argv, capture_output=True, text=True, env=env)
+    if done.returncode:
+        raise click.ClickException(f"{what}: the child failed (exit status {done.returncode}"
+                                   f"{', killed: out of memory?' if done.returncode < 0 else ''}):\n"
+                                   f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
 def _counter_file(group) -> Path:
