@@ -154,7 +154,7 @@ def _pack(src, recipe: Recipe, opts: Options, listing: Listing | None, extra: di
     def need() -> int:
         estimate = setup.estimate() if setup.estimate else estimate_size(listing, recipe)
         return (output_bytes(listing, recipe, estimate)
-                + scratch_bytes(listing, recipe, opts.fmt, setup.workers, estimate))
+                + scratch_bytes(listing, recipe, opts.fmt, setup.workers, estimate, opts.engine))
     # 2. the partial directory: fresh, resumed, replaced or refused
     staging = Staging.open(setup.out, dataset_fingerprint(recipe, opts, listing), opts, count=n, need=need,
                            previous=setup.lock.previous if setup.lock else None)
@@ -209,14 +209,18 @@ def write_failure(err: OSError, staging: Staging, n: int, finishing: bool = Fals
     return f"{where}: cannot write {when} ({reason}); fix that, then {then}"
 
 
-def scratch_bytes(listing: Listing, recipe: Recipe, fmt: str, workers: int, estimate: SizeEstimate) -> int:
+def scratch_bytes(listing: Listing, recipe: Recipe, fmt: str, workers: int, estimate: SizeEstimate,
+                  engine: str = "local") -> int:
     """Bytes a run writes besides its output, for the free-space check: the ledger's columns,
     skip log and checkpoints, the ring buffer (streamed samples, K > 1), the writer's own state,
     LMDB's whole pages per value, and for variable-shape HDF5 the data a second time (copied
     into images.h5 at the end)."""
     n, fixed = len(listing), recipe.shape() is not None
     total = n * 26 + (1 << 20)  # status, checksum, size, mode, shape per file; logs, checkpoints
-    if workers > 1 and not (fixed and fmt in ("npy", "hdf5")):
+    if engine != "local":  # unit parts decoded ahead of the commit (units.py; a cluster's CPUs are not known here)
+        from .units import unit_files
+        total += (2 * workers + 2) * unit_files(recipe) * int(estimate.sample_bytes)
+    elif workers > 1 and not (fixed and fmt in ("npy", "hdf5")):
         total += ring_bytes(n, workers, recipe)
     total += {"wds": 16 * n}.get(fmt, 0) if fixed else 16 * n
     if fmt == "lmdb":

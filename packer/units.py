@@ -251,8 +251,9 @@ class UnitRunner:
             if isinstance(r, Decoded):
                 offsets[r.index] = at
                 at += r.shape[0] * r.shape[1] * 3
-        if self.streamed:
-            self.part, self.offsets = np.fromfile(part, np.uint8), offsets
+        if self.streamed:  # mapped, not read: the writer copies from the page cache (fresh memory costs more)
+            data = np.asarray(np.memmap(part, np.uint8, "r")) if at else np.empty(0, np.uint8)
+            self.part, self.offsets = data, offsets
         else:
             self.writes.call(copy_rows, part, offsets, self.sink)
         return [r for r in results if r.index >= self.start]
