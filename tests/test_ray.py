@@ -206,6 +206,18 @@ def test_driver_killed_then_resume_runs_only_missing_units(cluster, big, tmp_pat
     assert_same_output(ref.out, out)
 
 
+def test_command_line_packs_on_the_cluster(cluster, src, tmp_path):
+    out = tmp_path / "o"
+    r = CliRunner().invoke(pack_dataset, [str(src), "--format", "wds", "--size", "24", "-o", str(out), "--quiet",
+                                          "--engine", "ray", "--address", cluster.address])
+    assert r.exit_code == 0, r.output
+    assert "packed 39 images" in r.output and "skipped 2 unusable files" in r.output
+    run = run_section(out)
+    assert (run["engine"], run["nodes"], run["units_run"]) == ("ray", 2, run["units"])
+    local = pack_quiet(src, tmp_path / "local", "wds", size=24)
+    assert_same_output(local.out, out)
+
+
 def test_worker_node_killed_mid_run_is_retried(cluster, big, tmp_path):
     """Last: the worker node dies while its units run; Ray retries them on the head node."""
     out, result = tmp_path / "o", {}
@@ -229,3 +241,4 @@ def test_worker_node_killed_mid_run_is_retried(cluster, big, tmp_path):
     assert_same_output(ref.out, out)
     run = run_section(out)
     assert run["units_run"] == 24 and len(run["units_per_node"]) == 2  # the dead node's done units count
+

@@ -45,7 +45,8 @@ def assert_same_output(a: Path, b: Path) -> None:
     for name in names:
         if name == MANIFEST:
             ma, mb = (json.loads((d / name).read_text()) for d in (a, b))
-            ma.pop("run"), mb.pop("run")
+            for key in ("run", "settings"):  # how the run went; the command line's options
+                ma.pop(key, None), mb.pop(key, None)
             assert ma == mb
         elif name == "data.mdb":
             assert lmdb_items(a) == lmdb_items(b)
@@ -151,3 +152,19 @@ def test_killed_driver_resumes_running_only_the_missing_units(tmp_path_factory, 
     assert r.count == 160
     ref = pack_quiet(big, tmp_path / "ref", fmt, size=48, workers=1, shard_size=1 << 20)
     assert_same_output(ref.out, out)
+
+
+def test_nfs_output_with_ray_needs_the_opt_in_and_says_what_is_safe(tmp_path):
+    from shardpack.packer.mounts import UnsafeOutput, check_output
+    from shardpack.readers.system import Mount
+    nfs = Mount("/shared", "nfs4", "server:/export")
+    with pytest.raises(UnsafeOutput, match="safe for wds, npy and hdf5.*not for lmdb.*--allow-unsafe-output"):
+        check_output("/shared/out", nfs, engine="ray")
+    with pytest.raises(UnsafeOutput, match="Linux-native storage"):
+        check_output("/shared/out", nfs)
+    check_output("/lustre/out", Mount("/lustre", "lustre", "mgs@tcp:/fs"), engine="ray")  # not refused
+
+
+def test_address_needs_the_ray_engine(src, tmp_path):
+    with pytest.raises(PackError, match="needs --engine ray"):
+        pack_quiet(src, tmp_path / "o", "npy", address="127.0.0.1:6379")
