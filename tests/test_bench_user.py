@@ -276,7 +276,7 @@ def test_report_says_not_resolved(user_file):
     res.knees = knees_of(res.cells, 0.10)
     text = res.text()
     assert "NOT RESOLVED at this noise: lighter settings came within the spread of the fastest" in text
-    assert "fastest (2 workers, prefetch 2, persistent, pin off): 1 workers, prefetch 2, persistent, pin off." in text
+    assert "fastest (2 workers, prefetch 2, persistent, pin off): 1 worker, prefetch 2, persistent, pin off." in text
     assert "knee at 2 workers (not resolved at this noise: 1 workers lie within the spread)" in text
     line = next(ln for ln in text.splitlines() if ln.startswith("DataLoader("))
     assert "num_workers=2" in line

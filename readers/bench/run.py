@@ -31,6 +31,7 @@ class BenchResult:
     advice: list[str] = field(default_factory=list)
     check: dict | None = None
     interrupted: bool = False
+    warnings: list[str] = field(default_factory=list)
 
     def text(self) -> str:
         out = [header(), "", render(self.grid, self.compare)]
@@ -49,6 +50,8 @@ class BenchResult:
                    f"{len(self.step['steps_ms'])} steps" if self.step.get("model") else "given with --step-ms")
             out += ["", f"training step: {self.step['ms']:.1f} ms per batch of {self.grid.batch_size} ({how})"]
             out += self.advice
+        if self.warnings:
+            out += [""] + [f"warning: {w}" for w in self.warnings]
         if self.interrupted:
             out += ["", "interrupted: the numbers above are what was measured before Ctrl-C"]
         return "\n".join(out)
@@ -60,7 +63,7 @@ class BenchResult:
                 "speedups": None if self.compare is None else [
                     {**s.as_dict(), "speedup": v} for s, v in speedups(self.grid, self.compare).items()],
                 "step": self.step, "advice": self.advice, "check": self.check,
-                "interrupted": self.interrupted}
+                "warnings": self.warnings, "interrupted": self.interrupted}
 
 
 def run_bench(path, *, batch_size: int = 64, modes=MODES, workers=None, pin_memory: str = "both",
@@ -78,7 +81,7 @@ def run_bench(path, *, batch_size: int = 64, modes=MODES, workers=None, pin_memo
     :func:`default_workers`; ``pin_memory`` and ``persistent`` are on, off or both; ``size``
     is the raw folder's Resize + CenterCrop side (default: the packed side with ``compare``,
     else 256). ``check``: rerun the recommended setting as a plain loop (:func:`plain_loop`,
-    about twice ``seconds``). Ctrl-C returns what was measured (``interrupted``). Raises
+    ``seconds x repeats``, at least 5 s). Ctrl-C returns what was measured (``interrupted``). Raises
     ValueError on a bad argument or source."""
     from ..progress import progress as progress_bar
     augment_transform(augment)  # validate before any work
@@ -110,12 +113,13 @@ def run_bench(path, *, batch_size: int = 64, modes=MODES, workers=None, pin_memo
             result.compare = run_grid(raw[0], settings, source=str(compare), kind="raw",
                                       description=raw[2], bar=bar, **common)
             result.interrupted = result.compare.interrupted
+    result.warnings = ram_warning(ds) if kind == "packed" else []
     rec = recommend(result.grid)
     if rec is None or result.interrupted:
         return result
     try:
         if check:
-            again = plain_loop(ds, rec[0], batch_size, augment, 2 * seconds, device)
+            again = plain_loop(ds, rec[0], batch_size, augment, max(5.0, seconds * repeats), device)
             result.check = {"samples": again.samples, "seconds": again.seconds, "samples_per_s": again.rate,
                             "cell_samples_per_s": rec[0].rate, "ratio": again.rate / rec[0].rate}
         if step_ms is None and model is None:
@@ -134,3 +138,18 @@ def run_bench(path, *, batch_size: int = 64, modes=MODES, workers=None, pin_memo
         result.advice.append(f"before packing (raw JPEGs, {raw_rec[0].setting.label}): data would be "
                              f"{share:.1%} of a step ({raw_rec[0].ms_per_batch:.1f} ms per batch)")
     return result
+
+
+def ram_warning(ds) -> list[str]:
+    """"data larger than RAM" for a packed output whose files exceed what the page cache may hold:
+    the grid ran on cached pages, a real epoch reads from disk."""
+    from .. import system
+    try:
+        found = system.larger_than_ram(ds.reader.data_paths())
+    except (AttributeError, OSError):  # a reader without data_paths, or files gone
+        return []
+    if found is None:
+        return []
+    size, room, source = found
+    return [f"data larger than RAM: {size / 2**30:.1f} GiB of shards, {room / 2**30:.1f} GiB for the page cache "
+            f"({source}): every epoch reads from disk, slower than the cached passes measured here"]

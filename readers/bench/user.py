@@ -36,7 +36,7 @@ class LoaderSetting:
         if not self.workers:
             parts = ["0 workers (main process)"]
         else:
-            parts = [f"{self.workers} workers", f"prefetch {self.prefetch}",
+            parts = [f"{self.workers} worker{'s' if self.workers > 1 else ''}", f"prefetch {self.prefetch}",
                      "persistent" if self.persistent else "not persistent"]
         parts.append(f"pin {'on' if self.pin else 'off'}")
         if self.collate == "stack":

@@ -222,6 +222,11 @@ def step_lines(res) -> list[str]:
                      f"{loop['wait_share']:.1%} of the loop (median wait {loop['median_wait_ms']:.1f} ms, step "
                      f"{loop['median_step_ms']:.1f} ms)" + (f"; predicted {res.share[res.share['applies']]:.1%}"
                                                             if res.share else ""))
+        if res.step is not None and res.step.get("steps_ms") and loop["median_step_ms"] > 1.25 * res.step["ms"] \
+                and res.device is None:
+            lines.append(f"  the step took {loop['median_step_ms']:.0f} ms in the real loop vs {res.step['ms']:.0f} ms "
+                         f"alone: without a GPU the model and the workers share the {res.cores['usable']} CPU cores, "
+                         f"so neither share above holds; on a GPU the step leaves the cores to the workers")
         if loop.get("utilisation") is not None:
             per = ", ".join("-" if u is None else f"{u:.0f}" for u in loop["utilisation"][:20])
             lines.append(f"GPU utilisation per step ({loop['utilisation_source']}; %): {per}; mean "

@@ -96,10 +96,10 @@ def recommend_user(cells: list[UserCell], tolerance: float, cores: int) -> tuple
     choice = choose({c.setting: c.rates for c in within}, tolerance, order=lambda s: s.rank)
     pick = by[choice.pick]
     over = [c for c in ok if c.setting.workers > cores]
-    why = (f"the lightest setting within {tolerance:.0%} of the fastest "
+    why = (f"the lightest setting whose median is within {tolerance:.0%} of the fastest "
            f"({by[choice.best].rate:,.0f} samples/s, {choice.best.label})"
            if choice.pick != choice.best else
-           f"the fastest setting; nothing lighter came within {tolerance:.0%} of it")
+           f"the fastest setting; no lighter one's median came within {tolerance:.0%} of it")
     if over:
         top = max(over, key=lambda c: c.rate)
         if min(top.rates) > (1 + tolerance) * max(by[choice.best].rates):
@@ -221,7 +221,7 @@ def run_user_bench(target, model=None, *, batch_size: int | None = None, workers
                 if res.step is not None:
                     res.share = shares(res.rec.ms_per_batch, res.step["ms"], res.rec.setting.workers)
                 if check:
-                    res.check = plain_check(base, res.rec.setting, res.rec.rate, 2 * seconds, device)
+                    res.check = plain_check(base, res.rec.setting, res.rec.rate, check_seconds(seconds, repeats), device)
             res.warnings = data_warnings(base, res, data_path)
             res.gpu = gpu_note(device, base, res.rec, module, how if module is not None else "as-is",
                              gpu_steps, trace, seconds=max(3.0, 2 * seconds))
@@ -229,6 +229,12 @@ def run_user_bench(target, model=None, *, batch_size: int | None = None, workers
             res.interrupted = True
     res.load["end"] = load_average()
     return res
+
+
+def check_seconds(seconds: float, repeats: int) -> float:
+    """Length of the plain-loop check: the time a cell was timed in all, at least 5 s, so the
+    worker start-up and first batch it includes weigh as little as in a real epoch's run."""
+    return max(5.0, seconds * repeats)
 
 
 def _model(spec, base: Base, batch):
