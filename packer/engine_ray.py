@@ -115,11 +115,14 @@ class RayExecutor:
         """Cancel what is still running (after a failure, or --strict), and shut down a Ray
         instance this run started or joined (a caller's own ray.init stays)."""
         ray = self.ray
-        for ref in list(self.refs):
+        refs = list(self.refs)
+        for ref in refs:
             try:
                 ray.cancel(ref, force=True)
             except Exception:  # noqa: BLE001 -- already finished or gone: nothing to cancel
                 pass
+        if refs:  # let the cancelled tasks end before the caller removes their directory (--strict)
+            ray.wait(refs, num_returns=len(refs), timeout=10)
         self.refs.clear()
         if self.started and ray.is_initialized():
             ray.shutdown()

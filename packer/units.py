@@ -27,6 +27,7 @@ import os
 import random
 import socket
 import uuid
+from collections import deque
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,6 +193,7 @@ class UnitRunner:
         self.ran: dict[str, int] = {}  # node -> units it decoded for this run
         self.reused = 0
         self.part, self.offsets = None, {}
+        self.forgotten = start // per  # units below this one have had their files deleted
         nodes = f", {executor.nodes} node{'s' if executor.nodes > 1 else ''}" if executor.name == "ray" else ""
         self.desc = f"packing ({executor.name}{nodes}, {len(self.ranges)} units)"
 
@@ -210,21 +212,22 @@ class UnitRunner:
 
     def chunks(self):
         first = self.start // self.per
-        ready: dict[int, dict] = {}
-        for u in range(first, len(self.ranges)):
-            if (record := self._reusable(u)) is not None:
-                ready[u] = record
-        self.reused = len(ready)
-        queue = submission_order([u for u in range(first, len(self.ranges)) if u not in ready])
+        reused = {u for u in range(first, len(self.ranges)) if self._reusable(u) is not None}
+        self.reused = len(reused)
+        queue = deque(submission_order([u for u in range(first, len(self.ranges)) if u not in reused]))
         inflight: set[int] = set()
-        window = 2 * self.executor.slots + 2
+        submitted = inflight.copy()  # every unit handed out by this run (the queue may hold one already sent)
+        ready: dict[int, dict] = {}  # decoded by this run, not yet committed (reused ones are read in turn)
+        window = 2 * self.executor.slots + 2  # units decoded ahead of the commit: parts on disk, bounded
         for u in range(first, len(self.ranges)):
-            while u not in ready:
+            while u not in ready and u not in reused:
                 if u not in inflight:  # the unit the commit waits for goes first, whatever the window
-                    queue.remove(u)
                     self._submit(u, inflight)
+                    submitted.add(u)
                 while queue and len(inflight) + len(ready) < window:
-                    self._submit(queue.pop(0), inflight)
+                    if (k := queue.popleft()) not in submitted:
+                        self._submit(k, inflight)
+                        submitted.add(k)
                 for done in self.executor.wait():
                     inflight.discard(done["unit"])
                     record = read_record(self.dir, done["unit"])
@@ -235,7 +238,7 @@ class UnitRunner:
                     if self.strict and record["skipped"]:
                         raise StrictError(f"--strict: {record['skipped'][0][2]} (no output written)")
                     ready[done["unit"]] = record
-            yield self._take(u, ready.pop(u))
+            yield self._take(u, ready.pop(u) if u in ready else self._reusable(u))
             self._forget(u)
 
     def _submit(self, u: int, inflight: set) -> None:
@@ -261,10 +264,10 @@ class UnitRunner:
     def _forget(self, u: int) -> None:
         """Delete the files of units the last checkpoint covers (a resume never needs them)."""
         upto = self.committed()
-        for k in range(max(0, self.start // self.per - 1), u + 1):
-            if self.ranges[k][1] <= upto:
-                for suffix in (".bin", ".json"):
-                    (self.dir / (unit_name(k) + suffix)).unlink(missing_ok=True)
+        while self.forgotten <= u and self.ranges[self.forgotten][1] <= upto:
+            for suffix in (".bin", ".json"):
+                (self.dir / (unit_name(self.forgotten) + suffix)).unlink(missing_ok=True)
+            self.forgotten += 1
 
     def pixels(self, result: Decoded) -> np.ndarray:
         at, (h, w) = self.offsets[result.index], result.shape
