@@ -4,6 +4,7 @@ prefetch, the "larger than RAM" warning, and reads under a memory cgroup counted
 from __future__ import annotations
 
 import errno
+import gc
 import json
 import os
 import sys
@@ -30,7 +31,13 @@ def packed(tmp_path_factory):
     from conftest import make_tree
     base = tmp_path_factory.mktemp("disk")
     src = make_tree(base / "src", {"a": 9, "b": 8, "c": 7})
-    return {fmt: pack_quiet(src, base / fmt, fmt, size=24) and base / fmt for fmt in FORMATS}
+    return {fmt: pack_quiet(src, base / fmt, fmt, size=32) and base / fmt for fmt in FORMATS}
+
+
+@pytest.fixture
+def from_disk(monkeypatch):
+    """Read with preadv even though these small outputs are in the page cache."""
+    monkeypatch.setattr(diskio, "RESIDENT", 2.0)
 
 
 def reference(ds):
@@ -38,7 +45,7 @@ def reference(ds):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_batches_read_on_the_pool_are_the_samples(packed, fmt):
+def test_batches_read_on_the_pool_are_the_samples(packed, fmt, from_disk):
     ds = ShardDataset(packed[fmt])
     ref = reference(ds)
     # adjacent runs (merged into one preadv), repeats, descending and random order
@@ -51,8 +58,8 @@ def test_batches_read_on_the_pool_are_the_samples(packed, fmt):
         assert all(np.array_equal(g[0].permute(1, 2, 0).numpy(), ref[i]) for g, i in zip(got, idx))
 
 
-def test_merged_reads_stop_at_the_merge_limit(packed, monkeypatch):
-    monkeypatch.setattr(diskio, "MERGE_BYTES", 3 * 24 * 24 * 3)  # three samples per preadv at most
+def test_merged_reads_stop_at_the_merge_limit(packed, monkeypatch, from_disk):
+    monkeypatch.setattr(diskio, "MERGE_BYTES", 3 * 32 * 32 * 3)  # three samples per preadv at most
     calls = []
     real = os.preadv
     monkeypatch.setattr(diskio.os, "preadv", lambda fd, bufs, at: calls.append(len(bufs)) or real(fd, bufs, at))
@@ -65,7 +72,7 @@ def test_merged_reads_stop_at_the_merge_limit(packed, monkeypatch):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_an_io_error_in_a_read_thread_is_raised_in_the_caller(packed, fmt, monkeypatch):
+def test_an_io_error_in_a_read_thread_is_raised_in_the_caller(packed, fmt, monkeypatch, from_disk):
     ds = ShardDataset(packed[fmt])
     ds.read_batch([0])  # opened
     real, done = os.preadv, []
@@ -85,7 +92,7 @@ def test_an_io_error_in_a_read_thread_is_raised_in_the_caller(packed, fmt, monke
 
 
 @pytest.mark.parametrize("fmt", ["npy", "lmdb", "hdf5"])
-def test_a_file_cut_short_after_opening_names_the_file_and_sample(packed, fmt, tmp_path):
+def test_a_file_cut_short_after_opening_names_the_file_and_sample(packed, fmt, tmp_path, from_disk):
     import shutil
     root = tmp_path / fmt
     shutil.copytree(packed[fmt], root)
@@ -93,7 +100,7 @@ def test_a_file_cut_short_after_opening_names_the_file_and_sample(packed, fmt, t
     ds.read_batch([0])
     data = ds.reader.data_paths()[0]
     last = len(ds) - 1
-    end = ds.reader._base + last * 24 * 24 * 3 if fmt != "lmdb" else int(ds.reader._offsets[last])
+    end = ds.reader._base + last * 32 * 32 * 3 if fmt != "lmdb" else int(ds.reader._offsets[last])
     os.truncate(data, end + 10)
     with pytest.raises(ShardFormatError, match=rf"{data.name}: sample {last}: the file ends at byte {end + 10}"):
         ds.read_batch([0, last])
@@ -101,7 +108,7 @@ def test_a_file_cut_short_after_opening_names_the_file_and_sample(packed, fmt, t
         ds[last]
 
 
-def test_main_mode_keeps_at_most_prefetch_factor_batches_in_flight(packed, monkeypatch):
+def test_main_mode_keeps_at_most_prefetch_factor_batches_in_flight(packed, monkeypatch, from_disk):
     ds = ShardDataset(packed["npy"])
     live, most, real = [0], [0], ds.start_batch
 
@@ -127,12 +134,41 @@ def test_main_mode_keeps_at_most_prefetch_factor_batches_in_flight(packed, monke
         assert len(got) == len(ds) // 4
 
 
-def test_main_mode_prefetch_gives_the_same_batches_as_threads(packed):
+def test_main_mode_prefetch_gives_the_same_batches_as_threads(packed, from_disk):
     from shardpack.readers.transforms import RandomCrop
     ds = ShardDataset(packed["wds"])
     runs = [[(i.clone(), lab) for i, lab in make_loader(ds, 5, mode=m, seed=3, batch_transform=RandomCrop(16))]
             for m in ("main", "threads")]
     assert all(np.array_equal(a[0], b[0]) and a[1].tolist() == b[1].tolist() for a, b in zip(*runs))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_in_ram_batches_are_copied_out_of_the_map_and_others_read(packed, fmt, monkeypatch):
+    calls, real = [], os.preadv
+    monkeypatch.setattr(diskio.os, "preadv", lambda fd, bufs, at, *f: calls.append(at) or real(fd, bufs, at, *f))
+    monkeypatch.setattr(diskio, "RECHECK_S", 0.0)
+    monkeypatch.setattr(diskio, "RECHECK_COST", 0)  # ask mincore before every batch
+    idx = [3, 1, 4, 15, 9, 2, 6]
+    ref = reference(ShardDataset(packed[fmt]))[idx]
+    gc.collect()  # no map of the files left: pages a process maps cannot be evicted
+    ds = ShardDataset(packed[fmt])
+    system.evict(ds.reader.data_paths())
+    calls.clear()
+    assert np.array_equal(ds.read_batch(idx)[0].permute(0, 2, 3, 1).numpy(), ref)
+    assert len(calls) >= 1  # not in the page cache: read with preadv
+    for path in ds.reader.data_paths():
+        path.read_bytes()  # now in the page cache
+    calls.clear()
+    assert np.array_equal(ds.read_batch(idx)[0].permute(0, 2, 3, 1).numpy(), ref)
+    assert calls == []  # all resident: a memcpy out of the map
+
+
+def test_in_ram_is_never_asked_for_data_that_cannot_fit(packed):
+    images = np.load(packed["npy"] / "images.npy", mmap_mode="r")
+    images.sum()
+    assert diskio.InRam(images, fits=True)() and not diskio.InRam(images, fits=False)()
+    share = diskio.resident_share(images.ctypes.data, images.nbytes)
+    assert share is not None and share >= diskio.RESIDENT
 
 
 def test_larger_than_ram_warns_once_per_output(packed, monkeypatch):

@@ -14,6 +14,7 @@ import numpy as np
 
 from .. import diskio
 from ..manifest import MANIFEST, ShardFormatError
+from ..system import larger_than_ram
 
 _open_lock = threading.Lock()
 
@@ -230,9 +231,10 @@ class Reader:
 class MemmapReader(Reader):
     """npy and HDF5: ``self._images`` is a read-only memmap, (count, H, W, 3) for fixed shapes or
     flat with ``self._offsets`` (count + 1,) for variable ones, starting at byte ``self._base`` of
-    ``data_file``, which the pixels are read from with preadv (``self._file``, diskio)."""
+    ``data_file``. In RAM (``self._in_ram``, diskio.InRam) samples are copied out of the map;
+    otherwise read from the file with preadv (``self._file``, diskio)."""
 
-    _handles = ("_images", "_offsets", "_file")
+    _handles = ("_images", "_offsets", "_file", "_in_ram")
     data_file = ""
     _base = 0
 
@@ -242,6 +244,7 @@ class MemmapReader(Reader):
     def _open_file(self, base: int) -> None:
         """Open the data file for preadv; the images start at byte ``base`` of it."""
         self._file, self._base = diskio.DataFile(self.root / self.data_file), int(base)
+        self._in_ram = diskio.InRam(self._images, larger_than_ram(self.data_paths()) is None)
 
     def _range(self, i, shape) -> int:
         """Byte of the data file where sample i (of ``shape``) starts, after checking its range."""
@@ -251,11 +254,20 @@ class MemmapReader(Reader):
 
     def read_into(self, i, out):
         self._ensure_open()
-        read_exact(self._file, self._range(i, out.shape), out, i)
+        at = self._range(i, out.shape)
+        if self._in_ram():
+            start = at - self._base
+            out[...] = (self._images[i] if self.shape is not None else
+                        self._images[start:start + out.size].reshape(out.shape))
+        else:
+            read_exact(self._file, at, out, i)
 
     def start_batch(self, indices, out):
         check_out(out, len(indices), self.shape)
         self._ensure_open()
+        if self._in_ram():
+            take_into(self._images, indices, out)
+            return diskio.Pending([])
         idx = check_indices(indices, self.count).tolist()
         size = math.prod(self.shape)
         return diskio.submit([(self._file, self._base + i * size, [out[k]], i) for k, i in enumerate(idx)])

@@ -33,6 +33,7 @@ import lmdb
 import numpy as np
 
 from ..manifest import ShardFormatError, sample_key
+from ..system import larger_than_ram
 from .. import diskio
 from .base import Reader, check_indices, check_out, check_value, npy_value, read_exact
 from .lmdb_pages import P_LEAF, P_OVERFLOW, PAGE_HEADER, Records, meta, read_pages
@@ -179,7 +180,7 @@ def _shown(key: bytes) -> str:
 
 class LmdbReader(Reader):
     # _data: the map as a uint8 array (record location, .npy headers); _pread: data.mdb for preadv
-    _handles = ("_map", "_data", "_pread")
+    _handles = ("_map", "_data", "_pread", "_in_ram")
     fmt = "lmdb"
 
     def __init__(self, root, manifest):
@@ -202,6 +203,7 @@ class LmdbReader(Reader):
             self._file = identity
         self._data = np.frombuffer(self._map, np.uint8)
         self._pread = diskio.DataFile(self._path)
+        self._in_ram = diskio.InRam(self._data, larger_than_ram(self.data_paths()) is None)
 
     def _value(self, i: int, shape) -> int:
         """Where sample i's pixels start in data.mdb, after checking its value against ``shape``."""
@@ -215,11 +217,15 @@ class LmdbReader(Reader):
 
     def read_into(self, i, out):
         self._ensure_open()
-        read_exact(self._pread, self._value(i, out.shape), out, i)
+        start = self._value(i, out.shape)
+        if self._in_ram():
+            out[...] = self._data[start:start + out.size].reshape(out.shape)
+        else:
+            read_exact(self._pread, start, out, i)
 
     def start_batch(self, indices, out):
-        """Lengths checked for the whole batch at once, then each value read with preadv on
-        diskio's pool straight into its row of ``out``."""
+        """Lengths checked for the whole batch at once, then each value copied out of the map (in
+        RAM) or read with preadv on diskio's pool straight into its row of ``out``."""
         check_out(out, len(indices), self.shape)
         self._ensure_open()
         idx = check_indices(indices, self.count)
@@ -227,8 +233,13 @@ class LmdbReader(Reader):
         wrong = np.flatnonzero(self._lengths[idx] != size)
         if wrong.size:
             self._value(int(idx[wrong[0]]), self.shape)  # raises, naming the sample
-        return diskio.submit([(self._pread, start, [out[k]], i)
-                              for k, (i, start) in enumerate(zip(idx.tolist(), self._offsets[idx].tolist()))])
+        starts = self._offsets[idx].tolist()
+        if self._in_ram():
+            flat, data = out.reshape(len(idx), size), self._data
+            for k, start in enumerate(starts):
+                flat[k] = data[start:start + size]
+            return diskio.Pending([])
+        return diskio.submit([(self._pread, start, [out[k]], i) for k, (i, start) in enumerate(zip(idx.tolist(), starts))])
 
     def __getstate__(self):
         if self._offsets is None:  # locate once here rather than in every spawned worker

@@ -3,8 +3,9 @@
 Tar shards ``shard-000000.tar``... with members ``<key>.npy`` and ``<key>.cls``, plus
 ``wds_offsets.npy`` (count, 2) int64 giving each sample's shard number and the byte offset of its
 raw pixels inside the tar (past the .npy header). Random access reads through one read-only mmap
-per shard, opened on first use, for the checks; the pixels are read with preadv into the
-caller's buffer (readers/diskio.py), a batch's reads on a thread pool.
+per shard, opened on first use, for the checks; the pixels are copied out of it while the shard
+is in the page cache, else read with preadv into the caller's buffer (readers/diskio.py), a
+batch's reads on a thread pool.
 
 Every sample served is checked where it lies: the member's name is ``<sample_key(i)>.npy`` and its
 own .npy header gives the shape the manifest (fixed shapes) or ``index/shapes.npy`` says, so an
@@ -23,6 +24,7 @@ import tarfile
 import numpy as np
 
 from ..manifest import WDS_OFFSETS, WDS_SHARD, ShardFormatError, load_npy, sample_key
+from ..system import larger_than_ram
 from .. import diskio
 from .base import Reader, check_indices, check_out, check_value, npy_value, read_exact
 
@@ -39,12 +41,26 @@ _MEMBER_LEN = len(_member(0))
 assert _member(0)[:-5].decode() == sample_key(0)  # the key rule of manifest.py, in bytes
 
 class WdsReader(Reader):
-    _handles = ("_maps", "_files", "_offsets", "_header")
+    _handles = ("_maps", "_files", "_offsets", "_header", "_in_ram")
     fmt = "wds"
 
     def _open(self):
         self._maps, self._files, self._header = {}, {}, None  # _header: the .npy header every fixed-shape member has
         self._offsets = load_npy(self.root / WDS_OFFSETS, "i", (self.count, 2))
+        self._in_ram, self._fits = {}, larger_than_ram(self.data_paths()) is None
+
+    def _shards_in_ram(self, shards) -> bool:
+        """Whether every shard in ``shards`` is mapped and in the page cache (diskio.InRam)."""
+        for shard in shards:
+            check = self._in_ram.get(shard)
+            if check is None:
+                m = self._maps.get(shard)
+                if m is None:
+                    return False
+                check = self._in_ram[shard] = diskio.InRam(np.frombuffer(m, np.uint8), self._fits)
+            if not check():
+                return False
+        return True
 
     def data_paths(self):
         return sorted(self.root.glob("shard-*.tar"))
@@ -104,8 +120,11 @@ class WdsReader(Reader):
     def read_into(self, i, out):
         self._ensure_open()
         shard, offset = self._offsets[i].tolist()
-        self._pixels_at(i, shard, offset, out.shape)
-        read_exact(self._file(shard), offset, out, i)
+        m = self._pixels_at(i, shard, offset, out.shape)
+        if self._shards_in_ram((shard,)):
+            out[...] = np.frombuffer(m, np.uint8, out.size, offset).reshape(out.shape)
+        else:
+            read_exact(self._file(shard), offset, out, i)
 
     def start_batch(self, indices, out):
         """Per sample one preadv of its member's tar header and .npy header (into a scratch row)
@@ -123,6 +142,9 @@ class WdsReader(Reader):
             self._pixels_at(int(idx[0]), *at[0], self.shape)
         flat = out.reshape(len(out), -1)
         size, header = flat.shape[1], self._header
+        if self._shards_in_ram({s for s, _ in at}):
+            self._copy_batch(idx, at, flat)
+            return diskio.Pending([])
         heads = np.empty((len(idx), BLOCK + len(header or b"")), np.uint8)
         jobs, slow = [], []
         for k, (i, (shard, offset)) in enumerate(zip(idx.tolist(), at)):
@@ -143,6 +165,18 @@ class WdsReader(Reader):
                 flat[k] = np.frombuffer(m, np.uint8, size, offset)
 
         return diskio.submit(jobs, check)
+
+    def _copy_batch(self, idx, at, flat):
+        """In RAM: per sample a check of its member and a memcpy out of the shard maps. The check
+        is :meth:`_pixels_at`'s, its common case inlined: a mapped shard, the member named for
+        the sample, the header every member of this shape has."""
+        size, maps = flat.shape[1], self._maps
+        for k, (i, (shard, offset)) in enumerate(zip(idx.tolist(), at)):
+            m, start = maps.get(shard), offset - offset % BLOCK
+            if (m is None or self._header is None or start < BLOCK or offset + size > len(m)
+                    or m[start:offset] != self._header or m[start - BLOCK:start - BLOCK + _MEMBER_LEN] != _member(i)):
+                m = self._pixels_at(i, shard, offset, self.shape)
+            flat[k] = np.frombuffer(m, np.uint8, size, offset)
 
 
 READER = WdsReader  # what open_reader builds for format "wds"
