@@ -54,7 +54,7 @@ def _map(path, name, where=None):
 class Hdf5Reader(MemmapReader):
     data_file = HDF5_FILE
     fmt = "hdf5"
-    _handles = ("_images", "_offsets", "_shapes", "_file")
+    _handles = ("_images", "_offsets", "_shapes", "_file", "_in_ram")
 
     def read_into(self, i, out):
         self._ensure_open()
