@@ -15,6 +15,7 @@ import torch
 from click.testing import CliRunner
 from PIL import Image
 
+import shardpack
 import shardpack.readers.bench.grid as bench_grid
 from helpers import pack_quiet
 from shardpack.packer.cli import main
@@ -59,6 +60,13 @@ def test_cli_tiny_grid_table_json_and_plot(tiny, tmp_path):
                            "1st batch ms", "x raw", "knee")]
     assert [r.split("|")[1].strip() for r in rows[:4]] == ["main", "threads", "processes", "processes"]
     assert "recommended: make_loader(ds, 4, " in text and "check: the recommended setting" in text
+    # the same recommendation as a plain DataLoader line that builds over the packed dataset
+    line = next(ln for ln in text.splitlines() if "DataLoader(" in ln)
+    assert line.startswith("DataLoader(dataset, batch_size=4, shuffle=True, drop_last=True, num_workers=")
+    loader = eval(line, {"torch": torch, "shardpack": shardpack, "dataset": ShardDataset(out),  # noqa: S307
+                         "DataLoader": torch.utils.data.DataLoader})
+    imgs, labels = next(iter(loader))
+    assert imgs.shape == (4, 3, 24, 24) and imgs.dtype == torch.uint8 and labels.dtype == torch.int64
     assert "training step:" in text and ("IS the bottleneck" in text or "NOT the bottleneck" in text)
     if not torch.cuda.is_available():
         assert "pin_memory=on skipped: no CUDA device" in text

@@ -66,7 +66,13 @@ def bench(target, model=None, **kwargs):
     line) for user code that cannot be loaded or called, ValueError for a bad path.
     """
     import os
-    from .target import is_spec
+    try:
+        from .target import is_spec
+    except ModuleNotFoundError as err:
+        if (err.name or "").split(".")[0] != "torch":
+            raise
+        from .cli import TORCH_MISSING
+        raise ImportError(TORCH_MISSING.replace("shardpack bench", "shardpack.bench"), name="torch") from None
     if isinstance(target, (str, os.PathLike)) and not is_spec(os.fspath(target)):
         from .run import run_bench
         if model is not None and not isinstance(model, str):

@@ -12,6 +12,9 @@ import click
 
 USER_ONLY = ("data_path", "trace", "no_epoch_start")  # options that only a FILE.py:NAME target takes
 PATH_ONLY = ("modes", "augment", "size", "compare")   # options that only a PATH target takes
+TORCH_MISSING = ("shardpack bench needs torch (>= 2.13): PyTorch is not installed. Install the torch build for "
+                 "your machine first (https://pytorch.org/get-started/locally/, e.g. `pip install torch`), or, "
+                 "from a clone of shardpack, `pip install -e '.[torch]'`.")
 
 
 def _csv(kind, allowed=None, minimum=0):
@@ -100,10 +103,9 @@ def bench(ctx, target, json_path, plot_path, no_check, quiet, **kwargs):
     try:
         from .target import TargetError, is_spec
     except ModuleNotFoundError as err:
-        from shardpack import torch_missing
         if (err.name or "").split(".")[0] != "torch":
             raise
-        raise click.ClickException(str(torch_missing("shardpack bench"))) from None
+        raise click.ClickException(TORCH_MISSING) from None
     if kwargs["step_ms"] is not None and kwargs["model"] is not None:
         raise click.UsageError("give --step-ms or --model, not both")
     user = is_spec(target)

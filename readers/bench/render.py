@@ -75,7 +75,30 @@ def render(grid: Grid, compare: Grid | None = None) -> str:
     rec = recommend(grid)
     if rec:
         lines.append(f"\nrecommended: make_loader(ds, {grid.batch_size}, {rec[0].setting.make_loader_args()}): {rec[1]}")
+        plain = dataloader_line(grid)
+        if plain is not None:
+            note = ("" if plain[0] is rec[0] else f" (threads have no DataLoader equivalent: the lightest "
+                                                  f"main/processes setting as good, {plain[0].setting.label})")
+            lines += [f"as a plain torch DataLoader over the same dataset{note}:", plain[1]]
     return "\n".join(lines)
+
+
+def dataloader_line(grid: Grid):
+    """``(cell, "DataLoader(dataset, ...)")``: the recommendation among the cells a plain
+    DataLoader can express (main = num_workers=0, processes), every value a literal or a
+    ``shardpack.`` name, with shardpack.stack_collate (make_loader's batches, stacked); None
+    when no such cell was measured."""
+    from dataclasses import replace
+    sub = replace(grid, cells=[c for c in grid.cells if c.setting.mode != "threads"])
+    rec = recommend(sub)
+    if rec is None:
+        return None
+    s = rec[0].setting
+    parts = [f"batch_size={grid.batch_size}", "shuffle=True", "drop_last=True", f"num_workers={s.workers}"]
+    if s.workers:
+        parts += [f"prefetch_factor={s.prefetch}", f"persistent_workers={bool(s.persistent)}"]
+    parts += [f"pin_memory={s.pin}", "collate_fn=shardpack.stack_collate"]
+    return rec[0], "DataLoader(dataset, " + ", ".join(parts) + ")"
 
 
 def to_json(grid: Grid) -> dict:
