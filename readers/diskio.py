@@ -6,17 +6,15 @@ time per thread, so a random 196 KB sample costs tens of times its bytes and a w
 round trip. Here every data file is opened with ``POSIX_FADV_RANDOM`` (the kernel reads only the
 bytes asked for) and a batch's samples are read straight into the caller's buffer by
 :data:`THREADS` threads at once (``preadv`` releases the GIL), so up to that many reads are in
-flight per process. When the data is in the page cache the same call is a kernel memcpy, spread
-over the threads.
+flight per process.
 
 Measured on the 2-core machine of issue 15 (random 196 KB samples of a 780 MB file, cold):
 mmap + np.take 450-700 samples/s; preadv from 4/8/16/32 threads 4.5-6k samples/s (the disk's
-own rate); warm, 1-4 threads were within the run's noise of np.take (25-45k samples/s).
-
-In RAM, though, a memcpy out of the map is about twice as fast as the kernel's copy (measured:
-np.take 27-34k samples/s, one thread of preadv 13-17k), so a reader whose data fits in the page
-cache asks :class:`InRam` before each batch: while ``mincore(2)`` finds (almost) every page of
-the map resident, the batch is copied out of the map as before; otherwise it is read with preadv.
+own rate). In RAM, though, a memcpy out of the map is about twice as fast as the kernel's copy
+(np.take 27-34k samples/s, one thread of preadv 13-17k), so a reader whose data can fit in the
+page cache asks :class:`InRam` before each batch: while ``mincore(2)`` (asked every few
+seconds) finds (almost) every page of the map resident, the batch is copied out of the map as
+before; otherwise it is read with preadv.
 
 Errors: an OSError or a short read in a pool thread is raised in the caller by
 :meth:`Pending.wait`, naming the file and the sample, only after every read of the batch has
@@ -177,8 +175,8 @@ def submit(jobs: list, then=None) -> Pending:
 
 
 RESIDENT = 0.99  # share of a map's pages in the page cache above which it counts as in RAM
-RECHECK_S = 1.0  # at most one mincore() a second, or one per RECHECK_COST x its own time if longer
-RECHECK_COST = 50  # (mincore takes ~0.1 us a page: 60 ms for 2.3 GB, so 3 s between checks then)
+RECHECK_S = 2.0  # at most one mincore() per 2 s, or per RECHECK_COST x its own time if longer,
+RECHECK_COST = 200  # so it costs <= 0.5 % (measured ~0.1 us a page: 60 ms for 2.3 GB, then 12 s)
 _PAGE = mmap.PAGESIZE
 try:
     _mincore = ctypes.CDLL(None, use_errno=True).mincore
@@ -206,7 +204,7 @@ class InRam:
 
     ``fits``: whether the data can fit in the page cache at all (system.larger_than_ram); when
     not, this is always False and mincore is never called (its cost grows with the map). The
-    answer is re-checked at most every :data:`RECHECK_S` seconds, so a set that was cold when
+    answer is re-checked at most every :data:`RECHECK_S` seconds (longer for big maps), so a set that was cold when
     training started moves to the memcpy once the reads have brought it in."""
 
     def __init__(self, array, fits: bool):
