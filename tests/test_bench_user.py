@@ -280,3 +280,22 @@ def test_report_says_not_resolved(user_file):
     assert "knee at 2 workers (not resolved at this noise: 1 workers lie within the spread)" in text
     line = next(ln for ln in text.splitlines() if ln.startswith("DataLoader("))
     assert "num_workers=2" in line
+
+
+def test_ctrl_c_keeps_the_cells_measured(user_file, monkeypatch):
+    import shardpack.readers.bench.passes as passes
+    path, _ = user_file
+    real, calls = passes.run_pass, []
+
+    def interrupted_third(*a, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+    monkeypatch.setattr(passes, "run_pass", interrupted_third)
+    res = shardpack.bench(f"{path}:ChwU8", workers=[0, 1], prefetch=[2], persistent="off", seconds=0.05,
+                          repeats=2, batch_size=8)
+    assert res.interrupted and [len(c.passes) for c in res.cells] == [1, 1]
+    assert res.rec is None and res.check is None
+    text = res.text()
+    assert "INTERRUPTED" in text and "| 0 | - | - | off |" in text and "| 1 | 2 | off | off |" in text

@@ -163,12 +163,15 @@ class UserCell:
 
 
 def measure_interleaved(base: Base, settings: list[LoaderSetting], seconds: float, repeats: int,
-                        device=None, bar=None, min_batches: int = MIN_BATCHES, dataset=None) -> list[UserCell]:
+                        device=None, bar=None, min_batches: int = MIN_BATCHES, dataset=None,
+                        cells: list | None = None) -> list[UserCell]:
     """Measure every setting ``repeats`` times, interleaved (A B C, A B C, ...), so a change in
     the machine's load touches every cell alike. A persistent-workers cell keeps its loader (and
     workers) across its passes; the others build theirs per pass. A failing setting records its
-    error and is skipped from then on; Ctrl-C propagates (the caller keeps what was measured)."""
-    cells = [UserCell(s) for s in settings]
+    error and is skipped from then on; Ctrl-C propagates, ``cells`` (when given, filled in place)
+    keeping what was measured."""
+    cells = [] if cells is None else cells  # the caller's list: filled as measured, kept on Ctrl-C
+    cells += [UserCell(s) for s in settings]
     kept: dict[int, tuple] = {}
     try:
         for _ in range(repeats):

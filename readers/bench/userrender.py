@@ -57,7 +57,7 @@ def _row(c, rec, knee_at) -> str:
         cells += [f"{sp.median:,.0f}", sp.text(), f"{c.ms_per_batch:.1f}",
                   f"{first:.0f} / {'-' if later is None else format(later, '.0f')}"]
     else:
-        cells += [f"error: {c.error}", "", "", ""]
+        cells += [f"error: {c.error}" if c.error else "not measured", "", "", ""]
     mark = []
     if c.ok and s in knee_at:
         mark.append("knee" if knee_at[s] else "knee?")

@@ -206,7 +206,7 @@ def run_user_bench(target, model=None, *, batch_size: int | None = None, workers
     total = len(settings) * repeats + spawn_cells
     with progress_bar(total=total, unit="pass", desc="bench", enabled=progress, dynamic_ncols=True) as bar:
         try:
-            res.cells = measure_interleaved(base, settings, seconds, repeats, device, bar)
+            measure_interleaved(base, settings, seconds, repeats, device, bar, cells=res.cells)
             res.choice, res.rec, res.why = recommend_user(res.cells, tolerance, cores)
             res.knees = knees_of(res.cells, tolerance)
             from .breakdown import breakdown, compare
