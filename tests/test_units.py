@@ -168,3 +168,25 @@ def test_nfs_output_with_ray_needs_the_opt_in_and_says_what_is_safe(tmp_path):
 def test_address_needs_the_ray_engine(src, tmp_path):
     with pytest.raises(PackError, match="needs --engine ray"):
         pack_quiet(src, tmp_path / "o", "npy", address="127.0.0.1:6379")
+
+
+def test_vanished_source_stops_and_the_resume_redoes_its_units(tmp_path):
+    """20 unreadable files in a row still mean "source gone"; records holding those I/O skips are
+    decoded again on --resume, so no file stays skipped once the source is back."""
+    import shutil
+    from shardpack.packer import Options, Recipe, pack
+    from shardpack.packer.scan import scan
+    tree = make_tree(tmp_path / "src", {"cat": 6, "dog": 6})
+    for i in range(30):
+        shutil.copy(tree / "cat" / "img000.jpg", tree / "cat" / f"z{i:03d}.jpg")
+    listing = scan(tree)
+    ref = pack_quiet(tree, tmp_path / "ref", "wds", size=16)
+    shutil.move(tree / "cat", tmp_path / "hidden")  # the mount went away after the scan
+    opts = dict(fmt="wds", workers=2, engine="units", unit_files=4, progress=False)
+    with pytest.raises(PackError, match="look.*gone.*--resume"):
+        pack(tree, tmp_path / "out", Recipe(16), Options(**opts), listing=listing)
+    assert list((partial_dir(tmp_path / "out") / "run" / "units").glob("u*.json"))  # records with I/O skips
+    shutil.move(tmp_path / "hidden", tree / "cat")
+    r = pack(tree, tmp_path / "out", Recipe(16), Options(**opts, resume=True), listing=listing)
+    assert r.count == 42 and r.skipped == []
+    assert_same_output(ref.out, tmp_path / "out")
