@@ -190,3 +190,25 @@ def test_vanished_source_stops_and_the_resume_redoes_its_units(tmp_path):
     r = pack(tree, tmp_path / "out", Recipe(16), Options(**opts, resume=True), listing=listing)
     assert r.count == 42 and r.skipped == []
     assert_same_output(ref.out, tmp_path / "out")
+
+
+@pytest.mark.parametrize("first,then", [("units", "local"), ("local", "units")])
+def test_either_engine_resumes_the_others_run(src, tmp_path, monkeypatch, first, then):
+    """The checkpoint is the same (files done, samples written, the writer's state), so a run
+    stopped under one engine is finished by the other, with the same output."""
+    import shardpack.packer.run as run
+    real = run.Decoding._maybe_checkpoint
+
+    def stop(self):
+        if self.done >= 13:  # mid-unit for unit_files=5: the resumed unit is cut at the checkpoint
+            raise KeyboardInterrupt
+        return real(self)
+    kw = dict(size=24, workers=2, unit_files=5, resize="shorter-side", shard_size=1 << 20)
+    monkeypatch.setattr(run.Decoding, "_maybe_checkpoint", stop)
+    with pytest.raises(KeyboardInterrupt):
+        pack_quiet(src, tmp_path / "o", "wds", engine=first, **kw)
+    monkeypatch.setattr(run.Decoding, "_maybe_checkpoint", real)
+    assert 13 <= checkpointed(tmp_path / "o") < 41
+    r = pack_quiet(src, tmp_path / "o", "wds", engine=then, resume=True, **kw)
+    assert r.resumed_at >= 13 and r.count == 39
+    assert_same_output(pack_quiet(src, tmp_path / "ref", "wds", **kw).out, tmp_path / "o")
