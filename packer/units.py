@@ -25,7 +25,9 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import socket
+import threading
 import uuid
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -34,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .decode import Decoded, Decoder, Handover, Skipped, Writes, mp_context
+from .decode import Decoded, Decoder, Handover, Skipped, Writes, _exit_with, mp_context
 from .imaging import Recipe
 from .options import StrictError
 
@@ -147,6 +149,17 @@ def shuffled(units: list[int], seed: int = 0) -> list[int]:
     return units
 
 
+def _start_pool_worker(main_pid: int) -> None:
+    """As decode's pool processes: Ctrl-C is the driver's, and leave once the driver is gone (a
+    SIGKILLed driver would otherwise leave them idle forever)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        pass
+    threading.Thread(target=_exit_with, args=(main_pid,), daemon=True).start()
+
+
 class PoolExecutor:
     """Units on ``workers`` local processes (``engine="units"``): the unit protocol without Ray."""
 
@@ -154,7 +167,8 @@ class PoolExecutor:
 
     def __init__(self, workers: int):
         self.slots, self.nodes = workers, 1
-        self.pool = ProcessPoolExecutor(workers, mp_context=mp_context())
+        self.pool = ProcessPoolExecutor(workers, mp_context=mp_context(), initializer=_start_pool_worker,
+                                        initargs=(os.getpid(),))
         self.futures = set()
 
     def submit(self, spec: UnitSpec) -> None:

@@ -142,8 +142,12 @@ def test_killed_driver_resumes_running_only_the_missing_units(tmp_path_factory, 
     deadline = time.monotonic() + 60
     while proc.poll() is None and time.monotonic() < deadline and checkpointed(out) < 48:
         time.sleep(0.005)
+    import psutil
+    children = psutil.Process(proc.pid).children(recursive=True)  # the forkserver and the pool
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]  # they leave with the driver
     assert partial_dir(out).exists(), "the run finished before it could be killed"
     r = pack_quiet(big, out, fmt, size=48, workers=2, engine="units", unit_files=16, resume=True,
                    shard_size=1 << 20)
