@@ -166,6 +166,8 @@ def test_api_on_a_users_dataloader_pastes_a_working_line(user_file):
     assert res.breakdown["sample"]["layout"] == "CHW" and res.breakdown["sample"]["dtype"] == "uint8"
     assert not any("float32" in f for f in res.breakdown["flags"])
     assert [f["variant"] for f in res.fixes] == ["stack"]
+    row = next(ln for ln in res.text().splitlines() if ln.startswith("| 0 |"))
+    assert row.rstrip(" |").endswith("(yours)")  # the loader's own setting, num_workers=0, is in the grid
     line = res.paste()
     assert "batch_size=8" in line and "shuffle=True" in line and "drop_last=True" in line
     ds, _, _ = load_data(f"{path}:ChwU8")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 from .advice import BOTTLENECK_SHARE
@@ -47,7 +48,7 @@ def kept_note(res) -> str | None:
     return f"  keep your loader's own {', '.join(notes)}: add them to that line (bench ran with them)"
 
 
-def _row(c, rec, knee_at) -> str:
+def _row(c, rec, knee_at, given=None) -> str:
     s = c.setting
     cells = [str(s.workers), "-" if s.prefetch is None else str(s.prefetch),
              "-" if s.persistent is None else ("on" if s.persistent else "off"), "on" if s.pin else "off"]
@@ -63,6 +64,8 @@ def _row(c, rec, knee_at) -> str:
         mark.append("knee" if knee_at[s] else "knee?")
     if rec is not None and c is rec:
         mark.append("<- recommended")
+    if given is not None and s == given:
+        mark.append("(yours)")
     return "| " + " | ".join(cells + [" ".join(mark)]) + " |"
 
 
@@ -129,7 +132,8 @@ def render_text(res) -> str:
                 knee_at[s] = k["resolved"]
     lines += ["", "| num_workers | prefetch | persistent | pin | samples/s | ± | ms/batch | 1st batch ms | |",
               "|---:|---:|---|---|---:|---:|---:|---:|---|"]
-    lines += [_row(c, res.rec, knee_at) for c in res.cells]
+    given = b.given if b.given is None or res.device else replace(b.given, pin=False)  # as measured
+    lines += [_row(c, res.rec, knee_at, given) for c in res.cells]
     if res.knees:
         lines.append(f"\nknee (the fewest workers within {res.tolerance:.0%} of the curve's best):")
         for k in res.knees:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -199,6 +199,11 @@ def run_user_bench(target, model=None, *, batch_size: int | None = None, workers
     keep = {"on": [True], "off": [False], "both": [False, True]}[persistent]
     prefetch = prefetch or default_prefetch(batch_bytes(fixed) / 1e6, workers)
     settings = user_grid(workers, prefetch, keep, pins)
+    given = base.given
+    if given is not None and given.pin and device is None:
+        given = replace(given, pin=False)
+    if given is not None and given not in settings:  # the user's own setting is measured too
+        settings.append(given)
     if not settings:
         raise ValueError("the grid is empty: check --workers")
     res.planned = len(settings)
