@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from helpers import pack_quiet
 from shardpack.readers import ShardDataset, ShardFormatError, diskio, system
@@ -56,6 +57,21 @@ def test_batches_read_on_the_pool_are_the_samples(packed, fmt, from_disk):
         assert labels.tolist() == ds.targets[idx].tolist()
         got = ds.__getitems__(idx)
         assert all(np.array_equal(g[0].permute(1, 2, 0).numpy(), ref[i]) for g, i in zip(got, idx))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_variable_shapes_read_with_preadv_are_the_in_ram_samples(tree, tmp_path, fmt, monkeypatch):
+    pack_quiet(tree, tmp_path / fmt, fmt, size=16, resize="shorter-side")
+    in_ram = ShardDataset(tmp_path / fmt)
+    want = [in_ram[i][0].clone() for i in range(len(in_ram))]
+    assert len({tuple(w.shape) for w in want}) > 1
+    monkeypatch.setattr(diskio, "RESIDENT", 2.0)
+    calls, real = [], os.preadv
+    monkeypatch.setattr(diskio.os, "preadv", lambda fd, bufs, at, *f: calls.append(at) or real(fd, bufs, at, *f))
+    ds = ShardDataset(tmp_path / fmt)
+    assert all(torch.equal(ds[i][0], w) for i, w in enumerate(want))
+    assert all(torch.equal(img, want[i]) for i, (img, _) in zip([5, 0, 3], ds.__getitems__([5, 0, 3])))
+    assert len(calls) == len(want) + 3
 
 
 def test_merged_reads_stop_at_the_merge_limit(packed, monkeypatch, from_disk):
