@@ -11,9 +11,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from . import system
 from .formats import open_reader
 from .formats.base import check_out
-from . import system
 from .manifest import Index, load_manifest, split_root
 
 _warned: set = set()  # roots already warned about in this process (workers never construct)
@@ -149,8 +149,8 @@ class ShardDataset(Dataset):
         """Samples ``indices`` stacked, without ``transform``: ``(imgs, labels)`` with ``imgs`` a
         ``torch.uint8`` (B, 3, H, W) channels_last view of a (B, H, W, 3) buffer and ``labels``
         int64 (B,), in the order of ``indices`` (a sorted batch, as ``make_loader`` gives,
-        reads forwards through the file). The samples are read with preadv, a batch's reads in
-        flight at once (readers/diskio.py).
+        reads forwards through the file). Copied out of the memory map while the data is in the
+        page cache, else read with preadv, the batch's reads in flight at once (readers/diskio.py).
 
         ``out``: a C-contiguous (B, H, W, 3) uint8 numpy array to fill instead of a new one
         (reusing a buffer saves the page faults of fresh memory). Fixed-shape outputs only:
