@@ -83,6 +83,25 @@ class HwcNet(torch.nn.Module):
         return self.fc(self.conv(x.permute(0, 3, 1, 2)).mean((2, 3)))
 
 
+def stack_dicts(items):
+    return torch.stack([d["x"] for d in items]), torch.tensor([d["y"] for d in items])
+
+
+class Dicts(Dataset):
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        return {{"x": torch.full((3, 4, 4), i, dtype=torch.uint8), "y": i % 2}}
+
+
+def batched():
+    """A loader with its own batch_sampler and collate_fn (neither can be written as a literal)."""
+    from torch.utils.data import BatchSampler, SequentialSampler
+    return DataLoader(Dicts(), batch_sampler=BatchSampler(SequentialSampler(range(40)), 5, False),
+                      collate_fn=stack_dicts)
+
+
 def broken():
     raise RuntimeError("no data here")
 
@@ -301,3 +320,17 @@ def test_ctrl_c_keeps_the_cells_measured(user_file, monkeypatch):
     assert res.rec is None and res.check is None
     text = res.text()
     assert "INTERRUPTED" in text and "| 0 | - | - | off |" in text and "| 1 | 2 | off | off |" in text
+
+
+def test_a_loaders_own_batch_sampler_and_collate_are_kept(user_file):
+    path, _ = user_file
+    res = shardpack.bench(f"{path}:batched", workers=[0], seconds=0.05, repeats=1, epoch_start=False)
+    assert res.base.batch_sampler is not None and res.base.batch_size is None
+    assert res.base.fixed["collate_fn"].__name__ == "stack_dicts"
+    assert all(p.samples == 5 * p.batches for p in res.cells[0].passes)  # the user's batches of 5
+    # the check: 5 s of batches of 5 at the cell's rate (batches, not samples, as the sampler's unit)
+    assert res.check["samples"] == 5 * res.check["batches"] == 5 * max(3, round(res.rec.rate * 5.0 / 5))
+    text = res.text()
+    assert "DataLoader(dataset, num_workers=0, pin_memory=False)" in text
+    assert "keep your loader's own collate_fn=stack_dicts, batch_sampler=BatchSampler" in text
+    assert res.breakdown["collate_ms"] > 0 and res.breakdown["sample"]["dtype"] == "uint8"

@@ -241,12 +241,14 @@ def epoch_starts(base: Base, workers: list[int], prefetch: int, epochs: int = 2,
     return out
 
 
-def plain_check(base: Base, setting: LoaderSetting, rate: float, seconds: float, device=None) -> dict:
+def plain_check(base: Base, setting: LoaderSetting, rate: float, seconds: float, device=None,
+                per_batch: float | None = None) -> dict:
     """The recommended setting as a plain training loop: a fresh DataLoader over about
     ``seconds`` worth of samples at ``rate`` (samples/s), every batch timed from ``iter()``,
-    the first batch and the workers' start-up included. Returns its samples/s and the ratio."""
+    the first batch and the workers' start-up included; ``per_batch``: samples per batch as
+    measured (the user's own batch_sampler has no batch_size). Returns its samples/s and the ratio."""
     feed = base.feed()
-    batches = max(3, round(rate * seconds / (base.batch_size or 1)))
+    batches = max(3, round(rate * seconds / (per_batch or base.batch_size or 1)))
     if feed is not None:
         feed.limit = batches if base.batch_sampler is not None else batches * base.batch_size
     loader = base.loader(setting, feed)

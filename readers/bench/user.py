@@ -119,9 +119,11 @@ class Base:
         loader, fixed, notes = obj, {}, []
         ds = loader.dataset
         inner = "iterable" if isinstance(ds, torch.utils.data.IterableDataset) else "dataset"
-        custom_batches = not isinstance(loader.batch_sampler, BatchSampler) and loader.batch_sampler is not None
+        # the user's own batch_sampler (DataLoader then keeps batch_size None): cycled as given
+        custom_batches = loader.batch_sampler is not None and (loader.batch_size is None
+                                                               or type(loader.batch_sampler) is not BatchSampler)
         bs = loader.batch_size if batch_size is None or custom_batches else batch_size
-        if loader.collate_fn is not torch.utils.data.default_collate and loader.batch_size is not None:
+        if loader.collate_fn is not torch.utils.data.default_collate and loader.batch_sampler is not None:
             fixed["collate_fn"] = loader.collate_fn
         if loader.drop_last:
             fixed["drop_last"] = True

@@ -226,7 +226,9 @@ def run_user_bench(target, model=None, *, batch_size: int | None = None, workers
                 if res.step is not None:
                     res.share = shares(res.rec.ms_per_batch, res.step["ms"], res.rec.setting.workers)
                 if check:
-                    res.check = plain_check(base, res.rec.setting, res.rec.rate, check_seconds(seconds, repeats), device)
+                    per_batch = sum(p.samples for p in res.rec.passes) / sum(p.batches for p in res.rec.passes)
+                    res.check = plain_check(base, res.rec.setting, res.rec.rate, check_seconds(seconds, repeats),
+                                            device, per_batch)
             res.warnings = data_warnings(base, res, data_path)
             res.gpu = gpu_note(device, base, res.rec, module, how if module is not None else "as-is",
                              gpu_steps, trace, seconds=max(3.0, 2 * seconds))
