@@ -215,9 +215,12 @@ def run_user_bench(target, model=None, *, batch_size: int | None = None, workers
             res.choice, res.rec, res.why = recommend_user(res.cells, tolerance, cores)
             res.knees = knees_of(res.cells, tolerance)
             from .breakdown import breakdown, compare
-            res.breakdown = breakdown(base, 1 if any(w > 0 for w in workers) else 0, seconds, device)
-            if fixes and res.rec is not None:
-                res.fixes = compare(base, res.rec.setting, seconds, repeats, device)
+            try:  # a loader too short for a pass, or one the timing wrappers upset: said, not fatal
+                res.breakdown = breakdown(base, 1 if any(w > 0 for w in workers) else 0, seconds, device)
+                if fixes and res.rec is not None:
+                    res.fixes = compare(base, res.rec.setting, seconds, repeats, device)
+            except ValueError as err:
+                res.skipped.append(f"where a batch's time goes: not measured ({str(err).splitlines()[0]})")
             if epoch_start and base.kind == "dataset":
                 res.epoch = epoch_starts(base, workers, 2, bar=bar)
             elif epoch_start:
