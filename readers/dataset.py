@@ -205,6 +205,10 @@ class BatchRead:
     def __init__(self, pending, out: np.ndarray, labels: torch.Tensor):
         self._pending, self.out, self.labels = pending, out, labels
 
+    def done(self) -> bool:
+        """Whether every read of the batch has finished (``wait()`` will not block)."""
+        return self._pending.done()
+
     def wait(self):
         self._pending.wait()
         return torch.from_numpy(self.out).permute(0, 3, 1, 2), self.labels

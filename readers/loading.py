@@ -173,7 +173,8 @@ class PrefetchedBatches(IterableDataset):
     Iterated by a ``DataLoader(batch_size=None)`` ("main" mode for fixed-shape data).
 
     Memory: ``depth`` batches in flight while one is used (``depth + 1`` as the next starts);
-    with a batch transform, ``depth + 1`` reused raw buffers instead of fresh ones."""
+    with a batch transform, ``depth + 1`` reused raw buffers instead of fresh ones. In RAM (a
+    batch read at once) each batch is yielded as soon as it is read, as without prefetch."""
 
     def __init__(self, batches: BatchedDataset, batch_sampler, depth: int):
         self.batches, self.batch_sampler, self.depth = batches, batch_sampler, max(1, depth)
@@ -192,8 +193,11 @@ class PrefetchedBatches(IterableDataset):
                 scratch = None
                 if ring is not None and len(ring[n % len(ring)]) >= len(batch):
                     scratch = ring[n % len(ring)][:len(batch)]
-                pending.append((batch, scratch, view.ds.start_batch(batch, out=scratch)))
-                while len(pending) > self.depth:
+                read = view.ds.start_batch(batch, out=scratch)
+                pending.append((batch, scratch, read))
+                # a read done at once was a copy out of the page cache: nothing to overlap, and
+                # holding finished batches would cost fresh memory (page faults) for every batch
+                while len(pending) > self.depth or (pending and read.done()):
                     batch, scratch, read = pending.popleft()
                     yield view.finish(batch, *read.wait(), scratch)
             while pending:

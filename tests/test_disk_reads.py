@@ -125,12 +125,18 @@ def test_a_file_cut_short_after_opening_names_the_file_and_sample(packed, fmt, t
 
 
 def test_main_mode_keeps_at_most_prefetch_factor_batches_in_flight(packed, monkeypatch, from_disk):
+    import time
+    slow = os.preadv
+    monkeypatch.setattr(diskio.os, "preadv", lambda *a: time.sleep(0.005) or slow(*a))  # a disk's latency
     ds = ShardDataset(packed["npy"])
     live, most, real = [0], [0], ds.start_batch
 
     class Counted:
         def __init__(self, read):
             self.read = read
+
+        def done(self):
+            return self.read.done()
 
         def wait(self):
             live[0] -= 1
@@ -148,6 +154,15 @@ def test_main_mode_keeps_at_most_prefetch_factor_batches_in_flight(packed, monke
         got = [labels for _, labels in loader]
         assert most[0] == depth + 1 and live[0] == 0  # depth in flight while one is used, +1 starting
         assert len(got) == len(ds) // 4
+
+
+def test_main_mode_in_ram_holds_no_batch_back(packed, monkeypatch):
+    ds = ShardDataset(packed["npy"])
+    started, real = [], ds.start_batch
+    monkeypatch.setattr(ds, "start_batch", lambda indices, out=None: started.append(1) or real(indices, out))
+    loader = iter(make_loader(ds, 4, mode="main", seed=0, prefetch_factor=3))
+    next(loader)
+    assert len(started) == 1  # read at once (in the page cache): yielded before the next starts
 
 
 def test_main_mode_prefetch_gives_the_same_batches_as_threads(packed, from_disk):
