@@ -88,6 +88,9 @@ class FlatReader(EncodedReader):
     _handles = ("_images", "_offsets")
     data_file = ""
 
+    def data_paths(self):
+        return [self.root / self.data_file]
+
     def _check_flat(self):
         path = self.root / self.data_file
         if (self._images.ndim != 1 or self._images.dtype != np.uint8 or self._offsets.shape != (self.count + 1,)
@@ -132,6 +135,9 @@ class EncodedWdsReader(EncodedReader):
     def _open(self):
         self._maps = {}
         self._table = load_npy(self.root / WDS_OFFSETS, "i", (self.count, 3))
+
+    def data_paths(self):
+        return sorted(self.root.glob("shard-*.tar"))
 
     def _map(self, shard: int, i: int):
         m = self._maps.get(shard)
