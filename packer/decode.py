@@ -33,6 +33,7 @@ import xxhash
 
 from ..readers.manifest import SOURCE_MODES
 
+from .encode import record_of, store
 from .imaging import DecodeError, Recipe, decode
 from .prefetch import ReadAhead, read_bytes, read_failure
 from .scan import Listing
@@ -51,6 +52,7 @@ class Decoded:
     size: tuple[int, int]
     checksum: int
     shape: tuple[int, int]
+    record: int | bytes = 0  # encoded (encode.py): its bytes in the ring row, or them, when larger
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,9 +134,9 @@ class Decoder:
                 out.append(Skipped(index, err.kind, err.reason))
                 continue
             pixels = np.ascontiguousarray(pixels)
-            self.rows.put(row, pixels)
+            stored, record = store(pixels, self.recipe, self.rows, row)  # raw, or its JPEG (encode.py)
             code = SOURCE_MODES.index(mode) if mode in SOURCE_MODES else len(SOURCE_MODES) - 1
-            out.append(Decoded(index, code, size, xxhash.xxh3_64_intdigest(pixels), pixels.shape[:2]))
+            out.append(Decoded(index, code, size, xxhash.xxh3_64_intdigest(stored), pixels.shape[:2], record))
         return out
 
     def close(self):
@@ -296,7 +298,8 @@ class PoolRunner(Runner):
     def __init__(self, listing, recipe, writer, start, workers, io_threads, run_dir: Path):
         super().__init__(listing, writer, start, workers, io_threads)
         self.writes = Writes(writer, threaded=False)
-        self.row_shape = recipe.shape() or (recipe.max_sample_bytes(),)  # variable: flat rows, max size
+        # variable shapes, encoded records: flat rows of the largest size
+        self.row_shape = recipe.shape() if recipe.shape() and recipe.encoding == "raw" else (recipe.max_record_bytes(),)
         if self.streamed:
             slots = self.window * self.chunk
             mm = reserved_memmap(run_dir / "ring.bin", np.uint8, (slots, *self.row_shape))  # no SIGBUS when full
@@ -330,8 +333,8 @@ class PoolRunner(Runner):
             submit()
 
     def pixels(self, result):
-        pixels = self.ring[self.rows_of[result.index]]
-        if len(self.row_shape) == 1:  # variable shapes: the sample fills the front of its row
+        pixels = record_of(result, self.ring[self.rows_of[result.index]])  # encoded: its record
+        if len(self.row_shape) == 1 and not result.record:  # variable shapes: the sample fills the front of its row
             h, w = result.shape
             pixels = pixels[:h * w * 3].reshape(h, w, 3)
         return pixels
@@ -349,7 +352,7 @@ def chunking(files: int, workers: int) -> tuple[int, int]:
 def ring_bytes(files: int, workers: int, recipe: Recipe) -> int:
     """Bytes of the pool runner's ring buffer (streamed samples, K > 1), for the space check."""
     chunk, window = chunking(files, workers)
-    return chunk * window * recipe.max_sample_bytes()
+    return chunk * window * recipe.max_record_bytes()
 
 
 def open_runner(listing: Listing, recipe: Recipe, writer, start: int, workers: int, io_threads: int,

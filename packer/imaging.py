@@ -68,8 +68,10 @@ class Recipe:
     accept truncated files, the missing part filled in by Pillow (off: they are skipped).
     max_pixels: the most H*W of one variable-shape sample; a larger one is scaled down, aspect
     kept (default 4 N^2 for shorter-side, N^2 for the others, where every sample is within N^2).
-    Raises ValueError for an unknown mode, a size outside 1..16384 or a max_pixels below N^2 in a
-    fixed-shape mode.
+    encoding: "raw" (the pixels) or "jpeg" (each sample stored as one JPEG of its pixels,
+    ``quality`` 1..95, default 90, ``subsampling`` "4:2:0" (default) or "4:4:4"; see encode.py).
+    Raises ValueError for an unknown mode, a size outside 1..16384, a max_pixels below N^2 in a
+    fixed-shape mode, and a quality or subsampling out of range or given without jpeg.
     """
 
     size: int
@@ -79,8 +81,13 @@ class Recipe:
     allow_truncated: bool = False
     decoder: str = "pillow"
     max_pixels: int | None = None
+    encoding: str = "raw"
+    quality: int | None = None
+    subsampling: str | None = None
 
     def __post_init__(self):
+        from .encode import check_encoding
+        check_encoding(self)
         if self.resize not in RESIZE_MODES:
             raise ValueError(f"resize mode {self.resize!r} is not one of {', '.join(RESIZE_MODES)}")
         if self.decoder not in DECODERS:
@@ -118,8 +125,17 @@ class Recipe:
         """The most bytes one sample can take: max_pixels * 3 (N*N*3 in fixed-shape modes)."""
         return self.max_pixels * 3
 
+    def max_record_bytes(self) -> int:
+        """Bytes of a ring slot: max_sample_bytes(), or for an encoded sample a bound that any
+        real picture's JPEG stays under (a larger record travels back pickled: decode.py)."""
+        from .encode import max_record_bytes
+        return max_record_bytes(self)
+
     def as_manifest(self) -> dict:
         d = asdict(self)
+        if self.encoding == "raw":  # raw manifests and fingerprints stay as they were
+            for k in ("encoding", "quality", "subsampling"):
+                del d[k]
         d["background"] = list(self.background)
         d.update(filter="bilinear", antialias=True, reference=REFERENCES[self.resize],
                  variable_shape=self.shape() is None,

@@ -24,6 +24,7 @@ from ..readers.manifest import FORMATS, SKIPPED, bytes_on_disk, write_json_atomi
 from ..readers.folder import clash_text
 from ..readers.system import usable_cpus
 
+from .encode import encoding_manifest
 from .decode import keep_freed_memory, ring_bytes, start_forkserver
 from .decoding import Decoding, _quietly
 from .imaging import Recipe
@@ -177,6 +178,7 @@ def _pack(src, recipe: Recipe, opts: Options, listing: Listing | None, extra: di
         write_json_atomic(staging.tmp / SKIPPED, skipped_json(skips, listing.ignored))
         # 6. commit: the manifest last, then the rename to OUT
         run = {**run_info(listing.root, seconds, setup.workers, start), **decoding.engine_info()}
+        extra = {**encoding_manifest(recipe), **(extra or {})}  # jpeg: format version 2, "encoding"
         staging.commit(dataset_manifest(opts.fmt, recipe, listing, len(kept), len(skips), written, index, run, extra))
     except BaseException as err:
         if writer is not None:
@@ -220,14 +222,14 @@ def scratch_bytes(listing: Listing, recipe: Recipe, fmt: str, workers: int, esti
     if engine != "local":  # unit parts decoded ahead of the commit (units.py; a cluster's CPUs are not known here)
         from .units import unit_files
         total += (2 * workers + 2) * unit_files(recipe) * int(estimate.sample_bytes)
-    elif workers > 1 and not (fixed and fmt in ("npy", "hdf5")):
+    elif workers > 1 and not (fixed and fmt in ("npy", "hdf5") and recipe.encoding == "raw"):
         total += ring_bytes(n, workers, recipe)
     total += {"wds": 16 * n}.get(fmt, 0) if fixed else 16 * n
     if fmt == "lmdb":
         from .writers.lmdb import PAGE, value_pages
         total += n * max(0, value_pages(int(estimate.sample_bytes) + (0 if fixed else 128)) * PAGE
                          - int(estimate.sample_bytes) - 4096)
-    if fmt == "hdf5" and not fixed:
+    if fmt == "hdf5" and (not fixed or recipe.encoding != "raw"):  # copied into images.h5 at the end
         total += estimate.total_bytes
     return int(total)
 
@@ -259,7 +261,7 @@ def _open_writer(staging: Staging, listing: Listing, recipe: Recipe, opts: Optio
     try:
         writer = open_writer(opts.fmt, staging.tmp, len(listing), recipe.shape(), listing.labels,
                              {"shard_size": opts.shard_size, "attrs": {"classes": listing.classes},
-                              "scratch": staging.run_dir})
+                              "scratch": staging.run_dir, "encoding": recipe.encoding})
     except OSError as err:
         if errno_of(err) in DISK_FULL and not staging.start["done"]:
             staging.discard()  # nothing written yet: a plain rerun starts over

@@ -13,7 +13,7 @@ lazily: no pixel is decoded) and put through the same ``scaled_size`` the packer
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from PIL import Image
@@ -41,6 +41,7 @@ class SizeEstimate:
     sample_bytes: float
     files: int
     measured: int
+    how: str = "file headers"  # what was measured: "files encoded" for --encoding jpeg (encode.py)
 
     @property
     def total_bytes(self) -> int:
@@ -53,8 +54,9 @@ class SizeEstimate:
         return int(round(self.sample_bytes * IMAGENET_1K_TRAIN))
 
     def per_image_text(self, recipe: Recipe) -> str:
-        how = "exact" if not self.measured else f"from {self.measured} file headers"
-        return (f"{recipe.resize} {recipe.size}: about {self.total_bytes / 1e6:.1f} MB of pixels for "
+        how = "exact" if not self.measured else f"from {self.measured} {self.how}"
+        what = "pixels" if recipe.encoding == "raw" else f"JPEG q{recipe.quality} {recipe.subsampling}"
+        return (f"{recipe.resize} {recipe.size}: about {self.total_bytes / 1e6:.1f} MB of {what} for "
                 f"{self.files} images ({self.sample_bytes / 1e3:.1f} KB each, {how}); "
                 f"ImageNet-1k would take about {self.imagenet_bytes / 1e9:.0f} GB")
 
@@ -66,6 +68,10 @@ def estimate_size(listing: Listing, recipe: Recipe, headers: int = HEADERS) -> S
     ``recipe.max_sample_bytes()`` is used. Never raises for a bad file.
     """
     n = len(listing)
+    if recipe.encoding != "raw":  # JPEG sizes: a few files encoded
+        from .encode import estimate_encoded
+        return estimate_encoded(listing, recipe, estimate_size(listing, replace(recipe, encoding="raw", quality=None,
+                                                                                 subsampling=None), headers))
     if recipe.shape() is not None:
         return SizeEstimate(float(np.prod(recipe.shape())), n, 0)
     picks = np.unique(np.linspace(0, n - 1, min(n, headers)).round().astype(int))

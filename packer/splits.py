@@ -37,6 +37,7 @@ from .mounts import MountTable
 from .options import Options, Report, say
 from .run import Setup, pack, prepare, scratch_bytes
 from .scan import SPLIT_NAMES, Listing, ScanError, SplitsError, find_classes, loose_images, scan
+from .encode import encoding_manifest, storage_lines
 from .sizing import SizeEstimate, estimate_size, output_bytes
 from .staging import Staging, dataset_fingerprint, fingerprint, nearest_existing, source_identity
 from .writers.manifest import run_info, splits_manifest
@@ -285,6 +286,7 @@ def plan_text(plan: Plan, out: Path, recipe: Recipe, opts: Options, workers: int
     lines.append("  per image: " + plan.estimates(recipe)[0].per_image_text(recipe))
     free_at = nearest_existing(out)
     lines.append(f"  free space: {_gb(shutil.disk_usage(free_at).free)} at {free_at}")
+    lines += storage_lines([p.listing for p in plan.parts], recipe, shutil.disk_usage(free_at).free)
     lines.append(f"  workers: {workers}")
     return "\n".join(lines)
 
@@ -347,7 +349,7 @@ def _pack_plan(plan: Plan, recipe: Recipe, opts: Options, extra: dict, setup: Se
         report.notes[:0] = notes
         reports.append(report)
     run = run_info(plan.src, time.perf_counter() - t0)
-    staging.commit(splits_manifest(opts.fmt, recipe, plan, reports, run, extra))
+    staging.commit(splits_manifest(opts.fmt, recipe, plan, reports, run, {**encoding_manifest(recipe), **extra}))
     for r in reports:
         r.out = setup.out / r.out.name
     return reports

@@ -81,11 +81,11 @@ def check_complete(src: str | os.PathLike, out: Path, recipe: Recipe, opts: Opti
     try:
         made = json.loads((out / MANIFEST).read_text())
         was = {"format": made.get("format"), **{k: made.get("pixels", {}).get(k) for k in recipe.as_manifest()},
-               "source": made.get("run", {}).get("source_root")}
+               "encoding": made.get("pixels", {}).get("encoding", "raw"), "source": made.get("run", {}).get("source_root")}
     except (OSError, ValueError, AttributeError) as err:
         raise PackError(f"--resume: {out} holds no interrupted run and its {MANIFEST} is unreadable "
                         f"({err})") from None
-    now = {"format": opts.fmt, **recipe.as_manifest(), "source": str(Path(src).absolute())}
+    now = {"format": opts.fmt, **recipe.as_manifest(), "encoding": recipe.encoding, "source": str(Path(src).absolute())}
     if was["source"] and Path(was["source"]).resolve() == Path(now["source"]).resolve():
         was["source"] = now["source"]
     diffs = [f"{k}: {was[k]!r} -> {v!r}" for k, v in now.items() if was.get(k) != v]

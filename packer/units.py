@@ -102,7 +102,7 @@ def run_unit(spec: UnitSpec, node: str | None = None) -> dict:
                 pixels = rows.take(r.index - spec.start)
                 f.write(pixels.data)
                 nbytes += pixels.nbytes
-                decoded.append([r.index, r.mode, *r.size, r.checksum, *r.shape])
+                decoded.append([r.index, r.mode, *r.size, r.checksum, *r.shape, r.record])  # record: JPEG bytes
             else:
                 skipped.append([r.index, r.kind, r.reason, r.errno])
         f.flush()
@@ -132,7 +132,8 @@ def read_record(units_dir: Path, unit: int) -> dict | None:
 
 def results_of(record: dict) -> list[Decoded | Skipped]:
     """A record's per-file results, in scan order (what a local decoder would have returned)."""
-    out = [Decoded(i, mode, (w, h), checksum, (hh, ww)) for i, mode, w, h, checksum, hh, ww in record["decoded"]]
+    out = [Decoded(i, mode, (w, h), checksum, (hh, ww), *stored) for i, mode, w, h, checksum, hh, ww, *stored
+           in record["decoded"]]  # stored: an encoded sample's byte count (none in raw units)
     out += [Skipped(i, kind, reason, code) for i, kind, reason, code in record["skipped"]]
     return sorted(out, key=lambda r: r.index)
 
@@ -267,7 +268,7 @@ class UnitRunner:
         for r in results:
             if isinstance(r, Decoded):
                 offsets[r.index] = at
-                at += r.shape[0] * r.shape[1] * 3
+                at += r.record or r.shape[0] * r.shape[1] * 3
         if self.streamed:  # mapped, not read: the writer copies from the page cache (fresh memory costs more)
             data = np.asarray(np.memmap(part, np.uint8, "r")) if at else np.empty(0, np.uint8)
             self.part, self.offsets = data, offsets
@@ -285,6 +286,8 @@ class UnitRunner:
 
     def pixels(self, result: Decoded) -> np.ndarray:
         at, (h, w) = self.offsets[result.index], result.shape
+        if result.record:  # an encoded sample: its JPEG bytes
+            return self.part[at:at + result.record]
         return self.part[at:at + h * w * 3].reshape(h, w, 3)
 
     def store(self, result: Decoded, position: int, label: int) -> None:

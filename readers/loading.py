@@ -253,8 +253,8 @@ def auto_mode(ds, batch_transform=None) -> str:
 
     - plain uint8 batches (no transform at all, e.g. for ``BatchAugment`` on the GPU): "main",
       a copy in this process (a hand-off to a thread or a process costs more than the copy);
-    - CPU augmentation of whole batches: "threads" (the crops and resizes run with the GIL
-      released), or "main" on a single CPU;
+    - CPU augmentation of whole batches, or JPEG-encoded data: "threads" (the crops, resizes
+      and decodes run with the GIL released), or "main" on a single CPU;
     - a per-sample Python ``transform`` or variable shapes (work per sample, GIL held):
       "processes", or "main" on a single CPU.
     """
@@ -262,7 +262,8 @@ def auto_mode(ds, batch_transform=None) -> str:
         return "main"
     if not BatchedDataset(ds).whole_batches:
         return "processes"
-    return "main" if batch_transform is None else "threads"
+    encoded = getattr(getattr(ds, "reader", None), "decoder", None)  # JPEG records: decoding, GIL released
+    return "main" if batch_transform is None and not encoded else "threads"
 
 
 def shm_free() -> int | None:

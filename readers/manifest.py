@@ -31,6 +31,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+from .encoding import ENCODED_VERSION, encoding_problems
 
 FORMAT_VERSION = 1
 FORMATS = ("lmdb", "wds", "npy", "hdf5")
@@ -108,13 +109,12 @@ def load_manifest(root: str | os.PathLike) -> dict:
     if manifest.get("kind") == SPLITS_KIND:
         raise ShardFormatError(_splits_hint(root, manifest))
     version = manifest.get("format_version")
-    if version != FORMAT_VERSION:
-        raise ShardFormatError(
-            f"{path}: format version {version!r}, this reader understands {FORMAT_VERSION}"
-        )
+    if version not in (FORMAT_VERSION, ENCODED_VERSION):  # 2: encoded outputs (encoding.py)
+        raise ShardFormatError(f"{path}: format version {version!r}, this reader understands "
+                               f"{FORMAT_VERSION} and {ENCODED_VERSION}")
     if manifest.get("format") not in FORMATS:
         raise ShardFormatError(f"{path}: unknown format {manifest.get('format')!r}")
-    problems = manifest_problems(manifest)
+    problems = manifest_problems(manifest) + encoding_problems(manifest)
     if problems:
         raise ShardFormatError(f"{path}: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
     for name, size in manifest["files"].items():

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
+from .encoding import describe as describe_encoding, encoding_of
 from .formats import open_reader
 from .manifest import (COLUMNS, bytes_on_disk, HDF5_FILE, INDEX_DIR, NPY_LABELS, NPY_OFFSETS, PATHS_BLOB, SKIPPED,
                        WDS_OFFSETS, WDS_SHARD, Index, ShardFormatError, expect_array, load_manifest, load_npy)
@@ -63,7 +64,8 @@ def verify(root, progress: bool = False, limit: int = 1000) -> VerifyResult:
     reader = open_reader(root, manifest)
     try:
         reader.check()  # sample 0 is read with the others below
-        result.problems += format_problems(root, manifest, index, reader)
+        encoded = encoding_of(manifest) is not None  # checksums over the stored records, each decoded too
+        result.problems += reader.record_problems() if encoded else format_problems(root, manifest, index, reader)
     except ShardFormatError as err:
         result.problems.append(str(err))
         return result
@@ -79,12 +81,13 @@ def verify(root, progress: bool = False, limit: int = 1000) -> VerifyResult:
             if buf.size < size:
                 buf = np.empty(size, np.uint8)
             out = buf[:size].reshape(shape)
-            reader.read_into(i, out)
+            reader.read_into(i, out)  # an encoded record is decoded: one that cannot be is reported
+            stored = reader.record(i) if encoded else out
         except Exception as err:  # a damaged record: report it, keep going
             result.mismatches.append(Mismatch(i, _path(index, i), f"unreadable: {err}"))
         else:
-            if xxhash.xxh3_64_intdigest(out) != int(index.checksums[i]):
-                result.mismatches.append(Mismatch(i, _path(index, i), "pixel checksum differs"))
+            if xxhash.xxh3_64_intdigest(stored) != int(index.checksums[i]):
+                result.mismatches.append(Mismatch(i, _path(index, i), f"{'record' if encoded else 'pixel'} checksum differs"))
         if len(result.mismatches) >= limit:
             break
     try:
@@ -228,6 +231,7 @@ def info_text(root) -> str:
         f"  shape       {tuple(m['shape']) if m.get('shape') else 'variable'} {m.get('dtype', 'uint8')} "
         f"{m.get('layout', 'HWC')}",
         f"  on disk     {size / 1e6:.1f} MB",
+        f"  encoding    {describe_encoding(m)}",
         f"  pixels      {px.get('resize')} {px.get('size')} px, {px.get('filter')} (antialias), background "
         f"{tuple(px.get('background') or ())}, draft {px.get('draft')}, allow_truncated {px.get('allow_truncated')}",
         f"              {px.get('reference', '')}",

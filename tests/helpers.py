@@ -9,7 +9,8 @@ from shardpack.readers import ShardDataset
 
 
 def pack_quiet(src, out, fmt, size=32, workers=1, **kw):
-    recipe_keys = {"resize", "background", "draft", "allow_truncated", "decoder", "max_pixels"}
+    recipe_keys = {"resize", "background", "draft", "allow_truncated", "decoder", "max_pixels", "encoding", "quality",
+                   "subsampling"}
     recipe = Recipe(size=size, **{k: v for k, v in kw.items() if k in recipe_keys})
     opts = Options(fmt=fmt, workers=workers, progress=False,
                    **{k: v for k, v in kw.items() if k not in recipe_keys})

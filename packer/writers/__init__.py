@@ -30,5 +30,10 @@ def writer_class(fmt: str, variable: bool = False):
 
 def open_writer(fmt: str, tmp, n: int, shape, labels, options: dict):
     """The writer of format ``fmt`` for ``n`` scanned files into the partial directory ``tmp``;
-    ``shape`` (H, W, 3), or None when samples differ in shape (see base.Writer)."""
+    ``shape`` (H, W, 3), or None when samples differ in shape (see base.Writer);
+    ``options["encoding"]`` other than "raw": the format's writer of encoded records (encoded.py)."""
+    if options.get("encoding", "raw") != "raw":
+        from .encoded import WRITERS
+        writer_class(fmt)  # ValueError for an unknown format
+        return WRITERS[fmt](tmp, n, shape, labels, options)
     return writer_class(fmt, shape is None)(tmp, n, shape, labels, options)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 
+from ..encoding import encoding_of
 from ..manifest import FORMATS, ShardFormatError
 
 
@@ -19,4 +20,7 @@ def open_reader(root, manifest):
     fmt = manifest["format"]
     if fmt not in FORMATS:
         raise ShardFormatError(f"{root}: unknown format {fmt!r}")
+    if encoding_of(manifest) is not None:  # --encoding jpeg: records decoded when read
+        from .encoded import READERS
+        return READERS[fmt](root, manifest)
     return importlib.import_module(f".{fmt}", __package__).READER(root, manifest)
