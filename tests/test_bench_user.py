@@ -271,7 +271,7 @@ def test_choose_reports_not_resolved_within_the_noise():
 
 def cell(workers, rates, prefetch=2):
     s = LoaderSetting(workers, prefetch if workers else None, True if workers else None, False)
-    return UserCell(s, [UserPass(0.01, 2, 10, 10 * 8, 10 * 8 / r) for r in rates])
+    return UserCell(s, [UserPass(0.01, 10, 10 * 8, 10 * 8 / r, warmup=2) for r in rates])
 
 
 def test_never_more_workers_than_cores_without_saying_why():

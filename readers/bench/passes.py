@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .timing import Pass
 from .user import Base, Feed, LoaderSetting
 
 MIN_BATCHES = 5  # timed batches per pass, at least (with at least ``seconds`` of time)
@@ -47,23 +48,10 @@ def to_device(batch, device):
 
 
 @dataclass
-class UserPass:
-    """One timed pass: ``first_s`` from ``iter()`` to the first batch (an epoch start), then
-    ``batches`` batches of ``samples`` samples in ``seconds`` after ``warmup`` untimed batches."""
+class UserPass(Pass):
+    """One timed pass (:class:`Pass`) that also records its ``warmup`` untimed batches."""
 
-    first_s: float
-    warmup: int
-    batches: int
-    samples: int
-    seconds: float
-
-    @property
-    def rate(self) -> float:
-        return self.samples / self.seconds
-
-    @property
-    def ms_per_batch(self) -> float:
-        return 1000 * self.seconds / self.batches
+    warmup: int = 0
 
     def as_dict(self) -> dict:
         return {"first_batch_s": self.first_s, "warmup_batches": self.warmup, "batches": self.batches,
@@ -115,7 +103,7 @@ def run_pass(loader, feed: Feed | None, warmup: int, seconds: float, min_batches
         for _ in it:  # drain: what was in flight
             pass
     del it
-    return UserPass(first_s, warmup, b, n, end - start)
+    return UserPass(first_s, b, n, end - start, warmup=warmup)
 
 
 @dataclass
