@@ -61,12 +61,14 @@ def linked_tree(src: Path, dst: Path, copies: int) -> Path:
 def pack_all(src: Path, work: Path, size: int, formats) -> dict[str, Path]:
     from shardpack.packer import Options, Recipe, pack
     out = {}
-    for fmt in formats:
-        path = work / f"{src.name}-{size}.{fmt}"
+    for name in formats:  # "npy" or "npy+jpeg": the format, and an --encoding other than raw
+        fmt, _, encoding = name.partition("+")
+        path = work / f"{src.name}-{size}.{name}"
         if not (path / "manifest.json").exists():
-            print(f"packing {fmt} into {path} ...", flush=True)
-            pack(src, path, Recipe(size=size), Options(fmt=fmt, progress=False, overwrite=True))
-        out[fmt] = path
+            print(f"packing {name} into {path} ...", flush=True)
+            pack(src, path, Recipe(size=size, encoding=encoding or "raw"),
+                 Options(fmt=fmt, progress=False, overwrite=True))
+        out[name] = path
     return out
 
 
@@ -171,7 +173,9 @@ def _size(text: str) -> int:
 @click.option("--limit", default="512MiB", show_default=True, help="memory limit of the measuring process tree")
 @click.option("--samples", default=3000, show_default=True, help="samples per pass")
 @click.option("--rounds", default=3, show_default=True)
-@click.option("--formats", default=",".join(FORMATS), show_default=True)
+@click.option("--formats", default=",".join(FORMATS), show_default=True,
+              help='"FORMAT+jpeg" (e.g. npy+jpeg) packs that format with --encoding jpeg (the disk\'s rate '
+                   'stays that of raw samples)')
 @click.option("--orders", default=",".join(ORDERS), show_default=True)
 @click.option("--loaders", default=",".join(LOADERS), show_default=True,
               help='also "make_loader MODE prefetch N" (prefetch_factor N; 2 by default)')
