@@ -1,6 +1,6 @@
 """Output size and fidelity of every resize mode in every format, on a real ImageFolder tree.
 
-    .venv/bin/python scripts/aspect_sizes.py ../shared/data/imagenet-sample/train --size 256
+    .venv/bin/python scripts/aspect_sizes.py [../shared/data/imagenet-sample/train] [--size 256]
 
 For each mode: the plan's estimate, the bytes on disk per format, KB per image and the same
 extrapolated to ImageNet-1k (1,281,167 images); that the four formats hold identical pixels
@@ -13,7 +13,6 @@ Outputs go to a temporary directory, removed as it goes.
 from __future__ import annotations
 
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,7 +20,9 @@ from pathlib import Path
 import click
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import harness
+
+harness.use_checkout(tests=True)
 
 from shardpack.packer import Options, Recipe, pack  # noqa: E402
 from shardpack.packer.imaging import RESIZE_MODES  # noqa: E402
@@ -34,11 +35,12 @@ REFS = {"center-crop": reference.resize_center_crop, "squash": reference.squash,
         "shorter-side": reference.shorter_side, "longer-side": reference.longer_side, "pad": reference.pad}
 
 
-@click.command()
-@click.argument("src", type=click.Path(exists=True, file_okay=False))
+@click.command(help=__doc__)
+@click.argument("src", type=click.Path(exists=True, file_okay=False), default=str(harness.DEFAULT_SAMPLE))
 @click.option("--size", default=256, show_default=True)
 @click.option("--workers", type=int, default=None)
 def main(src, size, workers):
+    machine = harness.Machine()
     listing = scan(src)
     tmp = Path(tempfile.mkdtemp(prefix="aspect-sizes-"))
     print(f"{len(listing)} images from {src}, N = {size}\n")
@@ -74,6 +76,7 @@ def main(src, size, workers):
                   f"mean pixels {np.prod(shapes[:, :2], axis=1).mean():.0f}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    harness.finish(machine)
 
 
 if __name__ == "__main__":

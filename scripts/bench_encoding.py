@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -35,7 +34,9 @@ import click
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import harness
+
+harness.use_checkout()
 
 from shardpack.packer import Options, Recipe, pack  # noqa: E402
 from shardpack.packer.encode import encode  # noqa: E402
@@ -45,7 +46,7 @@ from shardpack.readers.loading import make_loader  # noqa: E402
 from shardpack.readers.manifest import FORMATS, bytes_on_disk  # noqa: E402
 from shardpack.readers.transforms import Compose, RandomHorizontalFlip, RandomResizedCrop  # noqa: E402
 
-DEFAULT_SRC = Path(__file__).resolve().parents[2] / "shared" / "data" / "imagenet-sample" / "train"
+DEFAULT_SRC = harness.DEFAULT_SAMPLE
 IMAGENET_1K_TRAIN = 1_281_167
 BATCH = 64
 
@@ -57,13 +58,14 @@ def load() -> str:
 def median_rates(fns: dict, repeat: int) -> dict:
     """{name: median of ``repeat`` rates} of each ``fns[name]()`` (returns items done), taken in
     rounds A B A B ... with the order reversed every other round."""
-    rates = {k: [] for k in fns}
-    for r in range(repeat):
-        for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+    def timed(fn):
+        def one():
             t = time.perf_counter()
-            n = fns[name]()
-            rates[name].append(n / (time.perf_counter() - t))
-    return {k: float(np.median(v)) for k, v in rates.items()}
+            n = fn()
+            return n / (time.perf_counter() - t)
+        return one
+    rates = harness.rounds({k: timed(fn) for k, fn in fns.items()}, repeat)
+    return {k: harness.median(v) for k, v in rates.items()}
 
 
 def size_table(raw: np.ndarray, size: int, repeat: int) -> None:
@@ -160,7 +162,7 @@ class Ffcv:
 def read_rates(raw_out: Path, jpeg_out: Path, repeat: int, samples: int, work: Path) -> None:
     """Part 3: make_loader threads, RandomResizedCrop(224) + flip, raw vs jpeg (vs FFCV), per core."""
     torch.set_num_threads(1)
-    cpus = len(os.sched_getaffinity(0))
+    cpus = harness.usable_cpus()
     ffcv = None
     if os.environ.get("FFCV_PYTHON"):
         try:
@@ -229,15 +231,16 @@ def read_rates(raw_out: Path, jpeg_out: Path, repeat: int, samples: int, work: P
           f"{load()}")
 
 
-@click.command()
+@click.command(help=__doc__)
 @click.option("--src", type=click.Path(exists=True, file_okay=False, path_type=Path), default=DEFAULT_SRC)
 @click.option("--sizes", default="256,128", show_default=True)
 @click.option("--repeat", default=3, show_default=True)
 @click.option("--samples", default=2048, show_default=True, help="samples per reading pass")
 def main(src, sizes, repeat, samples):
+    machine = harness.Machine()
     tmp = Path(tempfile.mkdtemp(prefix="bench-enc-"))
     try:
-        print(f"# --encoding jpeg on {src} ({len(os.sched_getaffinity(0))} usable CPUs), {load()}")
+        print(f"# --encoding jpeg on {src} ({harness.usable_cpus()} usable CPUs), {load()}")
         for size in [int(s) for s in sizes.split(",")]:
             raw_out = tmp / f"raw{size}"
             pack(src, raw_out, Recipe(size), Options(fmt="npy", progress=False))
@@ -257,6 +260,7 @@ def main(src, sizes, repeat, samples):
             read_rates(raw_out, outs["npy"], repeat, samples, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    harness.finish(machine)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ decode+resize rate of one core, plus the resize/decoder options, and FFCV's writ
 The sample is repeated (symlinks in a temporary tree) to reach --min-images. Everything is
 reported as ratios of rates measured in this run, so a busy machine shifts all numbers alike.
 Each rate is the median of --repeat measurements taken in rounds (bare loop, every format at
-K=1 and K=2, FFCV, then again), so a slow spell hits every row rather than one.
+K=1 and K=2, FFCV, then the same in reverse order), so a slow spell hits every row rather than one.
 """
 
 from __future__ import annotations
@@ -23,15 +23,16 @@ import click
 import numpy as np
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import harness
+
+harness.use_checkout(tests=True)
 
 from shardpack.packer import Options, Recipe, pack  # noqa: E402
 from shardpack.packer.imaging import crop_box, decode  # noqa: E402
 from shardpack.packer.scan import scan  # noqa: E402
 from shardpack.readers import FORMATS  # noqa: E402
 
-DEFAULT_SRC = Path(__file__).resolve().parents[2] / "shared" / "data" / "imagenet-sample" / "train"
+DEFAULT_SRC = harness.DEFAULT_SAMPLE
 
 
 def repeated_tree(src: Path, dst: Path, min_images: int) -> int:
@@ -118,57 +119,67 @@ t = time.perf_counter(); w.from_indexed_dataset(DS()); print(len(files) / (time.
     return float(out.stdout.strip().splitlines()[-1])
 
 
-@click.command()
+@click.command(help=__doc__)
 @click.option("--src", type=click.Path(exists=True, file_okay=False, path_type=Path), default=DEFAULT_SRC)
 @click.option("--min-images", default=3000, show_default=True)
 @click.option("--size", default=256, show_default=True)
 @click.option("--formats", default=",".join(FORMATS), show_default=True)
 @click.option("--repeat", default=3, show_default=True, help="rounds; each rate is the median")
 def main(src, min_images, size, formats, repeat):
+    machine = harness.Machine()
     tmp = Path(tempfile.mkdtemp(prefix="bench-pack-"))
     try:
         n = repeated_tree(src, tmp / "src", min_images)
         listing = scan(tmp / "src")
         datas = [p.read_bytes() for p in sorted(src.rglob("*")) if p.is_file()]  # each file once
         print(f"# {n} images ({len(datas)} distinct real ImageNet JPEGs repeated), size {size}, "
-              f"{os.cpu_count()} CPUs, median of {repeat} rounds\n")
+              f"{harness.usable_cpus()} usable CPUs, median of {repeat} rounds\n")
         runs = [(fmt, "pillow") for fmt in formats.split(",")]
         try:
             import simplejpeg  # noqa: F401
             runs.append(("npy", "simplejpeg"))
         except ImportError:
             pass
-        steps, packs, ffcv = {}, {}, []
-        for r in range(repeat):
-            for name, rt, d in resize_options(datas, size, compare=r == 0):
-                steps.setdefault(name, ([], d))[0].append(rt)  # the diff is taken in round 1
-            for fmt, decoder in runs:
-                for k in (1, 2):
-                    out = tmp / f"out-{fmt}-{k}"
-                    rep = pack(tmp / "src", out, Recipe(size, decoder=decoder),
-                               Options(fmt=fmt, workers=k, progress=False), listing=listing)
-                    packs.setdefault((fmt, decoder, k), []).append(rep.images_per_s)
-                    shutil.rmtree(out)
-            f = ffcv_rate(tmp / "src", 2)
-            if f:
-                ffcv.append(f)
-            print(f"round {r + 1}/{repeat} done", file=sys.stderr)
-        med = {key: float(np.median(v)) for key, v in packs.items()}
-        bare = next(float(np.median(rates)) for name, (rates, _) in steps.items() if "[the default]" in name)
+        steps = {}
+
+        def bare_steps():
+            for name, rt, d in resize_options(datas, size, compare=not steps):
+                steps.setdefault(name, ([], d))[0].append(rt)  # the diff is taken in the first round
+            return 0.0
+
+        def packing(fmt, decoder, k):
+            def one():
+                out = tmp / f"out-{fmt}-{k}"
+                rep = pack(tmp / "src", out, Recipe(size, decoder=decoder),
+                           Options(fmt=fmt, workers=k, progress=False), listing=listing)
+                shutil.rmtree(out)
+                return rep.images_per_s
+            return one
+
+        contenders = {"bare": bare_steps, **{(fmt, decoder, k): packing(fmt, decoder, k)
+                                             for fmt, decoder in runs for k in (1, 2)},
+                      "ffcv": lambda: ffcv_rate(tmp / "src", 2) or 0.0}
+        got = harness.rounds(contenders, repeat)  # the order reverses every other round
+        packs = {key: v for key, v in got.items() if isinstance(key, tuple)}
+        ffcv = [f for f in got["ffcv"] if f]
+        med = {key: harness.median(v) for key, v in packs.items()}
+        bare = next(harness.median(rates) for name, (rates, _) in steps.items() if "[the default]" in name)
         print("| per-core step | images/s | max per-image mean abs diff vs default |\n|---|---:|---:|")
         for name, (rates, d) in steps.items():
-            print(f"| {name} | {np.median(rates):.0f} | {'' if d is None else f'{d:.3f}'} |")
+            print(f"| {name} | {harness.shown(rates)} | {'' if d is None else f'{d:.3f}'} |")
         print("\n| format | K=1 images/s | K=1 / bare | K=2 images/s | K=2 / K=1 |\n|---|---:|---:|---:|---:|")
         for fmt, decoder in runs:
-            k1, k2 = med[(fmt, decoder, 1)], med[(fmt, decoder, 2)]
+            k1 = med[(fmt, decoder, 1)]
             label = fmt if decoder == "pillow" else f"{fmt} --decoder simplejpeg"
-            print(f"| {label} | {k1:.0f} | {k1 / bare:.2f} | {k2:.0f} | {k2 / k1:.2f} |")
+            r21, s21 = harness.ratio(packs[(fmt, decoder, 2)], packs[(fmt, decoder, 1)])
+            print(f"| {label} | {harness.shown(packs[(fmt, decoder, 1)])} | {k1 / bare:.2f} | "
+                  f"{harness.shown(packs[(fmt, decoder, 2)])} | {r21:.2f} (spread {s21:.0%}) |")
         print("\n(K=1 / bare: the whole run, scan to rename, against the bare Pillow decode+resize loop)")
         print("all rounds, images/s: " + "; ".join(f"{fmt}{'+sj' if d != 'pillow' else ''} K={k}: "
                                                   + ", ".join(f"{x:.0f}" for x in v)
                                                   for (fmt, d, k), v in packs.items()))
         if ffcv:
-            f = float(np.median(ffcv))
+            f = harness.median(ffcv)
             k2_rates = {fmt: med[(fmt, "pillow", 2)] for fmt, d in runs if d == "pillow"}
             print(f"\nFFCV DatasetWriter (raw, max_resolution={size}, 2 workers): {f:.0f} images/s "
                   f"(rounds: {', '.join(f'{x:.0f}' for x in ffcv)}); shardpack K=2 / FFCV: "
@@ -178,6 +189,7 @@ def main(src, min_images, size, formats, repeat):
             print("\nFFCV: not measured (set FFCV_PYTHON to a python with ffcv installed)")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    harness.finish(machine)
 
 
 if __name__ == "__main__":

@@ -5,9 +5,10 @@ pool (engine="units", K=2), on the same job as scripts/bench_pack.py (the real s
 
     .venv/bin/python scripts/bench_ray.py [--src ../shared/data/imagenet-sample/train] [--repeat 3]
 
-Rounds interleave the engines (local, units, ray, local, ...); each rate is the median of
+Rounds interleave the engines (local, units, ray, then reversed); each rate is the median of
 --repeat. Also reported: the cluster's start-up (two `ray start` nodes until both are alive) and
-a driver's connect + shutdown, which every --engine ray run pays once; os.getloadavg() before and after.
+a driver's connect + shutdown, which every --engine ray run pays once; the machine line (load
+average at start and end) and the command that reproduces the run.
 """
 
 from __future__ import annotations
@@ -23,18 +24,18 @@ import time
 from pathlib import Path
 
 import click
-import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness
 
-from bench_pack import DEFAULT_SRC, repeated_tree  # noqa: E402
+harness.use_checkout(tests=True)
+
+from bench_pack import repeated_tree  # noqa: E402
 from shardpack.packer import Options, Recipe, pack  # noqa: E402
 
 
-@click.command()
-@click.option("--src", type=click.Path(exists=True, file_okay=False), default=str(DEFAULT_SRC), show_default=True)
+@click.command(help=__doc__)
+@click.option("--src", type=click.Path(exists=True, file_okay=False), default=str(harness.DEFAULT_SAMPLE),
+              show_default=True)
 @click.option("--min-images", type=int, default=3000, show_default=True)
 @click.option("--size", type=int, default=256, show_default=True)
 @click.option("--repeat", type=int, default=3, show_default=True)
@@ -44,7 +45,7 @@ def main(src, min_images, size, repeat, formats):
     import ray
     work = Path(tempfile.mkdtemp(prefix="bench-ray-"))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still stops the cluster (finally)
-    load = [os.getloadavg()]
+    machine = harness.Machine()
     t = time.perf_counter()
     cluster = Cluster()
     os.environ.update(RAY_TMPDIR=cluster.tmp, RAY_AUTH_MODE="disabled")
@@ -59,37 +60,44 @@ def main(src, min_images, size, repeat, formats):
         n = repeated_tree(Path(src), tree, min_images)
         engines = {"local K=2": dict(engine="local", workers=2), "units K=2": dict(engine="units", workers=2),
                    "ray 2 nodes": dict(engine="ray", address=cluster.address)}
-        rates = {(fmt, e): [] for fmt in formats.split(",") for e in engines}
-        nodes, cpu = {}, {k: [] for k in rates}
-        for _ in range(repeat):
-            for fmt in formats.split(","):
-                for name, kw in engines.items():
-                    out = work / "out"
-                    before = resource.getrusage(resource.RUSAGE_SELF)
-                    r = pack(tree, out, Recipe(size), Options(fmt=fmt, progress=False, **kw))
-                    after = resource.getrusage(resource.RUSAGE_SELF)
-                    rates[(fmt, name)].append(n / r.seconds)
-                    cpu[(fmt, name)].append((after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
-                                            / n * 1e6)
-                    run = json.loads((out / "manifest.json").read_text())["run"]
-                    if kw["engine"] == "ray":
-                        nodes[fmt] = run["units_per_node"]
-                    shutil.rmtree(out)
-        load.append(os.getloadavg())
+        keys = [(fmt, e) for fmt in formats.split(",") for e in engines]
+        nodes, cpu = {}, {k: [] for k in keys}
+
+        def packing(fmt, name):
+            kw = engines[name]
+
+            def one():
+                out = work / "out"
+                before = resource.getrusage(resource.RUSAGE_SELF)
+                r = pack(tree, out, Recipe(size), Options(fmt=fmt, progress=False, **kw))
+                after = resource.getrusage(resource.RUSAGE_SELF)
+                cpu[(fmt, name)].append((after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+                                        / n * 1e6)
+                run = json.loads((out / "manifest.json").read_text())["run"]
+                if kw["engine"] == "ray":
+                    nodes[fmt] = run["units_per_node"]
+                shutil.rmtree(out)
+                return n / r.seconds
+            return one
+
+        rates = harness.rounds({k: packing(*k) for k in keys}, repeat)  # order reversed every other round
     finally:
         cluster.stop()
         shutil.rmtree(work, ignore_errors=True)
     print(f"{n} images, N={size}; cluster start-up (2 nodes alive) {startup:.1f} s; "
-          f"driver connect+shutdown {connect:.2f} s; load average before {load[0][0]:.2f}, after {load[-1][0]:.2f}")
-    print("| format | engine | images/s (median of %d) | / local K=2 | driver CPU us/image |" % repeat)
+          f"driver connect+shutdown {connect:.2f} s")
+    print("| format | engine | images/s (median of %d, ± half spread) | / local K=2 (median of per-round ratios, "
+          "spread) | driver CPU us/image |" % repeat)
     print("|---|---|---:|---:|---:|")
     for fmt in formats.split(","):
-        base = float(np.median(rates[(fmt, "local K=2")]))
+        base = rates[(fmt, "local K=2")]
         for name in engines:
-            m = float(np.median(rates[(fmt, name)]))
-            print(f"| {fmt} | {name} | {m:.0f} | {m / base:.2f} | {np.median(cpu[(fmt, name)]):.0f} |")
+            r, spread = harness.ratio(rates[(fmt, name)], base)
+            print(f"| {fmt} | {name} | {harness.shown(rates[(fmt, name)])} | {r:.2f} ({spread:.0%}) | "
+                  f"{harness.median(cpu[(fmt, name)]):.0f} |")
     print("units per node (last ray run):", json.dumps(nodes))
     print("all rounds:", json.dumps({f"{k[0]} {k[1]}": [round(x) for x in v] for k, v in rates.items()}))
+    harness.finish(machine)
 
 
 if __name__ == "__main__":

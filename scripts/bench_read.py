@@ -45,8 +45,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, RandomSampler
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import harness  # noqa: E402
+import harness
 
 harness.use_checkout()
 

@@ -22,8 +22,10 @@ from pathlib import Path
 import click
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import harness
+
+harness.use_checkout()
+ROOT = harness.REPO
 
 SCAN_CHILD = """
 import json, resource, sys, time
@@ -68,16 +70,20 @@ def write_index(out: Path, n: int, classes: int) -> None:
     names = [f"n{c:08d}" for c in range(classes)]
     manifest = {"format_version": FORMAT_VERSION, "format": "npy", "count": n, "shape": [1, 1, 3],
                 "dtype": "uint8", "layout": "HWC", "classes": names,
-                "class_to_idx": {c: i for i, c in enumerate(names)}, "pixels": {}, "run": {}}
+                "class_to_idx": {c: i for i, c in enumerate(names)}, "pixels": {}, "run": {},
+                # every file with its size, which the reader checks (as the packer writes it)
+                "files": {p.relative_to(out).as_posix(): p.stat().st_size for p in sorted(out.rglob("*"))
+                          if p.is_file()}}
     (out / "manifest.json").write_text(json.dumps(manifest))
 
 
-@click.command()
+@click.command(help=__doc__)
 @click.option("--classes", default=1000, show_default=True)
 @click.option("--per-class", default=1000, show_default=True)
 @click.option("--keep", type=click.Path(path_type=Path), default=None,
               help="Build (or reuse) the tree here instead of a temporary folder.")
 def main(classes, per_class, keep):
+    machine = harness.Machine()
     work = keep or Path(tempfile.mkdtemp(prefix="bench-scan-"))
     tree = work / "tree"
     n = classes * per_class
@@ -107,6 +113,7 @@ def main(classes, per_class, keep):
     finally:
         if keep is None:
             shutil.rmtree(work, ignore_errors=True)
+    harness.finish(machine)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ so the ratio here is if anything pessimistic. Runs are interleaved (local, then 
 count, in alternating order) so background load hits all settings alike; each round's slow/local
 ratio is taken and the median over rounds reported.
 
-    .venv/bin/python scripts/bench_slowmount.py [SRC] [--delay 0.005] [--threads 4 8 16 32]
+    .venv/bin/python scripts/bench_slowmount.py [SRC] [--delay 0.005] [--threads 4,8,16,32]
         [--rounds 5] [--format npy] [--size 64]
 
 Needs root (or fuse permissions), /dev/fuse, libfuse 3 and mfusepy (see scripts/setup.sh).
@@ -15,21 +15,21 @@ Needs root (or fuse permissions), /dev/fuse, libfuse 3 and mfusepy (see scripts/
 
 from __future__ import annotations
 
-import argparse
 import os
-import statistics
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+import click
+
+import harness
+
+harness.use_checkout(tests=True)
 
 from fusemount import slow_mount  # noqa: E402
 from shardpack.packer import Options, Recipe, pack  # noqa: E402
 from shardpack.packer.prefetch import DEFAULT_THREADS  # noqa: E402
-
-DEFAULT_SRC = ROOT.parent / "shared" / "data" / "imagenet-sample" / "train"
 
 
 def machine_cpu() -> float:
@@ -58,37 +58,45 @@ def run(src, out, fmt, size, threads, mnt):
     return report.images_per_s, machine_cpu() - c0, server_cpu(mnt) - s0
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("src", nargs="?", default=str(DEFAULT_SRC))
-    p.add_argument("--delay", type=float, default=0.005, help="seconds per FUSE operation")
-    p.add_argument("--threads", type=int, nargs="+", default=[4, 8, DEFAULT_THREADS, 32],
-                   help="I/O thread counts to try on the slow mount")
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--format", default="npy")
-    p.add_argument("--size", type=int, default=64)
-    p.add_argument("--no-baseline", action="store_true", help="skip the slow run without read-ahead")
-    a = p.parse_args()
-    src = Path(a.src)
+@click.command(help=__doc__)
+@click.argument("src", type=click.Path(exists=True, file_okay=False, path_type=Path), default=harness.DEFAULT_SAMPLE)
+@click.option("--delay", default=0.005, show_default=True, help="seconds per FUSE operation")
+@click.option("--threads", default=f"4,8,{DEFAULT_THREADS},32", show_default=True,
+              help="I/O thread counts to try on the slow mount, comma-separated")
+@click.option("--rounds", default=5, show_default=True)
+@click.option("--format", "fmt", default="npy", show_default=True)
+@click.option("--size", default=64, show_default=True)
+@click.option("--no-baseline", is_flag=True, help="skip the slow run without read-ahead")
+def main(src, delay, threads, rounds, fmt, size, no_baseline):
+    machine = harness.Machine()
+    threads = [int(t) for t in threads.split(",")]
+    code = measure(src, delay, threads, rounds, fmt, size, no_baseline)
+    harness.finish(machine)
+    sys.exit(code)
+
+
+def measure(src, delay, threads, rounds, fmt, size, no_baseline):
+    a = SimpleNamespace(delay=delay, threads=threads, rounds=rounds, format=fmt, size=size, no_baseline=no_baseline)
     with tempfile.TemporaryDirectory(prefix="bench-slowmount-") as tmp:
         tmp = Path(tmp)
         with slow_mount(src, tmp / "mnt", delay=a.delay) as mnt:
             print(f"{src}: local disk vs FUSE mount {mnt} with {a.delay * 1e3:g} ms per operation; "
                   f"{a.format} at {a.size} px, default workers", flush=True)
             run(src, tmp / "warm", a.format, a.size, 0, mnt)  # page cache and forkserver warm for both
-            speeds = {"local": [], **{t: [] for t in a.threads}}
-            cpu = {k: [] for k in speeds}  # (machine CPU-s, FUSE server CPU-s) per run
-            settings = ["local", *a.threads]
-            for r in range(a.rounds):
-                for k in (settings if r % 2 == 0 else settings[::-1]):  # alternate to cancel drift
+            cpu = {k: [] for k in ["local", *a.threads]}  # (machine CPU-s, FUSE server CPU-s) per run
+
+            def contender(k):
+                def one():
                     rate, busy, server = (run(src, tmp / "out", a.format, a.size, None, mnt) if k == "local"
                                           else run(mnt, tmp / "out", a.format, a.size, k, mnt))
-                    speeds[k].append(rate)
                     cpu[k].append((busy, server))
-                print(f"round {r + 1}: " + ", ".join(f"{k if k == 'local' else f'{k} threads'} "
-                                                     f"{v[-1]:.0f}" for k, v in speeds.items()), flush=True)
+                    print(f"  {k if k == 'local' else f'{k} threads'}: {rate:.0f} images/s", flush=True)
+                    return rate
+                return one
+            # alternating order (local, 4, 8, ..., then reversed) so drift hits all settings alike
+            speeds = harness.rounds({k: contender(k) for k in cpu}, a.rounds)
             baseline = None if a.no_baseline else run(mnt, tmp / "out", a.format, a.size, 0, mnt)[0]
-    local = statistics.median(speeds["local"])
+    local = harness.median(speeds["local"])
     print(f"\nimages/s, median of {a.rounds} rounds; ratio = median over rounds of slow/local in the same round")
     print(f"  local disk: {local:.0f}")
     if baseline is not None:
@@ -96,16 +104,18 @@ def main():
               f"({baseline / local:.0%} of local, one run)")
     enough = None
     for t in a.threads:
-        ratio = statistics.median(s / l for s, l in zip(speeds[t], speeds["local"]))
-        print(f"  slow mount, {t:>2} I/O threads: {statistics.median(speeds[t]):.0f} (ratio {ratio:.0%})")
+        ratio, spread = harness.ratio(speeds[t], speeds["local"])
+        print(f"  slow mount, {t:>2} I/O threads: {harness.shown(speeds[t])} (ratio {ratio:.0%}, "
+              f"rounds spread {spread:.0%})")
         if enough is None and ratio >= 0.8:
             enough = t
     print("target >= 80% of local: " + (f"reached with {enough} I/O threads" if enough else "not reached"))
-    print(f"\nCPU-s per pack of the whole machine ({os.cpu_count()} CPUs), median of {a.rounds} rounds:")
-    local_cpu = statistics.median(b for b, _ in cpu["local"])
+    print(f"\nCPU-s per pack of the whole machine ({os.sysconf('SC_NPROCESSORS_ONLN')} CPUs online, "
+          f"{harness.usable_cpus()} usable), median of {a.rounds} rounds:")
+    local_cpu = harness.median([b for b, _ in cpu["local"]])
     print(f"  local disk: {local_cpu:.2f}")
     for t in a.threads:
-        busy, server = (statistics.median(x) for x in zip(*cpu[t]))
+        busy, server = (harness.median(x) for x in zip(*cpu[t]))
         print(f"  slow mount, {t:>2} I/O threads: {busy:.2f}, of which the FUSE server {server:.2f}; "
               f"without the server (on WSL2 9P is served from the Windows side) a CPU-bound run "
               f"would reach about {local_cpu / (busy - server):.0%} of local")
@@ -113,4 +123,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

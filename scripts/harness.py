@@ -3,9 +3,10 @@
 Every number here is taken on a shared, noisy machine, so a script measures contenders in
 rounds whose order alternates (A B, then B A, ...), reports medians and ratios with their spread,
 and prints one machine line (usable CPUs, physical cores, load average at start and end) and the
-command that reproduces it. Scripts import this file as ``harness`` after putting scripts/ on
-``sys.path`` (``sys.path.insert(0, str(Path(__file__).parent))``); :func:`use_checkout` then
-makes ``import shardpack`` find this checkout from a fresh clone.
+command that reproduces it. ``python scripts/NAME.py`` puts scripts/ first on ``sys.path``, so a
+script imports this file as plain ``import harness``; :func:`use_checkout` then makes
+``import shardpack`` (and, with ``tests=True``, the test helpers) find this checkout from a fresh
+clone. This is the only ``sys.path`` change the scripts make.
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ SHARED = REPO.parent / "shared" / "data"
 DEFAULT_SAMPLE = SHARED / "imagenet-sample" / "train"  # 785 JPEGs in class folders, when present
 
 
-def use_checkout() -> None:
-    """Put this checkout first on ``sys.path`` so ``import shardpack`` is its code."""
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
+def use_checkout(tests: bool = False) -> None:
+    """Put this checkout first on ``sys.path`` so ``import shardpack`` is its code; with
+    ``tests``, tests/ too, for the fixtures a benchmark shares with the tests (helpers, reference)."""
+    for path in ([REPO / "tests"] if tests else []) + [REPO]:
+        if str(path) not in sys.path:
+            sys.path.insert(0, str(path))
 
 
 def physical_cores() -> int | None:
@@ -46,6 +49,13 @@ def physical_cores() -> int | None:
     return len(cores) or None
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (affinity and cgroup quota), as the package counts them."""
+    use_checkout()
+    from shardpack.readers.system import usable_cpus as count
+    return count()
+
+
 class Machine:
     """Where and under what load a run happened: made at the start, :meth:`line` at the end."""
 
@@ -54,12 +64,15 @@ class Machine:
         self.started = time.time()
 
     def line(self) -> str:
-        use_checkout()
-        from shardpack.readers.system import usable_cpus
         end = os.getloadavg()
         return (f"machine: {platform.node() or '?'}, {usable_cpus()} usable CPUs, {physical_cores() or '?'} "
                 f"physical cores, load average (1/5/15 min) {_load(self.start_load)} at start, "
                 f"{_load(end)} at end, python {platform.python_version()}, {time.time() - self.started:.0f} s")
+
+
+def finish(machine: Machine) -> None:
+    """Print the machine line and the command that reproduces this run (a script's last lines)."""
+    print(f"\n{machine.line()}\ncommand: {command()}")
 
 
 def _load(avg) -> str:

@@ -14,15 +14,17 @@ share of it spent waiting for data; the end prints the totals. Augmentation:
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
+import click
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import harness
+
+harness.use_checkout()
 
 from shardpack.readers import ShardDataset  # noqa: E402
 from shardpack.readers.bench import tiny_cnn  # noqa: E402
@@ -31,17 +33,17 @@ from shardpack.readers.loading import make_loader  # noqa: E402
 from shardpack.readers.transforms import Compose, RandomHorizontalFlip, RandomResizedCrop  # noqa: E402
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("data", type=Path, help="a shardpack output directory")
-    ap.add_argument("--size", type=int, default=224, help="crop side fed to the model")
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--steps", type=int, default=50)
-    ap.add_argument("--aug", choices=("cpu", "device"), default="cpu")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--mode", default="auto", help="make_loader mode: auto, main, threads, processes")
-    args = ap.parse_args(argv)
-
+@click.command(help=__doc__)
+@click.argument("data", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--size", default=224, show_default=True, help="crop side fed to the model")
+@click.option("--batch", default=64, show_default=True)
+@click.option("--steps", default=50, show_default=True)
+@click.option("--aug", type=click.Choice(["cpu", "device"]), default="cpu", show_default=True)
+@click.option("--device", default="cuda" if torch.cuda.is_available() else "cpu", show_default=True)
+@click.option("--mode", default="auto", show_default=True, help="make_loader mode: auto, main, threads, processes")
+def main(**options):
+    machine = harness.Machine()
+    args = SimpleNamespace(**options)
     ds = ShardDataset(args.data)
     dev = torch.device(args.device)
     if args.aug == "cpu":
@@ -88,6 +90,7 @@ def main(argv=None):
     total = time.perf_counter() - t_start
     print(f"\n{seen} samples in {total:.1f} s: {seen / total:.0f} samples/s, "
           f"data wait {waited / total:.1%} of the time")
+    harness.finish(machine)
 
 
 if __name__ == "__main__":
