@@ -22,3 +22,7 @@ def all_samples(ds: ShardDataset):
     imgs = [ds[i][0].permute(1, 2, 0).numpy().copy() for i in range(len(ds))]
     labels = np.array([ds[i][1] for i in range(len(ds))])
     return imgs, labels
+
+
+# The four output formats, in the order the tests parametrize them.
+FORMATS = ["npy", "hdf5", "lmdb", "wds"]

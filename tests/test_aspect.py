@@ -11,9 +11,8 @@ from click.testing import CliRunner
 from PIL import Image
 from torch.utils.data import DataLoader
 
-import shardpack.packer.decode as decode_module
-from conftest import make_tree, noise_image
-from helpers import all_samples, pack_quiet
+from conftest import noise_image
+from helpers import FORMATS, all_samples, pack_quiet
 from shardpack.packer import Recipe
 from shardpack.packer.cli import pack_dataset
 from shardpack.packer.scan import scan
@@ -22,7 +21,6 @@ from shardpack.readers import ShardDataset
 from shardpack.readers.manifest import sample_key
 from reference import longer_side, mean_abs_diff, open_rgb, pad, shorter_side
 
-FORMATS = ["npy", "hdf5", "lmdb", "wds"]
 # make_tree's sizes: (96, 64), (64, 96), (50, 50), (120, 40), (33, 77)
 
 
@@ -192,32 +190,6 @@ def test_loader_batches_variable_shapes_after_a_crop(tree, tmp_path):
     assert torch.cat([lab for _, lab in got]).tolist() == labels.tolist()
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_interrupted_variable_run_resumes_to_the_same_bytes(tree, tmp_path, monkeypatch, fmt):
-    pack_quiet(tree, tmp_path / "whole", fmt, size=40, resize="shorter-side")
-    real = decode_module.decode
-    calls = []
-
-    def flaky(data, recipe, name):
-        calls.append(name)
-        if len(calls) == 11:
-            raise KeyboardInterrupt
-        return real(data, recipe, name)
-
-    monkeypatch.setattr(decode_module, "decode", flaky)
-    with pytest.raises(KeyboardInterrupt):
-        pack_quiet(tree, tmp_path / "cut", fmt, size=40, resize="shorter-side")
-    monkeypatch.setattr(decode_module, "decode", real)
-    pack_quiet(tree, tmp_path / "cut", fmt, size=40, resize="shorter-side", resume=True)
-    a, b = ShardDataset(tmp_path / "whole"), ShardDataset(tmp_path / "cut")
-    assert b.manifest["run"]["resumed_at"] == 10
-    assert np.array_equal(a.shapes, b.shapes) and np.array_equal(a.index.checksums, b.index.checksums)
-    assert all(np.array_equal(x, y) for x, y in zip(all_samples(a)[0], all_samples(b)[0]))
-    data = {"npy": "images.npy", "hdf5": "images.h5", "wds": "shard-000000.tar", "lmdb": None}[fmt]
-    if data:
-        assert filecmp.cmp(tmp_path / "whole" / data, tmp_path / "cut" / data, shallow=False)
-
-
 def test_orientation_and_draft_keep_the_displayed_shape(tmp_path):
     d = tmp_path / "src" / "a"
     d.mkdir(parents=True)
@@ -238,50 +210,3 @@ def test_orientation_and_draft_keep_the_displayed_shape(tmp_path):
             assert mean_abs_diff(plain[i][0].permute(1, 2, 0).numpy(), expect) <= 2
         rot = next(i for i in range(4) if plain.source_path(i).endswith("rot.jpg"))
         assert plain.shapes[rot].tolist() == ([96, 64, 3] if mode == "shorter-side" else [64, 42, 3])
-
-
-KILLED_RUNNER = """
-import sys
-from shardpack.packer import Options, Recipe, pack
-src, out, fmt, resume = sys.argv[1:5]
-pack(src, out, Recipe(48, "shorter-side"), Options(fmt=fmt, workers=2, resume=resume == "1", progress=False,
-                                                    checkpoint_seconds=0.02))
-"""
-
-
-@pytest.mark.parametrize("fmt", ["npy"])  # hdf5 shares RaggedWriter: see the resume test above
-def test_sigkill_mid_ragged_run_then_resume_is_identical(tmp_path, fmt):
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-    from pathlib import Path
-
-    from shardpack.readers.manifest import partial_dir
-
-    src = make_tree(tmp_path / "src", {"a": 80, "b": 80}, sizes=[(480, 360), (360, 480), (500, 375), (640, 200)])
-    pack_quiet(src, tmp_path / "ref", fmt, size=48, resize="shorter-side")
-    out, root = tmp_path / "out", Path(__file__).resolve().parents[1]
-
-    def run(resume):
-        return subprocess.Popen([sys.executable, "-c", KILLED_RUNNER, str(src), str(out), fmt, "1" if resume else "0"],
-                                env=dict(os.environ, PYTHONPATH=str(root)), cwd=root, stderr=subprocess.PIPE)
-
-    proc, deadline = run(False), time.monotonic() + 60
-    status = partial_dir(out) / "run" / "status.npy"
-    while proc.poll() is None and time.monotonic() < deadline:
-        try:
-            if np.count_nonzero(np.load(status, mmap_mode="r")) >= 60:
-                break
-        except (OSError, ValueError, EOFError):  # status.npy may still be empty
-            pass
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert not out.exists(), "the run finished before it could be killed"
-    assert run(True).wait(timeout=120) == 0
-    a, b = ShardDataset(tmp_path / "ref"), ShardDataset(out)
-    assert np.array_equal(a.shapes, b.shapes) and np.array_equal(a.index.checksums, b.index.checksums)
-    data = {"npy": "images.npy", "hdf5": "images.h5"}[fmt]
-    assert filecmp.cmp(tmp_path / "ref" / data, out / data, shallow=False)

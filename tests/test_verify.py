@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import lmdb
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from helpers import pack_quiet
+from helpers import FORMATS, pack_quiet
 from shardpack.packer.cli import main as shardpack
+from shardpack.readers import ShardDataset, ShardFormatError
+from shardpack.readers.manifest import partial_dir
 from shardpack.readers.verify import verify
 
 
@@ -327,3 +330,63 @@ def test_a_splits_root_that_disagrees_with_its_splits_is_refused(tmp_path, edit)
         assert f"split 'val''s {edit} differs" in res.output if edit == "count" else "classes differs" in res.output
     with pytest.raises(ShardFormatError, match=f"split 'val'.s {edit} differs" if edit == "count" else "classes differs"):
         ShardDataset(out, split="val")
+
+
+def flip_one_byte(path: Path, offset: int):
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_verify_catches_a_single_flipped_byte(tree, tmp_path, fmt):
+    out = tmp_path / fmt
+    pack_quiet(tree, out, fmt, size=16)
+    runner = CliRunner()
+    ok = runner.invoke(shardpack, ["verify", str(out), "--quiet"])
+    assert ok.exit_code == 0 and "all 18 samples match" in ok.output
+    ds = ShardDataset(out)
+    pixels = ds[11][0].permute(1, 2, 0).contiguous().numpy().tobytes()
+    target = {"npy": out / "images.npy", "hdf5": out / "images.h5", "lmdb": out / "data.mdb",
+              "wds": out / "shard-000000.tar"}[fmt]
+    offset = target.read_bytes().find(pixels)
+    assert offset > 0
+    flip_one_byte(target, offset + 100)
+    bad = runner.invoke(shardpack, ["verify", str(out), "--quiet"])
+    assert bad.exit_code == 1
+    assert f"MISMATCH sample 11 ({ds.source_path(11)})" in bad.output
+    assert bad.output.count("MISMATCH") == 1
+
+
+def test_info_describes_the_output(tree, tmp_path):
+    pack_quiet(tree, tmp_path / "o", "hdf5", size=16)
+    result = CliRunner().invoke(shardpack, ["info", str(tmp_path / "o")])
+    assert result.exit_code == 0
+    assert "samples     18 of 18" in result.output and "classes     3: cat, dog, emu" in result.output
+    assert "(16, 16, 3) uint8 HWC" in result.output and "center-crop 16 px" in result.output
+
+
+@pytest.mark.parametrize("damage", ["no-manifest", "version", "missing-shard", "short-file", "partial-only"])
+def test_readers_refuse_damaged_outputs_by_name(tree, tmp_path, damage):
+    out = tmp_path / "o"
+    pack_quiet(tree, out, "wds" if damage == "missing-shard" else "npy", size=16)
+    if damage == "no-manifest":
+        (out / "manifest.json").unlink()
+        match = "no manifest.json"
+    elif damage == "version":
+        m = json.loads((out / "manifest.json").read_text())
+        m["format_version"] = 99
+        (out / "manifest.json").write_text(json.dumps(m))
+        match = "format version 99"
+    elif damage == "missing-shard":
+        (out / "shard-000000.tar").unlink()
+        match = "shard-000000.tar is missing"
+    elif damage == "short-file":
+        with open(out / "images.npy", "r+b") as f:
+            f.truncate(1000)
+        match = r"images.npy: 1000 bytes, the manifest records"
+    else:
+        out.rename(partial_dir(out))
+        match = "interrupted run"
+    with pytest.raises(ShardFormatError, match=match):
+        ShardDataset(out)
