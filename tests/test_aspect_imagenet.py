@@ -23,6 +23,7 @@ def sample():
     return need_shared(IMAGENET_SAMPLE)
 
 
+@pytest.mark.slow
 def test_every_mode_matches_its_reference_on_real_jpegs(sample, tmp_path):
     size = 64
     sets = {m: ShardDataset(pack_quiet(sample, tmp_path / m, "npy", size=size, resize=m, workers=2).out)

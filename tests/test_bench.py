@@ -37,6 +37,7 @@ def tiny(tmp_path_factory):
     return src, pack_quiet(src, tmp / "out", "npy", size=24).out
 
 
+@pytest.mark.slow
 def test_cli_tiny_grid_table_json_and_plot(tiny, tmp_path):
     """In a subprocess: training the model and drawing the plot there leave this process's heap
     as it was; freed heap here would be copied into later tests' forked DataLoader workers as

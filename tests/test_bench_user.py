@@ -119,6 +119,7 @@ def user_file(tmp_path):
     return path, counter
 
 
+@pytest.mark.slow
 def test_cli_runs_the_users_dataset_and_model(user_file, tmp_path):
     """FILE.py:NAME for both the data and the model, in a subprocess (spawn workers, a real CLI)."""
     path, counter = user_file
@@ -334,3 +335,19 @@ def test_a_loaders_own_batch_sampler_and_collate_are_kept(user_file):
     assert "DataLoader(dataset, num_workers=0, pin_memory=False)" in text
     assert "keep your loader's own collate_fn=stack_dicts, batch_sampler=BatchSampler" in text
     assert res.breakdown["collate_ms"] > 0 and res.breakdown["sample"]["dtype"] == "uint8"
+
+
+def test_a_str_or_dict_is_not_taken_for_a_dataset_but_a_list_of_samples_is():
+    from shardpack.readers.bench.target import kind_of
+    assert kind_of("/data/train") is None and kind_of({"a": 1}) is None and kind_of(b"xy") is None
+    assert kind_of([(1, 0), (2, 1)]) == "dataset"
+
+
+def test_the_real_loop_starts_a_new_epoch_of_a_short_loader():
+    from torch.utils.data import DataLoader
+
+    from shardpack.readers.bench.gpu import _endless
+    it = _endless(DataLoader(list(range(6)), batch_size=4))  # 2 batches an epoch
+    got = [next(it).tolist() for _ in range(5)]
+    assert got == [[0, 1, 2, 3], [4, 5], [0, 1, 2, 3], [4, 5], [0, 1, 2, 3]]
+    assert list(_endless(DataLoader([], batch_size=4))) == []  # an empty loader ends, never spins

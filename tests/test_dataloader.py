@@ -42,6 +42,7 @@ def packed(tmp_path_factory):
     return {fmt: pack_quiet(src, tmp / fmt, fmt, size=24).out for fmt in FORMATS}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
 def test_workers_give_the_same_bytes_after_parent_touched_it(packed, fmt, method):

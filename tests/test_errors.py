@@ -272,6 +272,7 @@ def start_cli(args, **kw):
                             stderr=subprocess.PIPE, text=True, **kw)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers,group", [(1, False), (2, False), (2, True)])
 def test_sigterm_checkpoints_says_how_to_resume_and_exits_143(big_tree, tmp_path, workers, group):
     """docker stop (the main process), timeout and SLURM (group: the workers get it too)."""

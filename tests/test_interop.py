@@ -93,6 +93,7 @@ def ran(tmp_path_factory) -> list[tuple[str, str]]:
 BLOCKS = section_blocks()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", range(len(BLOCKS)), ids=[f"{k}-{re.sub(r'[^a-z0-9]+', '-', h.lower()).strip('-')}-"
                                                         f"{lang or 'shell'}" for k, (h, lang, _) in enumerate(BLOCKS)])
 def test_readme_interop_block_runs(ran, k):

@@ -139,6 +139,7 @@ def run_section(out: Path) -> dict:
     return json.loads((out / MANIFEST).read_text())["run"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_two_nodes_give_the_local_output(cluster, src, tmp_path, fmt):
     for resize in ("center-crop", "shorter-side"):  # fixed and variable shapes

@@ -23,6 +23,7 @@ def packed(tmp_path_factory):
     return src, {fmt: pack_quiet(src, tmp / fmt, fmt, size=256, workers=2).out for fmt in FORMATS}
 
 
+@pytest.mark.slow
 def test_counts_labels_and_pixels_match_the_reference(packed):
     src, outs = packed
     ds = ShardDataset(outs["npy"])
@@ -58,6 +59,7 @@ def test_four_formats_are_identical(packed):
                 assert np.array_equal(img.permute(1, 2, 0).numpy(), ref_pixels[start + k]), (fmt, start + k)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_dataloader_workers_read_the_same_bytes(packed, method):
     _, outs = packed

@@ -95,6 +95,7 @@ def same_content(a: Path, b: Path, fmt: str):
 
 # every write path: in place by the main process (npy 1) and by workers (hdf5 2); streamed
 # through the writer thread (lmdb 1, wds 1) and through the ring (lmdb 2, wds 2)
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt,workers", [("npy", 1), ("hdf5", 2), ("lmdb", 1), ("lmdb", 2),
                                          ("wds", 1), ("wds", 2)])
 def test_sigkill_at_30_60_90_percent_then_resume_is_identical(big_tree, refs, tmp_path, fmt, workers):

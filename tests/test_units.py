@@ -132,6 +132,7 @@ def checkpointed(out: Path) -> int:
         return 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["npy", "wds"])
 def test_killed_driver_resumes_running_only_the_missing_units(tmp_path_factory, tmp_path, fmt):
     big = tmp_path_factory.mktemp("bigunits") / "src"
