@@ -205,14 +205,21 @@ class InRam:
     ``fits``: whether the data can fit in the page cache at all (system.larger_than_ram); when
     not, this is always False and mincore is never called (its cost grows with the map). The
     answer is re-checked at most every :data:`RECHECK_S` seconds (longer for big maps), so a set that was cold when
-    training started moves to the memcpy once the reads have brought it in."""
+    training started moves to the memcpy once the reads have brought it in. ``file`` (the same
+    data open for preadv) is checked at every call (one fstat): once it is shorter than when it
+    was opened, the answer is False for good."""
 
-    def __init__(self, array, fits: bool):
-        self._array, self._fits = array, fits
+    def __init__(self, array, fits: bool, file: DataFile | None = None):
+        self._array, self._fits, self._file = array, fits, file
         self._answer, self._next = False, 0.0
 
     def __call__(self) -> bool:
         if not self._fits:
+            return False
+        if self._file is not None and os.fstat(self._file.fd).st_size < self._file.size:
+            # cut short since it was opened: touching the map past its end is SIGBUS, so the
+            # reads go through preadv, which raises naming the file and sample
+            self._fits = False
             return False
         now = time.monotonic()
         if now >= self._next:

@@ -376,3 +376,43 @@ def test_empty_batches_are_empty_in_every_format(tree, tmp_path, fmt, resize):
     if resize == "center-crop":
         imgs, labels = ds.read_batch([])
         assert imgs.shape == (0, 3, 16, 16) and labels.shape == (0,)
+
+
+# A data file cut short while a dataset has it open and in the page cache (a `cp` over a live
+# output truncates first): reading the map's lost tail would be SIGBUS, so the readers must see
+# the shorter file and raise naming it. Run in a child process: a SIGBUS would kill pytest.
+_CUT_CHILD = r"""
+import os, sys
+from shardpack.readers import ShardDataset
+from shardpack.readers.manifest import ShardFormatError
+out, data = sys.argv[1], sys.argv[2]
+ds = ShardDataset(out)
+n = len(ds)
+ds.read_batch(list(range(n)))  # in the page cache now: the in-RAM path
+ds[0]
+os.truncate(data, os.path.getsize(data) // 2)
+errors = []
+for read in (lambda: ds[n - 1], lambda: ds.read_batch(list(range(n)))):
+    try:
+        read()
+        errors.append("no error")
+    except ShardFormatError as err:
+        errors.append("ShardFormatError " + str(err))
+print("\n".join(errors))
+"""
+
+
+@pytest.mark.parametrize("fmt", ["npy", "hdf5", "lmdb", "wds"])
+def test_a_data_file_cut_short_while_open_raises_naming_it(tmp_path, tree, fmt):
+    import subprocess
+    import sys
+
+    out = tmp_path / f"out.{fmt}"
+    pack_quiet(tree, out, fmt, size=32)
+    data = {"npy": "images.npy", "hdf5": "images.h5", "lmdb": "data.mdb", "wds": "shard-000000.tar"}[fmt]
+    done = subprocess.run([sys.executable, "-c", _CUT_CHILD, str(out), str(out / data)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"child died ({done.returncode}): {done.stderr[-1500:]}"
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 2 and all(line.startswith("ShardFormatError") for line in lines), lines
+    assert all(data in line for line in lines), lines

@@ -179,3 +179,13 @@ def test_bad_input_is_named():
         RandomCrop(4)(torch.zeros(3, 8, 8))
     with pytest.raises(ValueError, match="must be \\(min, max\\)"):
         RandomResizedCrop(8, scale=(1.0, 0.5))
+
+
+def test_the_readmes_import_line_works_and_names_one_module():
+    import importlib
+
+    import shardpack
+    mod = importlib.import_module("shardpack.transforms")  # `from shardpack.transforms import ...`
+    from shardpack.readers import transforms
+    assert mod is transforms and shardpack.transforms is transforms
+    assert mod.Compose is transforms.Compose and mod.RandomResizedCrop is transforms.RandomResizedCrop

@@ -99,6 +99,18 @@ def _train(module, device, how, batch):
     return step
 
 
+def _endless(loader):
+    """The loader's batches without end: a short loader (an IterableDataset, a small set) starts
+    a new epoch rather than ending the loop early."""
+    while True:
+        empty = True
+        for b in loader:
+            empty = False
+            yield b
+        if empty:
+            return
+
+
 def real_loop(base: Base, setting: LoaderSetting, module, device, steps: int = 30, how: str = "as-is",
               utilisation: bool = False, seconds: float = 5.0) -> dict:
     """Up to ``steps`` training steps of ``module`` (at least 5; stopping once ``seconds`` have
@@ -109,7 +121,7 @@ def real_loop(base: Base, setting: LoaderSetting, module, device, steps: int = 3
     module = module.to(dev)
     feed = base.feed()
     loader = base.loader(setting, feed)
-    it = iter(loader)
+    it = _endless(loader)
     first = next(it)
     step = _train(module, dev, how, first)
     for _ in range(3):

@@ -100,8 +100,9 @@ def resolve(spec: str):
 
 def kind_of(obj) -> str | None:
     """"loader", "iterable" (an IterableDataset), "dataset" (map-style: ``__getitem__`` and
-    ``__len__``), or None for anything else."""
-    if isinstance(obj, type):
+    ``__len__``; a list of samples is one, as for DataLoader; a str, bytes or dict is not), or
+    None for anything else."""
+    if isinstance(obj, (type, str, bytes, bytearray, dict)):  # indexable, but not a set of samples
         return None
     if isinstance(obj, DataLoader):
         return "loader"

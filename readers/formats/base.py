@@ -244,7 +244,7 @@ class MemmapReader(Reader):
     def _open_file(self, base: int) -> None:
         """Open the data file for preadv; the images start at byte ``base`` of it."""
         self._file, self._base = diskio.DataFile(self.root / self.data_file), int(base)
-        self._in_ram = diskio.InRam(self._images, larger_than_ram(self.data_paths()) is None)
+        self._in_ram = diskio.InRam(self._images, larger_than_ram(self.data_paths()) is None, self._file)
 
     def _range(self, i, shape) -> int:
         """Byte of the data file where sample i (of ``shape``) starts, after checking its range."""

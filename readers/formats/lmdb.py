@@ -203,7 +203,7 @@ class LmdbReader(Reader):
             self._file = identity
         self._data = np.frombuffer(self._map, np.uint8)
         self._pread = diskio.DataFile(self._path)
-        self._in_ram = diskio.InRam(self._data, larger_than_ram(self.data_paths()) is None)
+        self._in_ram = diskio.InRam(self._data, larger_than_ram(self.data_paths()) is None, self._pread)
 
     def _value(self, i: int, shape) -> int:
         """Where sample i's pixels start in data.mdb, after checking its value against ``shape``."""

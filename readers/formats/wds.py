@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import mmap
+import os
 import tarfile
 
 import numpy as np
@@ -57,7 +58,8 @@ class WdsReader(Reader):
                 m = self._maps.get(shard)
                 if m is None:
                     return False
-                check = self._in_ram[shard] = diskio.InRam(np.frombuffer(m, np.uint8), self._fits)
+                check = self._in_ram[shard] = diskio.InRam(np.frombuffer(m, np.uint8), self._fits,
+                                                             self._file(shard))
             if not check():
                 return False
         return True
@@ -97,6 +99,10 @@ class WdsReader(Reader):
             m = self._map(shard) if shard >= 0 else None
         except ShardFormatError as err:
             raise ShardFormatError(f"{err}; {WDS_OFFSETS} puts sample {i} there") from None
+        f = self._file(shard) if m is not None else None
+        if f is not None and os.fstat(f.fd).st_size < len(m):  # the map's tail would be SIGBUS now
+            raise ShardFormatError(f"{self.root / WDS_SHARD.format(shard)}: sample {i}: the shard is shorter "
+                                   f"than when it was opened ({len(m)} bytes; cut short or rewritten?)")
         start = offset - offset % BLOCK
         name = _member(i)
         if m is None or start < BLOCK or m[start - BLOCK:start - BLOCK + len(name)] != name:
