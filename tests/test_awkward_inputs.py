@@ -12,15 +12,13 @@ from click.testing import CliRunner
 from PIL import Image, ImageFile
 
 from conftest import ODD_IMAGES, need_shared, noise_image
-from helpers import pack_quiet
+from helpers import FORMATS, pack_quiet
 from shardpack.packer.cli import pack_dataset
 from shardpack.packer.imaging import Recipe, decode, to_rgb
 from shardpack.packer import PackError
 from shardpack.readers import ShardDataset
 from shardpack.readers.manifest import SOURCE_MODES
 from reference import mean_abs_diff, open_rgb, resize_center_crop
-
-FORMATS = ["npy", "hdf5", "lmdb", "wds"]
 
 
 def hwc(ds, i):

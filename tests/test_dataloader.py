@@ -9,9 +9,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from shardpack.readers import ShardDataset
-from helpers import pack_quiet
-
-FORMATS = ["npy", "hdf5", "lmdb", "wds"]
+from helpers import FORMATS, pack_quiet
 
 
 def digest_all(loader):

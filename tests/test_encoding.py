@@ -18,7 +18,7 @@ import xxhash
 from click.testing import CliRunner
 
 from conftest import IMAGENET_SAMPLE, make_tree, need_shared
-from helpers import pack_quiet
+from helpers import FORMATS, pack_quiet
 from shardpack.packer.cli import main as shardpack
 from shardpack.packer.imaging import Recipe
 from shardpack.readers import ShardDataset, ShardFormatError
@@ -26,7 +26,6 @@ from shardpack.readers.encoding import decode_into
 from shardpack.readers.manifest import partial_dir
 from shardpack.readers.verify import info_text, verify
 
-FORMATS = ["npy", "hdf5", "lmdb", "wds"]
 ROOT = Path(__file__).resolve().parents[1]
 
 

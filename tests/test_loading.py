@@ -11,12 +11,10 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
 
 import shardpack.readers.loading as loading
-from helpers import pack_quiet
+from helpers import FORMATS, pack_quiet
 from shardpack.readers import ShardDataset
 from shardpack.readers.loading import MODES, make_loader, stack_collate
 from shardpack.readers.transforms import CenterCrop, Compose, RandomCrop, RandomHorizontalFlip
-
-FORMATS = ["npy", "hdf5", "lmdb", "wds"]
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,8 @@ from shardpack.packer import PackError
 from shardpack.readers import ShardDataset
 from shardpack.readers.manifest import sample_key
 from shardpack.packer.scan import scan
-from helpers import all_samples, pack_quiet
+from helpers import all_samples, FORMATS, pack_quiet
 from reference import mean_abs_diff, open_rgb, resize_center_crop, squash
-
-FORMATS = ["npy", "hdf5", "lmdb", "wds"]
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import make_tree
-from helpers import pack_quiet
+from helpers import FORMATS, pack_quiet
 from test_units import assert_same_output, awkward_tree
 from shardpack.packer import PackError
 from shardpack.packer.cli import pack_dataset
@@ -25,7 +25,6 @@ from shardpack.readers.manifest import MANIFEST, partial_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-FORMATS = ["npy", "hdf5", "lmdb", "wds"]
 
 
 def test_missing_extra_names_it(tmp_path, monkeypatch):

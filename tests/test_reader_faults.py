@@ -14,12 +14,10 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import all_samples, pack_quiet
+from helpers import all_samples, FORMATS, pack_quiet
 from shardpack.readers import ShardDataset, ShardFormatError
 from shardpack.readers.formats import lmdb as lmdb_reader
 from shardpack.readers.formats.lmdb_pages import read_pages
-
-FORMATS = ["npy", "hdf5", "lmdb", "wds"]
 
 
 def hwc(ds, i):

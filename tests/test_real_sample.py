@@ -9,11 +9,9 @@ import pytest
 from torch.utils.data import DataLoader
 
 from conftest import IMAGENET_SAMPLE, need_shared
-from helpers import pack_quiet
+from helpers import FORMATS, pack_quiet
 from shardpack.readers import ShardDataset
 from reference import mean_abs_diff, open_rgb, resize_center_crop
-
-FORMATS = ["npy", "hdf5", "lmdb", "wds"]
 
 
 @pytest.fixture(scope="module")

@@ -12,12 +12,11 @@ import lmdb
 import pytest
 
 from conftest import make_tree
-from helpers import pack_quiet
+from helpers import FORMATS, pack_quiet
 from shardpack.packer import PackError, units
 from shardpack.packer.options import StrictError
 from shardpack.readers.manifest import MANIFEST, partial_dir
 
-FORMATS = ["npy", "hdf5", "lmdb", "wds"]
 ROOT = Path(__file__).resolve().parents[1]
 
 
