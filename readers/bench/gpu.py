@@ -121,7 +121,7 @@ def real_loop(base: Base, setting: LoaderSetting, module, device, steps: int = 3
     module = module.to(dev)
     feed = base.feed()
     loader = base.loader(setting, feed)
-    it = _endless(loader)
+    it = iter(loader) if feed is not None else _endless(loader)  # a Feed cycles (and is drained below)
     first = next(it)
     step = _train(module, dev, how, first)
     for _ in range(3):
