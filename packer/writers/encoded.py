@@ -26,7 +26,7 @@ from ...readers.encoding import JPEG_MEMBER
 
 from .base import reserved_memmap, save_synced, fsync_path
 from .hdf5 import RaggedHdf5Writer, _create
-from .lmdb import PAGE, TXN_BYTES, LmdbWriter, os_errors, value_pages
+from .lmdb import LmdbWriter, os_errors
 from .npy import RaggedNpyWriter
 from .wds import BLOCK, RECORD, WdsWriter
 
@@ -46,22 +46,7 @@ class EncodedLmdbWriter(LmdbWriter):
     @os_errors
     def write(self, index, record, label):
         value = memoryview(np.ascontiguousarray(record, np.uint8))
-        need = self._need(value.nbytes)
-        if self.txn is None:
-            self.txn = self.env.begin(write=True)
-        self.txn.put(sample_key(index).encode(), value, overwrite=True)
-        self.pending += need
-        if self.pending >= TXN_BYTES:
-            self._commit()
-
-    def _need(self, nbytes: int) -> int:
-        """Bytes the value takes in data.mdb, after growing the map when it could overflow."""
-        need = value_pages(nbytes) * PAGE
-        if self.used + self.pending + need + (8 << 20) > self.map_size:
-            self._commit()
-            self.map_size = int((self.used + need + (8 << 20)) * 1.5)
-            self.env.set_mapsize(self.map_size)
-        return need
+        self._put(index, value, value.nbytes)
 
 
 class EncodedWdsWriter(WdsWriter):

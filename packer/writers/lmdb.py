@@ -77,6 +77,10 @@ class LmdbWriter(Writer):
         else:
             value = b"".join((npy_header(pixels.shape), np.ascontiguousarray(pixels).data))
             nbytes = len(value)
+        self._put(index, value, nbytes)
+
+    def _put(self, index, value, nbytes: int):
+        """Put sample ``index``'s value (``nbytes``), growing the map first when it could overflow."""
         need = value_pages(nbytes) * PAGE
         if self.used + self.pending + need + (8 << 20) > self.map_size:
             self._commit()

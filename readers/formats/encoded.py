@@ -17,8 +17,6 @@ the sample. ``record(i)`` gives the stored bytes themselves (``verify`` checksum
 
 from __future__ import annotations
 
-import mmap
-
 import numpy as np
 
 from ..encoding import JPEG_MEMBER, UndecodableRecord, decode_into, pick_decoder
@@ -26,6 +24,7 @@ from ..manifest import HDF5_FILE, NPY_IMAGES, NPY_OFFSETS, WDS_OFFSETS, WDS_SHAR
 from .base import Reader, check_out
 from .hdf5 import _map as map_dataset
 from .lmdb import LmdbReader
+from .wds import WdsReader
 
 BLOCK = 512  # tar block
 
@@ -139,18 +138,13 @@ class EncodedWdsReader(EncodedReader):
     def data_paths(self):
         return sorted(self.root.glob("shard-*.tar"))
 
+    _shard_map = WdsReader._map  # the raw reader's: maps shards one by one, advised random
+
     def _map(self, shard: int, i: int):
-        m = self._maps.get(shard)
-        if m is None:
-            self.check_unchanged()  # shards open one by one, long after the others
-            path = self.root / WDS_SHARD.format(shard)
-            try:
-                with open(path, "rb") as f:
-                    m = self._maps[shard] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            except (OSError, ValueError, OverflowError) as err:
-                raise ShardFormatError(f"{path}: cannot map this shard ({err}); {WDS_OFFSETS} puts sample {i} "
-                                       "there") from None
-        return m
+        try:
+            return self._shard_map(shard)
+        except ShardFormatError as err:
+            raise ShardFormatError(f"{err}; {WDS_OFFSETS} puts sample {i} there") from None
 
     def _locate(self, i):
         shard, offset, n = self._table[i].tolist()

@@ -88,7 +88,7 @@ class WdsReader(Reader):
                     m = self._maps[shard] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
                 if hasattr(mmap, "MADV_RANDOM"):  # only headers are read through it: no readahead
                     m.madvise(mmap.MADV_RANDOM)
-            except (OSError, ValueError) as err:  # missing, or empty (mmap refuses 0 bytes)
+            except (OSError, ValueError, OverflowError) as err:  # missing, or empty (mmap refuses 0 bytes)
                 raise ShardFormatError(f"{path}: cannot map this shard ({err})") from None
         return m
 
