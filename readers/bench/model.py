@@ -35,12 +35,19 @@ def model_step_ms(model: torch.nn.Module, shape, classes: int, device=None, seco
     model = model.to(dev).to(memory_format=torch.channels_last)
     x = torch.randn(shape, device=dev).contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, classes, (shape[0],), device=dev)
+    return _timed_steps(model, x, y, dev, lambda t: t, warmup, seconds, max_steps)
+
+
+def _timed_steps(model, x, y, dev, prep, warmup: int, seconds: float, max_steps: int) -> list[float]:
+    """Milliseconds of each SGD training step of ``model`` on the fixed batch ``(prep(x), y)``:
+    ``warmup`` untimed steps, then steps until ``seconds`` have passed (at least 3, at most
+    ``max_steps``), CUDA synchronised after each."""
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
 
     def step():
         t0 = time.perf_counter()
-        loss = loss_fn(model(x), y)
+        loss = loss_fn(model(prep(x)), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -103,25 +110,8 @@ def fixed_batch_step(model: torch.nn.Module, batch, device=None, how: str = "as-
     x, y = x.to(dev), y.to(dev)
     model = model.to(dev)
     prep, note = input_prep(x, how)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    loss_fn = torch.nn.CrossEntropyLoss()
-
-    def step():
-        t0 = time.perf_counter()
-        loss = loss_fn(model(prep(x)), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        return 1000 * (time.perf_counter() - t0)
-
     try:
-        for _ in range(warmup):
-            step()
-        times, end = [], time.perf_counter() + seconds
-        while len(times) < 3 or (time.perf_counter() < end and len(times) < max_steps):
-            times.append(step())
+        times = _timed_steps(model, x, y, dev, prep, warmup, seconds, max_steps)
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as err:
