@@ -19,9 +19,10 @@ import time
 
 import torch
 
-from .model import input_prep
+from ..cells import UserSetting
+from .loader import Base
 from .passes import to_device
-from .user import Base, LoaderSetting
+from .step import input_prep
 
 
 class Sampler:
@@ -111,7 +112,7 @@ def _endless(loader):
             return
 
 
-def real_loop(base: Base, setting: LoaderSetting, module, device, steps: int = 30, how: str = "as-is",
+def real_loop(base: Base, setting: UserSetting, module, device, steps: int = 30, how: str = "as-is",
               utilisation: bool = False, seconds: float = 5.0) -> dict:
     """Up to ``steps`` training steps of ``module`` (at least 5; stopping once ``seconds`` have
     passed) fed by the user's loader at ``setting`` after 3 untimed ones: per step the data wait (ms blocked in ``next()``) and the step (ms); the wait
@@ -173,7 +174,7 @@ class _Null:
         return False
 
 
-def profile_steps(base: Base, setting: LoaderSetting, module, path, how: str = "as-is", steps: int = 10,
+def profile_steps(base: Base, setting: UserSetting, module, path, how: str = "as-is", steps: int = 10,
                   device=None) -> str:
     """Write a ``torch.profiler`` trace (Chrome trace JSON, opens in ui.perfetto.dev) of ``steps``
     training steps fed by the user's loader at ``setting`` to ``path``; returns the path."""
