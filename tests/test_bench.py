@@ -133,7 +133,7 @@ def test_knee_on_synthetic_curves():
 def fake_cell(mode, workers, rate, prefetch=2, persistent=None, batch=10):
     """A cell whose three passes ran at ``rate`` samples/s (x0.9, x1, x1.1)."""
     s = PathSetting(mode, workers, None if mode == "main" else prefetch,
-                persistent if mode == "processes" else None, False)
+                    persistent if mode == "processes" else None, False)
     passes = [Pass(0.01, 10, 10 * batch, 10 * batch / (rate * f)) for f in (0.9, 1.0, 1.1)]
     return PathCell(s, passes, cold=Pass(0.5, 1, batch, batch / rate))
 

@@ -14,8 +14,8 @@ from click.testing import CliRunner
 
 import shardpack
 from shardpack.packer.cli import main
-from shardpack.readers.bench.noise import Spread, choose
 from shardpack.readers.bench.cells import UserCell, UserSetting
+from shardpack.readers.bench.noise import Spread, choose
 from shardpack.readers.bench.timing import UserPass
 from shardpack.readers.bench.user.loader import Base
 from shardpack.readers.bench.user.passes import epoch_starts

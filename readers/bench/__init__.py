@@ -67,8 +67,9 @@ def bench(target, model=None, **kwargs):
     tree. ``model``: ``tiny``, ``torchvision:NAME``, ``FILE.py:NAME`` / ``module:NAME``, an
     ``nn.Module`` or a factory (None: data only). ``kwargs``: :func:`run_user_bench`'s (or, for a
     path, :func:`run_bench`'s). Returns a BenchResult (a UserBenchResult, or for a path a
-    PathBenchResult) whose ``json()`` is what ``--json`` writes and ``text()`` the report. Raises TargetError (a ValueError, one
-    line) for user code that cannot be loaded or called, ValueError for a bad path.
+    PathBenchResult) whose ``json()`` is what ``--json`` writes and ``text()`` the report.
+    Raises TargetError (a ValueError, one line) for user code that cannot be loaded or called,
+    ValueError for a bad path.
     """
     import os
     try:
@@ -81,7 +82,8 @@ def bench(target, model=None, **kwargs):
     if isinstance(target, (str, os.PathLike)) and not is_spec(os.fspath(target)):
         from .run import run_bench
         if model is not None and not isinstance(model, str):
-            raise ValueError("bench(PATH, model=...): give the model as a string (tiny, torchvision:NAME, FILE.py:NAME)")
+            raise ValueError("bench(PATH, model=...): give the model as a string "
+                             "(tiny, torchvision:NAME, FILE.py:NAME)")
         kwargs.setdefault("progress", False)
         return run_bench(target, model=model, **kwargs)
     from .user.run import run_user_bench

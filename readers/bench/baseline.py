@@ -83,9 +83,9 @@ class PilResizedCropFlip:
         self.size, self.scale, self.ratio = size, scale, ratio
 
     def __call__(self, img):
-        t, l, h, w = (int(v[0]) for v in resized_crop_params([img.height], [img.width],
+        t, left, h, w = (int(v[0]) for v in resized_crop_params([img.height], [img.width],
                                                               self.scale, self.ratio))
-        img = img.crop((l, t, l + w, t + h)).resize((self.size, self.size), Image.Resampling.BILINEAR)
+        img = img.crop((left, t, left + w, t + h)).resize((self.size, self.size), Image.Resampling.BILINEAR)
         if torch.rand(1).item() < 0.5:
             img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         return img

@@ -17,7 +17,6 @@ from ..system import usable_cpus
 from .noise import Spread
 from .timing import Pass, UserPass
 
-
 # --- settings ---------------------------------------------------------------------------------
 
 class Setting:

@@ -168,6 +168,6 @@ def _run_user(target, kw, no_check, quiet):
             trace=kw["trace"], progress=not quiet)
     except (TargetError, ValueError, KeyboardInterrupt, SystemExit):
         raise
-    except Exception as err:  # the user's code failing where bench could not catch it per cell: one line
+    except Exception as err:  # noqa: BLE001 -- the user's code failing where bench could not catch it per cell
         first = f"{type(err).__name__}: {err}".splitlines()[0][:300]
         raise TargetError(f"{target}: your code raised {first} (run it alone to see the traceback)") from None

@@ -182,7 +182,7 @@ def measure_cell(ds, setting: PathSetting, batch_size: int, augment: str = "none
                                          statistics.median(p.rate for p in cell.passes or [cell.cold]), device))
     except (KeyboardInterrupt, SystemExit):
         raise
-    except Exception as err:  # a setting that fails (e.g. shared memory) is a result, not a crash
+    except Exception as err:  # noqa: BLE001 -- a setting that fails (e.g. shared memory) is a result, not a crash
         cell.error = f"{type(err).__name__}: {err}".splitlines()[0][:200]
     finally:
         del loader  # persistent workers end with their loader
@@ -239,7 +239,7 @@ def run_grid(ds, settings: list[PathSetting], *, source: str, kind: str, descrip
             return cell_pass(loader, sampler, cell.setting, batch_size, seconds, rate, device)
         except (KeyboardInterrupt, SystemExit):
             raise
-        except Exception as err:  # a setting that fails (e.g. shared memory) is a result, not a crash
+        except Exception as err:  # noqa: BLE001 -- a setting that fails (e.g. shared memory) is a result, not a crash
             cell.error = f"{type(err).__name__}: {err}".splitlines()[0][:200]
             open_.pop(k, None)
             return None

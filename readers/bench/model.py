@@ -72,7 +72,7 @@ def build_model(spec: str, classes: int) -> torch.nn.Module:
     if spec.startswith("torchvision:"):
         try:
             import torchvision
-        except Exception as err:  # not installed, or a build that does not load beside this torch
+        except Exception as err:  # noqa: BLE001 -- not installed, or a build that does not load beside this torch
             raise ValueError(f"--model {spec}: torchvision does not import here ({err})") from None
         ctor = getattr(torchvision.models, spec.split(":", 1)[1], None)
         if ctor is None:

@@ -71,7 +71,8 @@ def render(grid: Grid, compare: Grid | None = None) -> str:
                                                          f"workers lie within the spread)" if rivals else ""))
     rec = recommend(grid)
     if rec:
-        lines.append(f"\nrecommended: make_loader(ds, {grid.batch_size}, {rec[0].setting.make_loader_args()}): {rec[1]}")
+        lines.append(f"\nrecommended: make_loader(ds, {grid.batch_size}, {rec[0].setting.make_loader_args()}): "
+                     f"{rec[1]}")
         plain = dataloader_line(grid)
         if plain is not None:
             note = ("" if plain[0] is rec[0] else f" (threads have no DataLoader equivalent: the lightest "

@@ -75,10 +75,10 @@ def run_bench(path, *, batch_size: int = 64, modes=MODES, workers=None, pin_memo
     """Run ``shardpack bench``: the settings grid on ``path`` (a packed output or a raw
     ImageFolder tree), the same grid on the raw tree ``compare`` when given, then the data share
     of a training step for the recommended setting when ``step_ms`` (milliseconds) or ``model``
-    (``tiny``, ``torchvision:NAME`` or ``FILE.py:NAME`` / ``module:NAME``) is given. ``modes`` are make_loader's (main, threads,
-    processes; ``inprocess`` is taken as main); ``seconds``: the timed floor of each pass (with 5
-    batches at least, after a warm-up of workers x prefetch + 2 batches), ``repeats`` passes per
-    cell, cells interleaved; ``workers`` defaults to
+    (``tiny``, ``torchvision:NAME`` or ``FILE.py:NAME`` / ``module:NAME``) is given. ``modes``
+    are make_loader's (main, threads, processes; ``inprocess`` is taken as main); ``seconds``:
+    the timed floor of each pass (with 5 batches at least, after a warm-up of workers x prefetch
+    + 2 batches), ``repeats`` passes per cell, cells interleaved; ``workers`` defaults to
     :func:`default_workers`; ``pin_memory`` and ``persistent`` are on, off or both; ``size``
     is the raw folder's Resize + CenterCrop side (default: the packed side with ``compare``,
     else 256). ``check``: rerun the recommended setting as a plain loop (:func:`plain_loop`,
@@ -105,8 +105,8 @@ def run_bench(path, *, batch_size: int = 64, modes=MODES, workers=None, pin_memo
     device = "cuda" if torch.cuda.is_available() else None
     common = dict(batch_size=batch_size, augment=augment, seconds=seconds, repeats=repeats,
                   tolerance=tolerance, skipped=skipped, device=device, seed=seed)
-    with progress_bar(total=len(settings) * (repeats + 1) * (2 if raw else 1), unit="pass", desc="bench", enabled=progress,
-                      dynamic_ncols=True) as bar:
+    with progress_bar(total=len(settings) * (repeats + 1) * (2 if raw else 1), unit="pass", desc="bench",
+                      enabled=progress, dynamic_ncols=True) as bar:
         result = PathBenchResult(run_grid(ds, settings, source=str(path), kind=kind, description=description,
                                       bar=bar, **common))
         result.interrupted = result.grid.interrupted

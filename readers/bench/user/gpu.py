@@ -40,7 +40,7 @@ class Sampler:
             import pynvml
             pynvml.nvmlInit()
             handle = pynvml.nvmlDeviceGetHandleByIndex(self.index)
-        except Exception:  # not installed, or no driver
+        except Exception:  # noqa: BLE001 -- not installed, or no driver
             return None
         self.source = "nvml"
         return lambda: float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
@@ -58,7 +58,7 @@ class Sampler:
         while not self._stop.is_set():
             try:
                 self.samples.append((time.perf_counter(), self._read()))
-            except Exception:  # a failed read is a missing sample
+            except Exception:  # noqa: BLE001 -- a failed read is a missing sample
                 pass
             self._stop.wait(self.interval)
 
@@ -115,9 +115,10 @@ def _endless(loader):
 def real_loop(base: Base, setting: UserSetting, module, device, steps: int = 30, how: str = "as-is",
               utilisation: bool = False, seconds: float = 5.0) -> dict:
     """Up to ``steps`` training steps of ``module`` (at least 5; stopping once ``seconds`` have
-    passed) fed by the user's loader at ``setting`` after 3 untimed ones: per step the data wait (ms blocked in ``next()``) and the step (ms); the wait
-    share of the loop; with ``utilisation`` (CUDA), the GPU utilisation per step and the share of
-    samples under 10% (idle)."""
+    passed) fed by the user's loader at ``setting`` after 3 untimed ones: per step the data
+    wait (ms blocked in ``next()``) and the step (ms); the wait share of the loop; with
+    ``utilisation`` (CUDA), the GPU utilisation per step and the share of samples under 10%
+    (idle)."""
     dev = torch.device(device or "cpu")
     module = module.to(dev)
     feed = base.feed()

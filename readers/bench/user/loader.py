@@ -1,9 +1,9 @@
 """The user's own DataLoader rebuilt per setting: the grid of settings, and a sampler that cycles.
 
-Everything here (and in ``passes.py``, which times it) drives ``torch.utils.data.DataLoader`` itself over the user's Dataset (never
-make_loader), from the user's own loader settings when a DataLoader was given (batch_size,
-collate_fn, sampler, drop_last, worker_init_fn, ...), varying only num_workers,
-prefetch_factor, persistent_workers and pin_memory. :class:`Feed` lets a pass outlast a small
+Everything here (and in ``passes.py``, which times it) drives ``torch.utils.data.DataLoader``
+itself over the user's Dataset (never make_loader), from the user's own loader settings when a
+DataLoader was given (batch_size, collate_fn, sampler, drop_last, worker_init_fn, ...), varying
+only num_workers, prefetch_factor, persistent_workers and pin_memory. :class:`Feed` lets a pass outlast a small
 dataset's epoch and then end the epoch cleanly, as a real one ends.
 """
 
@@ -70,7 +70,7 @@ class Base:
     notes: list[str] = field(default_factory=list)  # the user's settings bench cannot write as a literal
 
     @classmethod
-    def of(cls, obj, kind: str, batch_size: int | None = None) -> "Base":
+    def of(cls, obj, kind: str, batch_size: int | None = None) -> Base:
         """From a Dataset (``batch_size`` default 64) or a DataLoader (its settings; an explicit
         ``batch_size`` replaces its own when it uses the default BatchSampler)."""
         if kind != "loader":

@@ -119,7 +119,7 @@ def measure_interleaved(base: Base, settings: list[UserSetting], seconds: float,
                     cell.passes.append(run_pass(loader, feed, warmup_batches(s), seconds, min_batches, device))
                 except (KeyboardInterrupt, SystemExit):
                     raise
-                except Exception as err:  # a setting that fails (shared memory, pickling) is a result
+                except Exception as err:  # noqa: BLE001 -- a setting that fails (shared memory, pickling) is a result
                     cell.error = f"{type(err).__name__}: {err}".splitlines()[0][:200]
                     kept.pop(k, None)
                 if bar is not None:
@@ -158,7 +158,7 @@ def epoch_starts(base: Base, workers: list[int], prefetch: int, epochs: int = 2,
                 del loader
             except (KeyboardInterrupt, SystemExit):
                 raise
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001 -- a setting that fails under spawn is a row, not a crash
                 row["error"] = f"{type(err).__name__}: {err}".splitlines()[0][:200]
             out.append(row)
             if bar is not None:

@@ -77,7 +77,8 @@ def epoch_rows(res) -> list[str]:
     lines = ["", "epoch start under spawn (Windows, macOS, CUDA parents): time from iter() to the first batch",
              f"share = start / (start + one epoch of {batches if batches else '?'} batches at the grid's best "
              f"ms/batch for those workers)", "",
-             "| num_workers | persistent | 1st epoch s | later epoch s | share of an epoch |", "|---:|---|---:|---:|---:|"]
+             "| num_workers | persistent | 1st epoch s | later epoch s | share of an epoch |",
+             "|---:|---|---:|---:|---:|"]
     for row in res.epoch:
         if row["error"]:
             lines.append(f"| {row['num_workers']} | {'on' if row['persistent_workers'] else 'off'} | "

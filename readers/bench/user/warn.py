@@ -35,7 +35,7 @@ def data_path_of(ds, depth: int = 0) -> str | None:
         v = getattr(ds, name, None)
         try:
             first = v[0] if v is not None and len(v) else None
-        except Exception:  # an attribute of another kind
+        except Exception:  # noqa: BLE001 -- an attribute of another kind
             first = None
         first = first[0] if isinstance(first, (tuple, list)) and first else first
         if isinstance(first, (str, os.PathLike)) and os.path.exists(first):
