@@ -22,8 +22,8 @@ from shardpack.packer.cli import main
 from shardpack.readers import ShardDataset
 from shardpack.readers.bench import JpegFolder, Pass, PilResizeCenterCrop, run_bench, time_pass
 from shardpack.readers.bench.advice import advice, data_share, knee, knees, recommend
-from shardpack.readers.bench.grid import (Cell, Grid, Setting, augment_transform, default_workers, grid,
-                                          pin_choices)
+from shardpack.readers.bench.cells import PathCell, PathSetting, default_workers
+from shardpack.readers.bench.grid import Grid, augment_transform, grid, pin_choices
 from shardpack.readers.bench.render import plot, render
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -132,10 +132,10 @@ def test_knee_on_synthetic_curves():
 
 def fake_cell(mode, workers, rate, prefetch=2, persistent=None, batch=10):
     """A cell whose three passes ran at ``rate`` samples/s (x0.9, x1, x1.1)."""
-    s = Setting(mode, workers, None if mode == "main" else prefetch,
-                persistent if mode == "processes" else None, False)
+    s = PathSetting(mode, workers, None if mode == "main" else prefetch,
+                    persistent if mode == "processes" else None, False)
     passes = [Pass(0.01, 10, 10 * batch, 10 * batch / (rate * f)) for f in (0.9, 1.0, 1.1)]
-    return Cell(s, passes, cold=Pass(0.5, 1, batch, batch / rate))
+    return PathCell(s, passes, cold=Pass(0.5, 1, batch, batch / rate))
 
 
 def fake_grid(cells, tolerance=0.10):
@@ -188,11 +188,11 @@ def test_the_40_percent_rule():
 def test_grid_cells_and_pin_without_cuda(monkeypatch):
     cells = grid(["main", "threads", "processes"], [0, 1, 2], [2, 4], [True, False], [False])
     assert len(cells) == 1 + 2 * 2 + 2 * 2 * 2
-    assert cells[0] == Setting("main", 0, None, None, False)
+    assert cells[0] == PathSetting("main", 0, None, None, False)
     assert grid(["processes", "inprocess", "threads"], [0, 1, 2], [2, 4], [True, False], [False]) == cells
     with pytest.raises(ValueError, match="'workers'"):
         grid(["workers"], [1], [2], [True], [False])
-    assert grid(["threads"], [1], [2], [True], [False]) == [Setting("threads", 1, 2, None, False)]
+    assert grid(["threads"], [1], [2], [True], [False]) == [PathSetting("threads", 1, 2, None, False)]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     pins, skipped = pin_choices("both")
     assert pins == [False] and "no CUDA device" in skipped[0]
@@ -227,13 +227,13 @@ def test_passes_hold_their_floors(tiny):
     + 2, however short the cold pass made the estimate; an interleaved grid keeps the order."""
     _, out = tiny
     ds = ShardDataset(out)
-    s = Setting("threads", 2, 3, None, False)
-    assert bench_grid.warmup_batches(s) == 2 * 3 + 2 and bench_grid.warmup_batches(Setting("main", 0, None, None, False)) == 4
+    s = PathSetting("threads", 2, 3, None, False)
+    assert bench_grid.warmup_batches(s) == 2 * 3 + 2 and bench_grid.warmup_batches(PathSetting("main", 0, None, None, False)) == 4
     loader, sampler = bench_grid.open_cell(ds, s, 4)
     p = bench_grid.cell_pass(loader, sampler, s, 4, 0.05, rate=1.0)  # a far too low estimate: re-run longer
     assert p.batches >= bench_grid.MIN_BATCHES and p.samples == 4 * p.batches
     assert sampler.length == (8 + p.batches) * 4
-    g = bench_grid.run_grid(ds, [Setting("main", 0, None, None, False), s], source="x", kind="packed",
+    g = bench_grid.run_grid(ds, [PathSetting("main", 0, None, None, False), s], source="x", kind="packed",
                             description="d", batch_size=4, seconds=0.05, repeats=2)
     assert [len(c.passes) for c in g.cells] == [2, 2] and all(c.cold is not None for c in g.cells)
     assert all(p.batches >= 5 for c in g.cells for p in c.passes)

@@ -14,11 +14,13 @@ from click.testing import CliRunner
 
 import shardpack
 from shardpack.packer.cli import main
+from shardpack.readers.bench.cells import UserCell, UserSetting
 from shardpack.readers.bench.noise import Spread, choose
-from shardpack.readers.bench.passes import UserCell, UserPass, epoch_starts
-from shardpack.readers.bench.target import TargetError, load_data
-from shardpack.readers.bench.user import Base, LoaderSetting
-from shardpack.readers.bench.userrun import recommend_user
+from shardpack.readers.bench.timing import UserPass
+from shardpack.readers.bench.user.loader import Base
+from shardpack.readers.bench.user.passes import epoch_starts
+from shardpack.readers.bench.user.run import recommend_user
+from shardpack.readers.bench.user.target import TargetError, load_data
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -182,7 +184,7 @@ def test_api_on_a_users_dataloader_pastes_a_working_line(user_file):
     res = shardpack.bench(f"{path}:loader", workers=[0, 1], prefetch=[2], persistent="on", seconds=0.1,
                           repeats=2, epoch_start=False, check=False)
     assert res.base.batch_size == 8 and res.base.fixed == {"drop_last": True} and res.base.shuffle
-    assert res.base.given == LoaderSetting(0, None, None, False)
+    assert res.base.given == UserSetting(0, None, None, False)
     assert res.breakdown["sample"]["layout"] == "CHW" and res.breakdown["sample"]["dtype"] == "uint8"
     assert not any("float32" in f for f in res.breakdown["flags"])
     assert [f["variant"] for f in res.fixes] == ["stack"]
@@ -271,7 +273,7 @@ def test_choose_reports_not_resolved_within_the_noise():
 
 
 def cell(workers, rates, prefetch=2):
-    s = LoaderSetting(workers, prefetch if workers else None, True if workers else None, False)
+    s = UserSetting(workers, prefetch if workers else None, True if workers else None, False)
     return UserCell(s, [UserPass(0.01, 10, 10 * 8, 10 * 8 / r, warmup=2) for r in rates])
 
 
@@ -288,7 +290,7 @@ def test_never_more_workers_than_cores_without_saying_why():
 
 def test_report_says_not_resolved(user_file):
     """The report of a grid whose lighter cell lies within the noise names it instead of claiming a pick."""
-    from shardpack.readers.bench.userrun import UserBenchResult, knees_of
+    from shardpack.readers.bench.user.run import UserBenchResult, knees_of
     path, _ = user_file
     ds, kind, _ = load_data(f"{path}:ChwU8")
     res = UserBenchResult("x", kind, Base.of(ds, kind, 8), 1.0, 3, 0.10, None,
@@ -305,7 +307,7 @@ def test_report_says_not_resolved(user_file):
 
 
 def test_ctrl_c_keeps_the_cells_measured(user_file, monkeypatch):
-    import shardpack.readers.bench.passes as passes
+    import shardpack.readers.bench.user.passes as passes
     path, _ = user_file
     real, calls = passes.run_pass, []
 
@@ -338,7 +340,7 @@ def test_a_loaders_own_batch_sampler_and_collate_are_kept(user_file):
 
 
 def test_a_str_or_dict_is_not_taken_for_a_dataset_but_a_list_of_samples_is():
-    from shardpack.readers.bench.target import kind_of
+    from shardpack.readers.bench.user.target import kind_of
     assert kind_of("/data/train") is None and kind_of({"a": 1}) is None and kind_of(b"xy") is None
     assert kind_of([(1, 0), (2, 1)]) == "dataset"
 
@@ -346,7 +348,7 @@ def test_a_str_or_dict_is_not_taken_for_a_dataset_but_a_list_of_samples_is():
 def test_the_real_loop_starts_a_new_epoch_of_a_short_loader():
     from torch.utils.data import DataLoader
 
-    from shardpack.readers.bench.gpu import _endless
+    from shardpack.readers.bench.user.gpu import _endless
     it = _endless(DataLoader(list(range(6)), batch_size=4))  # 2 batches an epoch
     got = [next(it).tolist() for _ in range(5)]
     assert got == [[0, 1, 2, 3], [4, 5], [0, 1, 2, 3], [4, 5], [0, 1, 2, 3]]

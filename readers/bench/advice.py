@@ -7,8 +7,10 @@ The knee of each curve, the recommended setting, the speed-up over raw JPEGs, an
 from __future__ import annotations
 
 from ..loading import MODES
-from .grid import TOLERANCE, Cell, Grid, Setting
-from .noise import Choice, choose
+from .baseline import RAW_FOLDER
+from .cells import PathCell, PathSetting
+from .grid import Grid
+from .noise import TOLERANCE, Choice, choose
 
 MODE_RANK = {m: k for k, m in enumerate(MODES)}  # lighter first: main (no workers), threads, processes
 BOTTLENECK_SHARE = 0.40  # data at or above this share of a step: loading is the bottleneck
@@ -24,12 +26,12 @@ def knee(rates: dict[int, float], tolerance: float = TOLERANCE) -> int:
     return min(w for w, r in rates.items() if r >= (1 - tolerance) * best)
 
 
-def curves(cells: list[Cell]) -> dict[tuple, dict[int, Cell]]:
+def curves(cells: list[PathCell]) -> dict[tuple, dict[int, PathCell]]:
     """The measured cells as curves {line: {workers: cell}}; the ``main`` cell with the same
     pin value is each curve's point at 0 workers (alone when no worker mode was measured)."""
     cells = [c for c in cells if c.ok]
     inproc = {c.setting.pin: c for c in cells if c.setting.mode == "main"}
-    out: dict[tuple, dict[int, Cell]] = {}
+    out: dict[tuple, dict[int, PathCell]] = {}
     for c in cells:
         if c.setting.mode != "main":
             out.setdefault(c.setting.line, {})[c.setting.workers] = c
@@ -54,11 +56,11 @@ def knee_choices(grid: Grid) -> dict[tuple, Choice]:
             for line, pts in curves(grid.cells).items() if len(pts) > 1}
 
 
-def _rank(c: Cell) -> tuple:
+def _rank(c: PathCell) -> tuple:
     return (c.setting.workers, MODE_RANK[c.setting.mode], c.setting.persistent is False, c.setting.pin)
 
 
-def recommend(grid: Grid) -> tuple[Cell, str] | None:
+def recommend(grid: Grid) -> tuple[PathCell, str] | None:
     """The setting to use and why, in one line: the lightest measured setting (fewest workers,
     then main < threads < processes, then persistent workers) within the tolerance of the
     fastest cell (medians). When a lighter setting's passes reach within the tolerance of the
@@ -85,7 +87,7 @@ def recommend(grid: Grid) -> tuple[Cell, str] | None:
     return pick, why
 
 
-def speedups(packed: Grid, raw: Grid) -> dict[Setting, float]:
+def speedups(packed: Grid, raw: Grid) -> dict[PathSetting, float]:
     """{setting: packed samples/s / raw samples/s} for every setting measured on both."""
     raw_rates = {c.setting: c.rate for c in raw.measured}
     return {c.setting: c.rate / raw_rates[c.setting] for c in packed.measured if c.setting in raw_rates}
@@ -96,7 +98,7 @@ def data_share(data_ms: float, step_ms: float) -> float:
     return data_ms / (data_ms + step_ms)
 
 
-def advice(grid: Grid, cell: Cell, step_ms: float, raw: Grid | None = None) -> list[str]:
+def advice(grid: Grid, cell: PathCell, step_ms: float, raw: Grid | None = None) -> list[str]:
     """Lines saying whether loading is the bottleneck for ``cell`` against a model step of
     ``step_ms`` (the 40% rule) and what to change."""
     share = data_share(cell.ms_per_batch, step_ms)
@@ -106,7 +108,7 @@ def advice(grid: Grid, cell: Cell, step_ms: float, raw: Grid | None = None) -> l
         return [head + f" (< {BOTTLENECK_SHARE:.0%}): data loading is NOT the bottleneck; the model "
                        f"sets the pace. Keep {cell.setting.make_loader_args()}; more workers will not train faster."]
     lines = [head + f" (>= {BOTTLENECK_SHARE:.0%}): data loading IS the bottleneck. What to change:"]
-    if grid.kind == "raw":
+    if grid.kind == RAW_FOLDER:
         lines.append("  - pack the images once (shardpack pack SRC --format npy --size N): no decode "
                      "or resize per epoch; measure the gain with bench OUT --compare SRC")
     elif raw is not None and raw.measured:

@@ -23,6 +23,9 @@ from ..manifest import MANIFEST
 from ..transforms import resized_crop_params
 
 RAW_SIZE = 256  # a raw folder's Resize + CenterCrop side when no packed side is known
+# open_source's kinds of PATH (the JSON's "kind"): a shardpack output, or an ImageFolder tree of
+# image files (the raw-JPEG baseline; nothing to do with the raw encoding of packed samples)
+PACKED, RAW_FOLDER = "packed", "raw"
 
 
 class JpegFolder(torch.utils.data.Dataset):
@@ -80,9 +83,9 @@ class PilResizedCropFlip:
         self.size, self.scale, self.ratio = size, scale, ratio
 
     def __call__(self, img):
-        t, l, h, w = (int(v[0]) for v in resized_crop_params([img.height], [img.width],
+        t, left, h, w = (int(v[0]) for v in resized_crop_params([img.height], [img.width],
                                                               self.scale, self.ratio))
-        img = img.crop((l, t, l + w, t + h)).resize((self.size, self.size), Image.Resampling.BILINEAR)
+        img = img.crop((left, t, left + w, t + h)).resize((self.size, self.size), Image.Resampling.BILINEAR)
         if torch.rand(1).item() < 0.5:
             img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         return img
@@ -90,9 +93,9 @@ class PilResizedCropFlip:
 
 def open_source(path, size: int | None = None):
     """``(dataset, kind, description)`` for ``path``: a shardpack output (a directory with
-    manifest.json) as ShardDataset, kind "packed"; or an ImageFolder tree as a JpegFolder that
+    manifest.json) as ShardDataset, kind PACKED; or an ImageFolder tree as a JpegFolder that
     decodes each image with Pillow and applies Resize(size) + CenterCrop(size) (default 256) so
-    batches stack, kind "raw". Raises ValueError when ``path`` is neither."""
+    batches stack, kind RAW_FOLDER. Raises ValueError when ``path`` is neither."""
     from ..dataset import ShardDataset
     path = Path(path)
     if (path / MANIFEST).exists():
@@ -100,7 +103,7 @@ def open_source(path, size: int | None = None):
         shape = ds.reader.shape
         if shape is None:
             raise ValueError(f"{path}: samples have different shapes; bench needs a fixed-size output")
-        return ds, "packed", (f"packed {ds.manifest['format']}, {len(ds)} samples of "
+        return ds, PACKED, (f"packed {ds.manifest['format']}, {len(ds)} samples of "
                               f"{shape[0]}x{shape[1]} uint8")
     splits = [e.name for e in path.iterdir() if (e / MANIFEST).exists()] if path.is_dir() else []
     if splits:
@@ -111,7 +114,7 @@ def open_source(path, size: int | None = None):
         ds = JpegFolder(path, PilResizeCenterCrop(size))
         if len(ds) == 0:
             raise ValueError(f"{path}: no images in its class folders")
-        return ds, "raw", (f"raw ImageFolder, {len(ds)} images, Pillow decode + "
+        return ds, RAW_FOLDER, (f"raw ImageFolder, {len(ds)} images, Pillow decode + "
                            f"Resize({size}) + CenterCrop({size})")
     raise ValueError(f"{path}: neither a shardpack output (no manifest.json) nor an ImageFolder "
                      f"tree (no class folders)")

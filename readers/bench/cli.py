@@ -101,7 +101,7 @@ def bench(ctx, target, json_path, plot_path, no_check, quiet, **kwargs):
     under spawn with and without persistent workers. Ctrl-C prints what was measured so far."""
     import os
     try:
-        from .target import TargetError, is_spec
+        from .user.target import TargetError, is_spec
     except ModuleNotFoundError as err:
         if (err.name or "").split(".")[0] != "torch":
             raise
@@ -134,11 +134,7 @@ def bench(ctx, target, json_path, plot_path, no_check, quiet, **kwargs):
         click.echo(f"raw numbers: {json_path}")
     if plot_path:
         try:
-            if user:
-                result.plot(plot_path)
-            else:
-                from .render import plot
-                plot(plot_path, result.grid, result.compare, step=result.step)
+            result.plot(plot_path)
         except ImportError as err:
             raise click.ClickException(str(err)) from None
         click.echo(f"plot: {plot_path}")
@@ -161,8 +157,8 @@ def _run_path(target, kw, no_check, quiet):
 
 
 def _run_user(target, kw, no_check, quiet):
-    from .target import TargetError
-    from .userrun import run_user_bench
+    from .user.run import run_user_bench
+    from .user.target import TargetError
     try:
         return run_user_bench(
             target, kw["model"], batch_size=kw["batch_size"], workers=kw["workers"], prefetch=kw["prefetch"],
@@ -172,6 +168,6 @@ def _run_user(target, kw, no_check, quiet):
             trace=kw["trace"], progress=not quiet)
     except (TargetError, ValueError, KeyboardInterrupt, SystemExit):
         raise
-    except Exception as err:  # the user's code failing where bench could not catch it per cell: one line
+    except Exception as err:  # noqa: BLE001 -- the user's code failing where bench could not catch it per cell
         first = f"{type(err).__name__}: {err}".splitlines()[0][:300]
         raise TargetError(f"{target}: your code raised {first} (run it alone to see the traceback)") from None

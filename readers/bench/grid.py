@@ -21,16 +21,14 @@ import torch
 from torch.utils.data import Sampler
 
 from ..loading import MODES, BatchedDataset, make_loader
-from ..system import usable_cpus
 from ..transforms import CenterCrop, Compose, RandomCrop, RandomHorizontalFlip, RandomResizedCrop
-from .timing import Pass, time_pass
+from .cells import PathCell, PathSetting, warmup_batches
+from .noise import TOLERANCE
+from .timing import MIN_BATCHES, NO_CUDA, Pass, time_pass
 
 MODE_ALIASES = {"inprocess": "main"}  # older names of make_loader's modes, still accepted
-TOLERANCE = 0.10
 AUGMENT_HELP = ("none, crop<N> (RandomCrop + flip), rrc<N> (RandomResizedCrop + flip) or "
                 "center<N> (CenterCrop), e.g. crop224, rrc224")
-NO_CUDA = ("no CUDA device (torch.cuda.is_available() is False): pinned memory only speeds up "
-           "copies to a GPU")
 
 
 # --- settings ---------------------------------------------------------------------------------
@@ -45,77 +43,16 @@ def loader_modes(names) -> list[str]:
     return [m for m in MODES if m in wanted]
 
 
-@dataclass(frozen=True)
-class Setting:
-    """One cell of the grid. ``mode`` is make_loader's; ``workers`` is 0 for ``main``
-    (DataLoader's num_workers=0); ``prefetch`` is None there; ``persistent`` is None except for
-    ``processes`` (threads are cheap to start each epoch)."""
-
-    mode: str
-    workers: int
-    prefetch: int | None
-    persistent: bool | None
-    pin: bool
-
-    @property
-    def line(self) -> tuple:
-        """The curve this cell belongs to (samples/s against workers): all but ``workers``."""
-        return (self.mode, self.prefetch, self.persistent, self.pin)
-
-    @property
-    def label(self) -> str:
-        return line_label(self.line, self.workers)
-
-    def loader_kwargs(self) -> dict:
-        """``make_loader`` keyword arguments for this setting."""
-        return {"mode": self.mode, "num_workers": self.workers or None,
-                "prefetch_factor": self.prefetch or 2, "pin_memory": self.pin,
-                "persistent_workers": bool(self.persistent)}
-
-    def make_loader_args(self) -> str:
-        """The setting as make_loader arguments in Python, e.g. ``mode="threads", num_workers=2, ...``."""
-        parts = [f'mode="{self.mode}"']
-        if self.workers:
-            parts += [f"num_workers={self.workers}", f"prefetch_factor={self.prefetch}"]
-        if self.persistent is not None:
-            parts.append(f"persistent_workers={self.persistent}")
-        parts.append(f"pin_memory={self.pin}")
-        return ", ".join(parts)
-
-    def as_dict(self) -> dict:
-        return {"mode": self.mode, "workers": self.workers, "prefetch": self.prefetch,
-                "persistent": self.persistent, "pin_memory": self.pin}
-
-
-def line_label(line: tuple, workers: int | None = None) -> str:
-    """A curve (mode, prefetch, persistent, pin) in words, with ``workers`` when given."""
-    mode, prefetch, persistent, pin = line
-    parts = [mode] + ([f"{workers} workers"] if workers else [])
-    if prefetch is not None:
-        parts.append(f"prefetch {prefetch}")
-    if persistent is not None:
-        parts.append("persistent" if persistent else "not persistent")
-    parts.append(f"pin {'on' if pin else 'off'}")
-    return ", ".join(parts)
-
-
-def default_workers(cpus: int | None = None) -> list[int]:
-    """0, then powers of two below the usable CPUs, then the usable CPUs: [0, 1, 2] on 2 CPUs,
-    [0, 1, 2, 4, 8, 12] on 12."""
-    cpus = cpus or usable_cpus()
-    return [0] + sorted({2 ** k for k in range(cpus.bit_length()) if 2 ** k < cpus} | {cpus})
-
-
 def pin_choices(choice: str) -> tuple[list[bool], list[str]]:
     """``--pin-memory on|off|both`` -> (pin values to measure, skipped notes). Pinning is only
     measured where CUDA is present; without it, "on" is dropped with the reason."""
     wanted = {"on": [True], "off": [False], "both": [False, True]}[choice]
     if torch.cuda.is_available() or True not in wanted:
         return wanted, []
-    return [False], [f"pin_memory=on skipped: {NO_CUDA}"]
+    return [False], [f"pin_memory=on skipped: {NO_CUDA}: pinned memory only speeds up copies to a GPU"]
 
 
-def grid(modes, workers, prefetch, persistent, pins) -> list[Setting]:
+def grid(modes, workers, prefetch, persistent, pins) -> list[PathSetting]:
     """The cells to measure: one ``main`` cell per pin value when ``"main"`` is in ``modes`` or
     0 in ``workers`` (that is num_workers=0), then for each other mode every worker count > 0 x
     prefetch x (processes only) persistent x pin. ``modes`` as :func:`loader_modes` takes them;
@@ -123,12 +60,12 @@ def grid(modes, workers, prefetch, persistent, pins) -> list[Setting]:
     modes = loader_modes(modes)
     cells = []
     if "main" in modes or 0 in workers:
-        cells += [Setting("main", 0, None, None, pin) for pin in pins]
+        cells += [PathSetting("main", 0, None, None, pin) for pin in pins]
     for mode in (m for m in modes if m != "main"):
         for w in sorted(w for w in set(workers) if w > 0):
             for p in prefetch:
                 for keep in (persistent if mode == "processes" else [None]):
-                    cells += [Setting(mode, w, p, keep, pin) for pin in pins]
+                    cells += [PathSetting(mode, w, p, keep, pin) for pin in pins]
     return cells
 
 
@@ -188,7 +125,7 @@ def warm_up(ds, batch_size: int, augment: str = "none", seconds: float = 1.0) ->
     return n
 
 
-def plain_loop(ds, cell: "Cell", batch_size: int, augment: str = "none", seconds: float = 10.0,
+def plain_loop(ds, cell: PathCell, batch_size: int, augment: str = "none", seconds: float = 10.0,
                device=None, seed: int = 1) -> Pass:
     """The check of a cell: its setting as a plain training loop would run it, a fresh
     make_loader over a RandomSampler of about ``seconds`` worth of samples at the cell's rate,
@@ -202,63 +139,7 @@ def plain_loop(ds, cell: "Cell", batch_size: int, augment: str = "none", seconds
     return time_pass(loader, warmup=0, device=device)
 
 
-@dataclass
-class Cell:
-    """The measurement of one setting: ``passes`` timed epochs after a ``cold`` one (the
-    loader's first, with worker start-up). ``error`` when the cell could not be measured."""
-
-    setting: Setting
-    passes: list[Pass] = field(default_factory=list)
-    cold: Pass | None = None
-    wall_s: float = 0.0
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None and bool(self.passes)
-
-    @property
-    def rate(self) -> float:
-        """Samples/s: the median over the timed passes."""
-        return statistics.median(p.rate for p in self.passes)
-
-    @property
-    def ms_per_batch(self) -> float:
-        """Milliseconds per batch: the median over the timed passes."""
-        return statistics.median(p.ms_per_batch for p in self.passes)
-
-    @property
-    def epoch_start_ms(self) -> float:
-        """Milliseconds from ``iter()`` to the first batch in later epochs (median): worker
-        start-up again unless workers are persistent."""
-        return 1000 * statistics.median(p.first_s for p in self.passes)
-
-    @property
-    def cold_start_ms(self) -> float:
-        """Milliseconds from the loader's first ``iter()`` to its first batch."""
-        return 1000 * self.cold.first_s
-
-    def as_dict(self) -> dict:
-        out = {**self.setting.as_dict(), "label": self.setting.label, "wall_s": self.wall_s,
-               "error": self.error}
-        if self.ok:
-            out.update({"samples_per_s": self.rate, "ms_per_batch": self.ms_per_batch,
-                        "first_batch_ms": self.epoch_start_ms, "cold_first_batch_ms": self.cold_start_ms})
-        out["passes"] = [{"first_batch_s": p.first_s, "batches": p.batches, "samples": p.samples,
-                          "seconds": p.seconds, "samples_per_s": p.rate} for p in self.passes]
-        return out
-
-
-MIN_BATCHES = 5  # timed batches per pass, at least (with at least the pass's seconds)
-
-
-def warmup_batches(setting: Setting) -> int:
-    """Untimed batches at a pass's start: what every worker (or the main process's read-ahead)
-    prefetched arrives together after start-up, so timing it would flatter the rate; plus 2."""
-    return max(1, setting.workers) * (setting.prefetch or 2) + 2
-
-
-def open_cell(ds, setting: Setting, batch_size: int, augment: str = "none", seed: int = 0):
+def open_cell(ds, setting: PathSetting, batch_size: int, augment: str = "none", seed: int = 0):
     """``(loader, sampler)`` for one cell: make_loader over an :class:`EpochSampler` that sizes
     each pass."""
     sampler = EpochSampler(len(ds), seed)
@@ -269,7 +150,7 @@ def open_cell(ds, setting: Setting, batch_size: int, augment: str = "none", seed
     return loader, sampler
 
 
-def cell_pass(loader, sampler: EpochSampler, setting: Setting, batch_size: int, seconds: float,
+def cell_pass(loader, sampler: EpochSampler, setting: PathSetting, batch_size: int, seconds: float,
               rate: float | None, device=None, min_batches: int = MIN_BATCHES) -> Pass:
     """One timed pass (an epoch) of at least ``seconds`` and ``min_batches`` after the warm-up
     (:func:`warmup_batches`). The epoch is sized from ``rate`` (samples/s so far; None: the floor
@@ -286,12 +167,12 @@ def cell_pass(loader, sampler: EpochSampler, setting: Setting, batch_size: int, 
     return p
 
 
-def measure_cell(ds, setting: Setting, batch_size: int, augment: str = "none", seconds: float = 1.5,
-                 repeats: int = 3, device=None, seed: int = 0) -> Cell:
+def measure_cell(ds, setting: PathSetting, batch_size: int, augment: str = "none", seconds: float = 1.5,
+                 repeats: int = 3, device=None, seed: int = 0) -> PathCell:
     """Measure one setting alone (the grid interleaves cells instead: :func:`run_grid`): a cold
     pass (worker start-up), then ``repeats`` passes with the floors of :func:`cell_pass`.
-    Loader errors are recorded in ``Cell.error``; Ctrl-C propagates."""
-    cell, start = Cell(setting), time.perf_counter()
+    Loader errors are recorded in ``PathCell.error``; Ctrl-C propagates."""
+    cell, start = PathCell(setting), time.perf_counter()
     loader = None
     try:
         loader, sampler = open_cell(ds, setting, batch_size, augment, seed)
@@ -301,7 +182,7 @@ def measure_cell(ds, setting: Setting, batch_size: int, augment: str = "none", s
                                          statistics.median(p.rate for p in cell.passes or [cell.cold]), device))
     except (KeyboardInterrupt, SystemExit):
         raise
-    except Exception as err:  # a setting that fails (e.g. shared memory) is a result, not a crash
+    except Exception as err:  # noqa: BLE001 -- a setting that fails (e.g. shared memory) is a result, not a crash
         cell.error = f"{type(err).__name__}: {err}".splitlines()[0][:200]
     finally:
         del loader  # persistent workers end with their loader
@@ -324,17 +205,17 @@ class Grid:
     repeats: int
     tolerance: float
     device: str | None
-    cells: list[Cell] = field(default_factory=list)
+    cells: list[PathCell] = field(default_factory=list)
     planned: int = 0
     skipped: list[str] = field(default_factory=list)
     interrupted: bool = False
 
     @property
-    def measured(self) -> list[Cell]:
+    def measured(self) -> list[PathCell]:
         return [c for c in self.cells if c.ok]
 
 
-def run_grid(ds, settings: list[Setting], *, source: str, kind: str, description: str, batch_size: int,
+def run_grid(ds, settings: list[PathSetting], *, source: str, kind: str, description: str, batch_size: int,
              augment: str = "none", seconds: float = 1.5, repeats: int = 3, tolerance: float = TOLERANCE,
              skipped=(), device=None, seed: int = 0, bar=None) -> Grid:
     """Measure every setting, interleaved: a cold pass of each cell (worker start-up), then
@@ -346,7 +227,7 @@ def run_grid(ds, settings: list[Setting], *, source: str, kind: str, description
     grid = Grid(str(source), kind, description, len(ds), batch_shape(ds, augment), batch_size, augment,
                 seconds, repeats, tolerance, None if device is None else str(device),
                 planned=len(settings), skipped=list(skipped))
-    cells = [Cell(s) for s in settings]
+    cells = [PathCell(s) for s in settings]
     open_: dict[int, tuple] = {}
 
     def step(k, cell, rate):
@@ -358,7 +239,7 @@ def run_grid(ds, settings: list[Setting], *, source: str, kind: str, description
             return cell_pass(loader, sampler, cell.setting, batch_size, seconds, rate, device)
         except (KeyboardInterrupt, SystemExit):
             raise
-        except Exception as err:  # a setting that fails (e.g. shared memory) is a result, not a crash
+        except Exception as err:  # noqa: BLE001 -- a setting that fails (e.g. shared memory) is a result, not a crash
             cell.error = f"{type(err).__name__}: {err}".splitlines()[0][:200]
             open_.pop(k, None)
             return None

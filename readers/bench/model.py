@@ -1,6 +1,7 @@
 """The model side of ``shardpack bench``: a training step timed alone on one fixed batch.
 
-The data time is compared with it (``--model tiny`` or ``--model torchvision:NAME``).
+The data time is compared with it (``--model tiny`` or ``--model torchvision:NAME``); the user's
+own model on a real batch of their loader is timed by ``user/step.py`` with the same loop.
 """
 
 from __future__ import annotations
@@ -35,10 +36,10 @@ def model_step_ms(model: torch.nn.Module, shape, classes: int, device=None, seco
     model = model.to(dev).to(memory_format=torch.channels_last)
     x = torch.randn(shape, device=dev).contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, classes, (shape[0],), device=dev)
-    return _timed_steps(model, x, y, dev, lambda t: t, warmup, seconds, max_steps)
+    return timed_steps(model, x, y, dev, lambda t: t, warmup, seconds, max_steps)
 
 
-def _timed_steps(model, x, y, dev, prep, warmup: int, seconds: float, max_steps: int) -> list[float]:
+def timed_steps(model, x, y, dev, prep, warmup: int, seconds: float, max_steps: int) -> list[float]:
     """Milliseconds of each SGD training step of ``model`` on the fixed batch ``(prep(x), y)``:
     ``warmup`` untimed steps, then steps until ``seconds`` have passed (at least 3, at most
     ``max_steps``), CUDA synchronised after each."""
@@ -71,7 +72,7 @@ def build_model(spec: str, classes: int) -> torch.nn.Module:
     if spec.startswith("torchvision:"):
         try:
             import torchvision
-        except Exception as err:  # not installed, or a build that does not load beside this torch
+        except Exception as err:  # noqa: BLE001 -- not installed, or a build that does not load beside this torch
             raise ValueError(f"--model {spec}: torchvision does not import here ({err})") from None
         ctor = getattr(torchvision.models, spec.split(":", 1)[1], None)
         if ctor is None:
@@ -88,49 +89,3 @@ def measure_step(spec: str, grid: Grid, classes: int, device=None, module=None) 
     module = module if module is not None else build_model(spec, classes)
     times = model_step_ms(module, (grid.batch_size, *grid.shape), classes, dev)
     return {"model": spec, "device": str(dev), "ms": statistics.median(times), "steps_ms": times}
-
-
-def fixed_batch_step(model: torch.nn.Module, batch, device=None, how: str = "as-is", seconds: float = 3.0,
-                     warmup: int = 3, max_steps: int = 50) -> dict:
-    """Time ``model``'s training step on one real ``batch`` from the user's loader, replayed:
-    forward on ``batch[0]``, cross-entropy against ``batch[1]``, backward, an SGD step, CUDA
-    synchronised after each. ``how``: "as-is" feeds the batch exactly as the loader yields it
-    (the user's model); "builtin" (tiny, torchvision) makes it float CHW first, /255 for
-    integers, inside the timed step. Steps as :func:`model_step_ms`. Returns {"device", "ms"
-    (median), "steps_ms", "how"}. Raises TargetError (one line) when the step fails."""
-    from .target import TargetError
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if not isinstance(batch, (list, tuple)) or len(batch) < 2:
-        raise TargetError("--model: the step needs (inputs, labels) batches; the loader yields "
-                          f"a {type(batch).__name__}")
-    x, y = batch[0], batch[1]
-    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
-        raise TargetError(f"--model: batch[0] and batch[1] must be tensors, got {type(x).__name__} and "
-                          f"{type(y).__name__}")
-    x, y = x.to(dev), y.to(dev)
-    model = model.to(dev)
-    prep, note = input_prep(x, how)
-    try:
-        times = _timed_steps(model, x, y, dev, prep, warmup, seconds, max_steps)
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except Exception as err:
-        first = f"{type(err).__name__}: {err}".splitlines()[0][:300]
-        raise TargetError(f"--model: the training step on your batch (inputs {tuple(x.shape)} {x.dtype}, "
-                          f"labels {tuple(y.shape)} {y.dtype}) raised {first}") from err
-    return {"device": str(dev), "ms": statistics.median(times), "steps_ms": times, "how": note}
-
-
-def input_prep(x: torch.Tensor, how: str):
-    """``(prep, note)``: what the step does to the loader's input before the forward. "as-is":
-    nothing; "builtin": float CHW (permuted from HWC, /255 from integers) for tiny/torchvision."""
-    if how != "builtin":
-        return (lambda t: t), "the batch as the loader yields it"
-    hwc = x.ndim == 4 and x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3)
-    note = ("float CHW for the built-in model" + (" (permuted from HWC)" if hwc else "")
-            + (", /255 from integers" if not x.is_floating_point() else ""))
-
-    def prep(t):
-        t = t.permute(0, 3, 1, 2) if hwc else t
-        return t.float().div(255) if not t.is_floating_point() else t
-    return prep, note

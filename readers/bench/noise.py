@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import statistics
 from dataclasses import dataclass
-from typing import Hashable
+from collections.abc import Hashable
 
 TOLERANCE = 0.10  # a lighter setting within this fraction of the best rate is as good
 
@@ -92,5 +92,5 @@ def physical_cores() -> int | None:
     try:
         import psutil
         return psutil.cpu_count(logical=False)
-    except Exception:  # psutil missing, or a platform it cannot read
+    except Exception:  # noqa: BLE001 -- psutil missing, or a platform it cannot read
         return None

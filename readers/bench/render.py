@@ -8,16 +8,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from .advice import curves, knee_choices, knees, recommend, speedups
+from .cells import PathSetting, line_label
+from .grid import Grid
 from .noise import Spread
-from .grid import Grid, Setting, line_label
+from .plotting import model_rate, pyplot, save, star
 from .timing import machine
 
 
-def _fmt(v, spec):
-    return "-" if v is None else format(v, spec)
-
-
-def _knee_mark(s: Setting, knee_of: dict) -> str:
+def _knee_mark(s: PathSetting, knee_of: dict) -> str:
     """The knee column: "knee" on a curve's knee; on the ``main`` row (every curve's 0),
     "knee" when it is the knee of every curve with its pin value, else how many."""
     if s.workers:
@@ -50,8 +48,7 @@ def render(grid: Grid, compare: Grid | None = None) -> str:
                              else "---" for c in cols) + "|"]
     for c in grid.cells:
         s = c.setting
-        row = [s.mode, str(s.workers), _fmt(s.prefetch, "d"),
-               "-" if s.persistent is None else ("on" if s.persistent else "off"), "on" if s.pin else "off"]
+        row = [s.mode, *s.knobs()]
         if c.ok:
             cold = "-" if c.cold is None else f"{c.cold_start_ms:.0f}"
             row += [f"{c.rate:,.0f}", Spread([p.rate for p in c.passes]).text(), f"{c.ms_per_batch:.1f}",
@@ -74,7 +71,8 @@ def render(grid: Grid, compare: Grid | None = None) -> str:
                                                          f"workers lie within the spread)" if rivals else ""))
     rec = recommend(grid)
     if rec:
-        lines.append(f"\nrecommended: make_loader(ds, {grid.batch_size}, {rec[0].setting.make_loader_args()}): {rec[1]}")
+        lines.append(f"\nrecommended: make_loader(ds, {grid.batch_size}, {rec[0].setting.make_loader_args()}): "
+                     f"{rec[1]}")
         plain = dataloader_line(grid)
         if plain is not None:
             note = ("" if plain[0] is rec[0] else f" (threads have no DataLoader equivalent: the lightest "
@@ -120,12 +118,7 @@ def plot(path, grid: Grid, compare: Grid | None = None, step: dict | None = None
     recommended cell starred; ``compare``'s curves dashed in the same colours (log scale then),
     their knees boxed; ``step`` (the measured model step): the rate the model consumes as a
     horizontal line. Raises ImportError naming the extra when matplotlib is missing."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ImportError("--plot needs matplotlib: pip install 'shardpack[plot]'") from None
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
     knee_of, raw_knee = knees(grid), knees(compare) if compare is not None else {}
     for k, (line, pts) in enumerate(curves(grid.cells).items()):
@@ -145,12 +138,9 @@ def plot(path, grid: Grid, compare: Grid | None = None, step: dict | None = None
                 ax.plot([raw_knee[line]], [raw[raw_knee[line]].rate], "s", ms=14, mfc="none", mec=color)
     rec = recommend(grid)
     if rec is not None:
-        ax.plot([rec[0].setting.workers], [rec[0].rate], "*", ms=18, mfc="none", mec="k",
-                label=f"recommended: {rec[0].setting.label}")
+        star(ax, rec[0])
     if step is not None and step.get("ms"):
-        rate = 1000 * grid.batch_size / step["ms"]
-        ax.axhline(rate, color="k", ls="--", lw=1,
-                   label=f"the model consumes {rate:,.0f} samples/s ({step['ms']:.0f} ms/step)")
+        model_rate(ax, grid.batch_size, step["ms"])
     workers = sorted({c.setting.workers for c in grid.cells})
     ax.set_xticks(workers or [0])
     ax.set_xlabel("num_workers (0 = in the main process)")
@@ -160,11 +150,7 @@ def plot(path, grid: Grid, compare: Grid | None = None, step: dict | None = None
     ax.set_title(f"{grid.kind}: {Path(grid.source).name}, batch {grid.batch_size}, augment {grid.augment}"
                  + ("; dashed: raw JPEG, same settings" if compare is not None else "") + "; circled: knee",
                  fontsize=10)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save(plt, fig, ax, path)
 
 
 def header() -> str:

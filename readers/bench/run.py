@@ -1,4 +1,4 @@
-"""``shardpack bench`` as one call: :func:`run_bench` and the :class:`BenchResult` it returns.
+"""``shardpack bench PATH`` as one call: :func:`run_bench` and the :class:`PathBenchResult` it returns.
 
 It measures the grid (and the raw-JPEG grid and the model step when asked); the result prints
 as the report and dumps as JSON.
@@ -11,27 +11,25 @@ from dataclasses import dataclass, field
 import torch
 
 from .advice import BOTTLENECK_SHARE, advice, data_share, recommend, speedups
-from .baseline import open_source
-from .grid import (MODES, TOLERANCE, Grid, augment_transform, default_workers, grid, pin_choices, plain_loop,
-                   run_grid)
+from .baseline import PACKED, RAW_FOLDER, open_source
+from .cells import default_workers
+from .grid import MODES, Grid, augment_transform, grid, pin_choices, plain_loop, run_grid
 from .model import measure_step
-from .target import load_model
-from .render import header, render, to_json
+from .noise import TOLERANCE
+from .render import header, plot, render, to_json
+from .result import BenchResult
 from .timing import machine
+from .user.target import load_model
 
 
 @dataclass
-class BenchResult:
-    """What ``shardpack bench`` measured: the grid on PATH, the same grid on raw JPEGs
-    (``compare``), the model step (``step``: {"model", "device", "ms", ...}) and the advice."""
+class PathBenchResult(BenchResult):
+    """What ``shardpack bench PATH`` measured: the grid on PATH, the same grid on raw JPEGs
+    (``compare``), the model step and the advice."""
 
     grid: Grid
     compare: Grid | None = None
-    step: dict | None = None
     advice: list[str] = field(default_factory=list)
-    check: dict | None = None
-    interrupted: bool = False
-    warnings: list[str] = field(default_factory=list)
 
     def text(self) -> str:
         out = [header(), "", render(self.grid, self.compare)]
@@ -65,19 +63,22 @@ class BenchResult:
                 "step": self.step, "advice": self.advice, "check": self.check,
                 "warnings": self.warnings, "interrupted": self.interrupted}
 
+    def plot(self, path) -> None:
+        plot(path, self.grid, self.compare, step=self.step)
+
 
 def run_bench(path, *, batch_size: int = 64, modes=MODES, workers=None, pin_memory: str = "both",
           prefetch=(2, 4), persistent: str = "both", augment: str = "none", seconds: float = 1.5,
           repeats: int = 3, tolerance: float = TOLERANCE, size: int | None = None, compare=None,
           step_ms: float | None = None, model: str | None = None, check: bool = True,
-          progress: bool = True, seed: int = 0) -> BenchResult:
+          progress: bool = True, seed: int = 0) -> PathBenchResult:
     """Run ``shardpack bench``: the settings grid on ``path`` (a packed output or a raw
     ImageFolder tree), the same grid on the raw tree ``compare`` when given, then the data share
     of a training step for the recommended setting when ``step_ms`` (milliseconds) or ``model``
-    (``tiny``, ``torchvision:NAME`` or ``FILE.py:NAME`` / ``module:NAME``) is given. ``modes`` are make_loader's (main, threads,
-    processes; ``inprocess`` is taken as main); ``seconds``: the timed floor of each pass (with 5
-    batches at least, after a warm-up of workers x prefetch + 2 batches), ``repeats`` passes per
-    cell, cells interleaved; ``workers`` defaults to
+    (``tiny``, ``torchvision:NAME`` or ``FILE.py:NAME`` / ``module:NAME``) is given. ``modes``
+    are make_loader's (main, threads, processes; ``inprocess`` is taken as main); ``seconds``:
+    the timed floor of each pass (with 5 batches at least, after a warm-up of workers x prefetch
+    + 2 batches), ``repeats`` passes per cell, cells interleaved; ``workers`` defaults to
     :func:`default_workers`; ``pin_memory`` and ``persistent`` are on, off or both; ``size``
     is the raw folder's Resize + CenterCrop side (default: the packed side with ``compare``,
     else 256). ``check``: rerun the recommended setting as a plain loop (:func:`plain_loop`,
@@ -88,10 +89,10 @@ def run_bench(path, *, batch_size: int = 64, modes=MODES, workers=None, pin_memo
     ds, kind, description = open_source(path, size)
     raw = None
     if compare is not None:
-        if kind != "packed":
+        if kind != PACKED:
             raise ValueError(f"--compare SRC compares a packed PATH with its raw JPEGs; {path} is not packed")
         raw = open_source(compare, size or ds.reader.shape[0])
-        if raw[1] != "raw":
+        if raw[1] != RAW_FOLDER:
             raise ValueError(f"--compare {compare}: give the raw ImageFolder tree, not a packed output")
     module = None
     if model is not None:
@@ -104,16 +105,16 @@ def run_bench(path, *, batch_size: int = 64, modes=MODES, workers=None, pin_memo
     device = "cuda" if torch.cuda.is_available() else None
     common = dict(batch_size=batch_size, augment=augment, seconds=seconds, repeats=repeats,
                   tolerance=tolerance, skipped=skipped, device=device, seed=seed)
-    with progress_bar(total=len(settings) * (repeats + 1) * (2 if raw else 1), unit="pass", desc="bench", enabled=progress,
-                      dynamic_ncols=True) as bar:
-        result = BenchResult(run_grid(ds, settings, source=str(path), kind=kind, description=description,
+    with progress_bar(total=len(settings) * (repeats + 1) * (2 if raw else 1), unit="pass", desc="bench",
+                      enabled=progress, dynamic_ncols=True) as bar:
+        result = PathBenchResult(run_grid(ds, settings, source=str(path), kind=kind, description=description,
                                       bar=bar, **common))
         result.interrupted = result.grid.interrupted
         if raw is not None and not result.interrupted:
-            result.compare = run_grid(raw[0], settings, source=str(compare), kind="raw",
+            result.compare = run_grid(raw[0], settings, source=str(compare), kind=RAW_FOLDER,
                                       description=raw[2], bar=bar, **common)
             result.interrupted = result.compare.interrupted
-    result.warnings = ram_warning(ds) if kind == "packed" else []
+    result.warnings = ram_warning(ds) if kind == PACKED else []
     rec = recommend(result.grid)
     if rec is None or result.interrupted:
         return result

@@ -18,6 +18,9 @@ import torch
 
 from ..system import usable_cpus
 
+MIN_BATCHES = 5  # timed batches per pass, at least (with at least the pass's seconds)
+NO_CUDA = "no CUDA device (torch.cuda.is_available() is False)"
+
 
 @dataclass
 class Timing:
@@ -55,6 +58,21 @@ class Pass:
     def ms_per_batch(self) -> float:
         """Milliseconds per batch after the warm-up."""
         return 1000 * self.seconds / self.batches
+
+    def as_dict(self) -> dict:
+        return {"first_batch_s": self.first_s, "batches": self.batches, "samples": self.samples,
+                "seconds": self.seconds, "samples_per_s": self.rate}
+
+
+@dataclass
+class UserPass(Pass):
+    """A pass over the user's loader, which also records its ``warmup`` untimed batches."""
+
+    warmup: int = 0
+
+    def as_dict(self) -> dict:
+        return {"first_batch_s": self.first_s, "warmup_batches": self.warmup, "batches": self.batches,
+                "samples": self.samples, "seconds": self.seconds, "samples_per_s": self.rate}
 
 
 def time_pass(loader, warmup: int = 2, device=None) -> Pass:

@@ -19,9 +19,10 @@ import time
 
 import torch
 
-from .model import input_prep
+from ..cells import UserSetting
+from .loader import Base
 from .passes import to_device
-from .user import Base, LoaderSetting
+from .step import input_prep
 
 
 class Sampler:
@@ -39,7 +40,7 @@ class Sampler:
             import pynvml
             pynvml.nvmlInit()
             handle = pynvml.nvmlDeviceGetHandleByIndex(self.index)
-        except Exception:  # not installed, or no driver
+        except Exception:  # noqa: BLE001 -- not installed, or no driver
             return None
         self.source = "nvml"
         return lambda: float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
@@ -57,7 +58,7 @@ class Sampler:
         while not self._stop.is_set():
             try:
                 self.samples.append((time.perf_counter(), self._read()))
-            except Exception:  # a failed read is a missing sample
+            except Exception:  # noqa: BLE001 -- a failed read is a missing sample
                 pass
             self._stop.wait(self.interval)
 
@@ -111,12 +112,13 @@ def _endless(loader):
             return
 
 
-def real_loop(base: Base, setting: LoaderSetting, module, device, steps: int = 30, how: str = "as-is",
+def real_loop(base: Base, setting: UserSetting, module, device, steps: int = 30, how: str = "as-is",
               utilisation: bool = False, seconds: float = 5.0) -> dict:
     """Up to ``steps`` training steps of ``module`` (at least 5; stopping once ``seconds`` have
-    passed) fed by the user's loader at ``setting`` after 3 untimed ones: per step the data wait (ms blocked in ``next()``) and the step (ms); the wait
-    share of the loop; with ``utilisation`` (CUDA), the GPU utilisation per step and the share of
-    samples under 10% (idle)."""
+    passed) fed by the user's loader at ``setting`` after 3 untimed ones: per step the data
+    wait (ms blocked in ``next()``) and the step (ms); the wait share of the loop; with
+    ``utilisation`` (CUDA), the GPU utilisation per step and the share of samples under 10%
+    (idle)."""
     dev = torch.device(device or "cpu")
     module = module.to(dev)
     feed = base.feed()
@@ -173,7 +175,7 @@ class _Null:
         return False
 
 
-def profile_steps(base: Base, setting: LoaderSetting, module, path, how: str = "as-is", steps: int = 10,
+def profile_steps(base: Base, setting: UserSetting, module, path, how: str = "as-is", steps: int = 10,
                   device=None) -> str:
     """Write a ``torch.profiler`` trace (Chrome trace JSON, opens in ui.perfetto.dev) of ``steps``
     training steps fed by the user's loader at ``setting`` to ``path``; returns the path."""

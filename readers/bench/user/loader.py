@@ -1,9 +1,9 @@
-"""The user's own DataLoader rebuilt per setting: the settings, the grid, and a sampler that cycles.
+"""The user's own DataLoader rebuilt per setting: the grid of settings, and a sampler that cycles.
 
-Everything here (and in ``passes.py``, which times it) drives ``torch.utils.data.DataLoader`` itself over the user's Dataset (never
-make_loader), from the user's own loader settings when a DataLoader was given (batch_size,
-collate_fn, sampler, drop_last, worker_init_fn, ...), varying only num_workers,
-prefetch_factor, persistent_workers and pin_memory. :class:`Feed` lets a pass outlast a small
+Everything here (and in ``passes.py``, which times it) drives ``torch.utils.data.DataLoader``
+itself over the user's Dataset (never make_loader), from the user's own loader settings when a
+DataLoader was given (batch_size, collate_fn, sampler, drop_last, worker_init_fn, ...), varying
+only num_workers, prefetch_factor, persistent_workers and pin_memory. :class:`Feed` lets a pass outlast a small
 dataset's epoch and then end the epoch cleanly, as a real one ends.
 """
 
@@ -14,53 +14,15 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
 
-@dataclass(frozen=True)
-class LoaderSetting:
-    """One cell: DataLoader's num_workers, prefetch_factor and persistent_workers (None with no
-    workers), pin_memory, and ``collate``: None for the user's own collate_fn, "stack" for
-    ``shardpack.stack_collate``."""
-
-    workers: int
-    prefetch: int | None
-    persistent: bool | None
-    pin: bool
-    collate: str | None = None
-
-    @property
-    def rank(self) -> tuple:
-        """Lighter first: fewer workers, less prefetch, persistent workers (cheaper epoch starts), no pinning."""
-        return (self.workers, self.prefetch or 0, self.persistent is False, self.pin)
-
-    @property
-    def label(self) -> str:
-        if not self.workers:
-            parts = ["0 workers (main process)"]
-        else:
-            parts = [f"{self.workers} worker{'s' if self.workers > 1 else ''}", f"prefetch {self.prefetch}",
-                     "persistent" if self.persistent else "not persistent"]
-        parts.append(f"pin {'on' if self.pin else 'off'}")
-        if self.collate == "stack":
-            parts.append("shardpack.stack_collate")
-        return ", ".join(parts)
-
-    def kwargs(self) -> dict:
-        out = {"num_workers": self.workers, "pin_memory": self.pin}
-        if self.workers:
-            out.update(prefetch_factor=self.prefetch, persistent_workers=bool(self.persistent))
-        return out
-
-    def as_dict(self) -> dict:
-        return {"num_workers": self.workers, "prefetch_factor": self.prefetch,
-                "persistent_workers": self.persistent, "pin_memory": self.pin,
-                "collate_fn": "shardpack.stack_collate" if self.collate == "stack" else "yours"}
+from ..cells import UserSetting
 
 
-def user_grid(workers, prefetch, persistent, pins) -> list[LoaderSetting]:
+def user_grid(workers, prefetch, persistent, pins) -> list[UserSetting]:
     """The cells: one num_workers=0 cell per pin value, then every worker count > 0 x prefetch
     x persistent x pin."""
-    cells = [LoaderSetting(0, None, None, p) for p in pins] if 0 in workers else []
+    cells = [UserSetting(0, None, None, p) for p in pins] if 0 in workers else []
     for w in sorted(w for w in set(workers) if w > 0):
-        cells += [LoaderSetting(w, f, k, p) for f in prefetch for k in persistent for p in pins]
+        cells += [UserSetting(w, f, k, p) for f in prefetch for k in persistent for p in pins]
     return cells
 
 
@@ -96,7 +58,7 @@ class Feed:
 class Base:
     """The user's loader as given: the dataset and the settings bench keeps (``fixed``: kwargs
     passed to every DataLoader it builds; ``sampler`` / ``batch_sampler`` the user's), and the
-    user's own num_workers, prefetch, persistent and pin (``given``, a LoaderSetting)."""
+    user's own num_workers, prefetch, persistent and pin (``given``, a UserSetting)."""
 
     dataset: object
     kind: str  # "dataset" (map-style) or "iterable"
@@ -104,11 +66,11 @@ class Base:
     fixed: dict = field(default_factory=dict)
     sampler: object = None
     batch_sampler: object = None
-    given: LoaderSetting | None = None
+    given: UserSetting | None = None
     notes: list[str] = field(default_factory=list)  # the user's settings bench cannot write as a literal
 
     @classmethod
-    def of(cls, obj, kind: str, batch_size: int | None = None) -> "Base":
+    def of(cls, obj, kind: str, batch_size: int | None = None) -> Base:
         """From a Dataset (``batch_size`` default 64) or a DataLoader (its settings; an explicit
         ``batch_size`` replaces its own when it uses the default BatchSampler)."""
         if kind != "loader":
@@ -134,7 +96,7 @@ class Base:
             fixed["timeout"] = loader.timeout
         if getattr(loader, "in_order", True) is False:
             fixed["in_order"] = False
-        given = LoaderSetting(loader.num_workers, loader.prefetch_factor if loader.num_workers else None,
+        given = UserSetting(loader.num_workers, loader.prefetch_factor if loader.num_workers else None,
                               loader.persistent_workers if loader.num_workers else None, bool(loader.pin_memory))
         base = cls(ds, inner, bs, fixed, given=given)
         if inner == "dataset":
@@ -167,7 +129,7 @@ class Base:
         drop = self.fixed.get("drop_last", False)
         return n // self.batch_size if drop else -(-n // self.batch_size)
 
-    def loader(self, setting: LoaderSetting, feed: Feed | None = None, context=None, dataset=None,
+    def loader(self, setting: UserSetting, feed: Feed | None = None, context=None, dataset=None,
                collate_fn=None) -> DataLoader:
         """A DataLoader over the user's dataset (or ``dataset``) with ``setting``; ``feed`` wraps
         the user's sampler (map-style only); ``context``: a start method for the workers;
@@ -176,7 +138,7 @@ class Base:
         if collate_fn is not None:
             kw["collate_fn"] = collate_fn
         elif setting.collate == "stack":
-            from ..loading import stack_collate
+            from ...loading import stack_collate
             kw["collate_fn"] = stack_collate
         if context is not None and setting.workers:
             kw["multiprocessing_context"] = context

@@ -11,6 +11,8 @@ import shutil
 
 import torch
 
+from ..timing import NO_CUDA
+
 SHM = "/dev/shm"
 
 
@@ -33,7 +35,7 @@ def data_path_of(ds, depth: int = 0) -> str | None:
         v = getattr(ds, name, None)
         try:
             first = v[0] if v is not None and len(v) else None
-        except Exception:  # an attribute of another kind
+        except Exception:  # noqa: BLE001 -- an attribute of another kind
             first = None
         first = first[0] if isinstance(first, (tuple, list)) and first else first
         if isinstance(first, (str, os.PathLike)) and os.path.exists(first):
@@ -45,7 +47,7 @@ def data_path_of(ds, depth: int = 0) -> str | None:
 def data_warnings(base, res, data_path=None) -> list[str]:
     """Lines for the report: a slow mount, /dev/shm small for the recommended setting, ROCm and
     pin_memory, and the usable cores against what the machine reports."""
-    from ..system import mount_of
+    from ...system import mount_of
     out = []
     where = os.fspath(data_path) if data_path is not None else data_path_of(base.dataset)
     if where is None:
@@ -77,13 +79,12 @@ def data_warnings(base, res, data_path=None) -> list[str]:
 
 
 def gpu_note(device, base, rec, module, how: str, steps: int, trace, seconds: float = 5.0) -> dict:
-    """The real loop (readers/bench/gpu.py): the recommended loader feeding the model for
+    """The real loop (readers/bench/user/gpu.py): the recommended loader feeding the model for
     up to ``steps`` steps (or ``seconds``), its measured data wait; on CUDA the utilisation saw-tooth, without CUDA
     what was skipped and why. A ``trace`` path gets a torch.profiler trace of 10 steps."""
     out = {}
     if device is None:
-        out["skipped"] = ("GPU utilisation (the saw-tooth) and host-to-device copies: not measured, no CUDA "
-                          "device (torch.cuda.is_available() is False)")
+        out["skipped"] = f"GPU utilisation (the saw-tooth) and host-to-device copies: not measured, {NO_CUDA}"
     if module is None or rec is None:
         out["loop"] = None
         out.setdefault("skipped", "the real loop: give --model to run one")

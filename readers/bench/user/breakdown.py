@@ -19,9 +19,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
-from .noise import Spread
-from .passes import run_pass, warmup_batches
-from .user import Base, LoaderSetting
+from ..cells import UserSetting, warmup_batches
+from ..noise import Spread
+from .loader import Base
+from .passes import run_pass
 
 _CLOCK = {"getitem": 0.0, "samples": 0}  # per process: each worker keeps its own
 
@@ -206,7 +207,7 @@ def breakdown(base: Base, workers: int, seconds: float, device=None) -> dict:
     (the batch's samples; in a worker when ``workers`` > 0), collate, hand-off to the main
     process (workers only) and, with ``device`` "cuda", the host-to-device copy; with the pass's
     total ms/batch, the sample described, MB per batch and the flags."""
-    setting = LoaderSetting(workers, 1 if workers else None, False if workers else None, False)
+    setting = UserSetting(workers, 1 if workers else None, False if workers else None, False)
     collate = base.fixed.get("collate_fn")
     times: list[dict] = []
     dev = None if device is None else torch.device(device)
@@ -228,7 +229,7 @@ def breakdown(base: Base, workers: int, seconds: float, device=None) -> dict:
     loader = base.loader(setting, feed, dataset=timed(base.dataset), collate_fn=TimedCollate(collate))
     p = run_pass(loader, feed, warmup_batches(setting), seconds, consume=consume)
     sample = describe(image_of(first_sample(base)))
-    one = next(iter(base.loader(LoaderSetting(0, None, None, False), base.feed())))
+    one = next(iter(base.loader(UserSetting(0, None, None, False), base.feed())))
     mb = batch_bytes(one) / 1e6
     per = {k: 1000 * statistics.median(t[k] for t in times) for k in ("getitem_s", "collate_s", "handoff_s")}
     out = {"num_workers": workers, "prefetch_factor": setting.prefetch, "batches": len(times),
@@ -248,18 +249,18 @@ def variants(base: Base) -> dict:
     info = describe(image_of(sample))
     out = {}
     if base.fixed.get("collate_fn") is None and stackable(sample):
-        from ..loading import stack_collate
+        from ...loading import stack_collate
         out["stack"] = (base.dataset, stack_collate, "collate_fn=shardpack.stack_collate (only stacks)")
     if (info["type"] == "numpy" or info["dtype"] not in (None, "uint8")) and info["layout"] in ("HWC", "CHW") \
             and isinstance(sample, (tuple, list)) and len(sample) == 2:
-        from ..loading import stack_collate
+        from ...loading import stack_collate
         out["uint8"] = (AsUint8CHW(base.dataset, info["layout"] == "HWC"), stack_collate,
                         "__getitem__ returning uint8 CHW tensors + shardpack.stack_collate (what-if: bench "
                         "converted your samples in the worker, the conversion included)")
     return out
 
 
-def compare(base: Base, setting: LoaderSetting, seconds: float, repeats: int = 3, device=None) -> list[dict]:
+def compare(base: Base, setting: UserSetting, seconds: float, repeats: int = 3, device=None) -> list[dict]:
     """The user's loader at ``setting`` against each of :func:`variants`, interleaved A B A B
     over ``repeats`` rounds. Returns one row per variant: ms/batch medians, the saving and
     whether it exceeds the spread of both."""
@@ -269,7 +270,7 @@ def compare(base: Base, setting: LoaderSetting, seconds: float, repeats: int = 3
     runs = {"yours": (None, None)} | {k: (ds, c) for k, (ds, c, _) in alts.items()}
     rates: dict[str, list] = {k: [] for k in runs}
     ms: dict[str, list] = {k: [] for k in runs}
-    s = LoaderSetting(setting.workers, setting.prefetch, False if setting.workers else None, setting.pin)
+    s = UserSetting(setting.workers, setting.prefetch, False if setting.workers else None, setting.pin)
     for _ in range(repeats):
         for name, (ds, collate) in runs.items():
             feed = base.feed()

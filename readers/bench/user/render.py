@@ -6,9 +6,10 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
-from .advice import BOTTLENECK_SHARE
-from .noise import Spread
-from .timing import machine
+from ..advice import BOTTLENECK_SHARE
+from ..noise import Spread, load_average
+from ..plotting import model_rate, pyplot, save, star
+from ..timing import machine
 
 
 def paste_line(res) -> str:
@@ -50,8 +51,7 @@ def kept_note(res) -> str | None:
 
 def _row(c, rec, knee_at, given=None) -> str:
     s = c.setting
-    cells = [str(s.workers), "-" if s.prefetch is None else str(s.prefetch),
-             "-" if s.persistent is None else ("on" if s.persistent else "off"), "on" if s.pin else "off"]
+    cells = s.knobs()
     if c.ok:
         sp = Spread(c.rates)
         first, later = c.first_ms
@@ -77,7 +77,8 @@ def epoch_rows(res) -> list[str]:
     lines = ["", "epoch start under spawn (Windows, macOS, CUDA parents): time from iter() to the first batch",
              f"share = start / (start + one epoch of {batches if batches else '?'} batches at the grid's best "
              f"ms/batch for those workers)", "",
-             "| num_workers | persistent | 1st epoch s | later epoch s | share of an epoch |", "|---:|---|---:|---:|---:|"]
+             "| num_workers | persistent | 1st epoch s | later epoch s | share of an epoch |",
+             "|---:|---|---:|---:|---:|"]
     for row in res.epoch:
         if row["error"]:
             lines.append(f"| {row['num_workers']} | {'on' if row['persistent_workers'] else 'off'} | "
@@ -102,7 +103,6 @@ def epoch_shares(res) -> None:
 
 
 def render_text(res) -> str:
-    from .noise import load_average
     epoch_shares(res)
     b = res.base
     n = len(b.dataset) if b.kind == "dataset" else None
@@ -127,8 +127,8 @@ def render_text(res) -> str:
     for k in res.knees:
         for c in res.cells:
             s = c.setting
-            if c.ok and (s.prefetch, s.persistent, s.pin) == (k["prefetch_factor"], k["persistent_workers"],
-                                                                 k["pin_memory"]) and s.workers == k["knee"]:
+            if c.ok and s.line == (k["prefetch_factor"], k["persistent_workers"], k["pin_memory"]) \
+                    and s.workers == k["knee"]:
                 knee_at[s] = k["resolved"]
     lines += ["", "| num_workers | prefetch | persistent | pin | samples/s | ± | ms/batch | 1st batch ms | |",
               "|---:|---:|---|---|---:|---:|---:|---:|---|"]
@@ -267,19 +267,14 @@ def plot_user(path, res) -> None:
     """samples/s against num_workers, one line per prefetch / persistent / pin with min-max error
     bars, the recommended cell starred, and the model's consumption rate as a horizontal line.
     Raises ImportError naming the extra when matplotlib is missing."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ImportError("--plot needs matplotlib: pip install 'shardpack[plot]'") from None
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
     ok = [c for c in res.cells if c.ok]
     zero = {c.setting.pin: c for c in ok if c.setting.workers == 0}
     lines: dict[tuple, list] = {}
     for c in ok:
         if c.setting.workers:
-            lines.setdefault((c.setting.prefetch, c.setting.persistent, c.setting.pin), []).append(c)
+            lines.setdefault(c.setting.line, []).append(c)
     if not lines:
         lines = {(None, None, pin): [] for pin in zero}
     for k, ((prefetch, keep, pin), cells) in enumerate(lines.items()):
@@ -291,20 +286,13 @@ def plot_user(path, res) -> None:
                  if prefetch is not None else f"pin {'on' if pin else 'off'}")
         ax.errorbar(xs, med, yerr=err, fmt="o-", capsize=3, color=f"C{k % 10}", label=label)
     if res.rec is not None:
-        ax.plot([res.rec.setting.workers], [res.rec.rate], "*", ms=18, mfc="none", mec="k",
-                label=f"recommended: {res.rec.setting.label}")
+        star(ax, res.rec)
     if res.step is not None:
-        rate = 1000 * (res.base.batch_size or 1) / res.step["ms"]
-        ax.axhline(rate, color="k", ls="--", lw=1,
-                   label=f"the model consumes {rate:,.0f} samples/s ({res.step['ms']:.0f} ms/step)")
+        model_rate(ax, res.base.batch_size or 1, res.step["ms"])
     ax.set_xticks(sorted({c.setting.workers for c in ok}) or [0])
     ax.set_xlabel("num_workers (0 = in the main process)")
     ax.set_ylabel("samples/s (median, bars: min-max of the passes)")
     ax.set_ylim(bottom=0)
     ax.set_title(f"user: {Path(str(res.name)).name} ({res.kind}), batch {res.base.batch_size}; "
                  f"empty loop vs the model", fontsize=10)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save(plt, fig, ax, path)

@@ -17,20 +17,22 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ..system import usable_cpus
-from .advice import BOTTLENECK_SHARE
-from .noise import TOLERANCE, Choice, choose, load_average, physical_cores
+from ...system import usable_cpus
+from ..advice import BOTTLENECK_SHARE
+from ..cells import UserCell, UserSetting, default_workers
+from ..noise import TOLERANCE, Choice, choose, load_average, physical_cores
+from ..result import BenchResult
+from ..timing import NO_CUDA
+from .loader import Base, user_grid
+from .passes import epoch_starts, measure_interleaved, plain_check
+from .render import paste_line, plot_user, render_json, render_text
 from .target import TargetError, load_data, load_model
-from .passes import UserCell, epoch_starts, measure_interleaved, plain_check
-from .user import Base, LoaderSetting, user_grid
-
-NO_CUDA = "no CUDA device (torch.cuda.is_available() is False)"
 
 
 @dataclass
-class UserBenchResult:
-    """What bench measured on the user's loader; ``text()`` is the report, ``json()`` the same
-    content as a dict, ``plot(path)`` the PNG."""
+class UserBenchResult(BenchResult):
+    """What bench measured on the user's loader (the grid's cells, the breakdown, the fixes, the
+    spawn epoch starts, the real loop); ``paste()`` the recommended ``DataLoader(...)`` line."""
 
     name: str
     kind: str
@@ -51,27 +53,19 @@ class UserBenchResult:
     breakdown: dict | None = None
     fixes: list[dict] = field(default_factory=list)
     epoch: list[dict] = field(default_factory=list)
-    step: dict | None = None
     share: dict | None = None
-    check: dict | None = None
-    warnings: list[str] = field(default_factory=list)
     gpu: dict | None = None
-    interrupted: bool = False
 
     def paste(self) -> str | None:
-        from .userrender import paste_line
         return paste_line(self) if self.rec is not None else None
 
     def text(self) -> str:
-        from .userrender import render_text
         return render_text(self)
 
     def json(self) -> dict:
-        from .userrender import render_json
         return render_json(self)
 
     def plot(self, path) -> None:
-        from .userrender import plot_user
         plot_user(path, self)
 
 
@@ -120,8 +114,7 @@ def knees_of(cells: list[UserCell], tolerance: float) -> list[dict]:
     lines: dict[tuple, dict[int, UserCell]] = {}
     for c in ok:
         if c.setting.workers:
-            s = c.setting
-            lines.setdefault((s.prefetch, s.persistent, s.pin), {})[s.workers] = c
+            lines.setdefault(c.setting.line, {})[c.setting.workers] = c
     out = []
     for (prefetch, persistent, pin), pts in lines.items():
         if pin in zero:
@@ -163,9 +156,8 @@ def run_user_bench(target, model=None, *, batch_size: int | None = None, workers
     after a warm-up of workers x prefetch + 2 batches; ``repeats``: interleaved passes per cell.
     ``data_path``: where the data lives, for the slow-mount warning (default: a path the dataset
     names). Ctrl-C returns what was measured. Raises TargetError (one line) on bad user code."""
-    from ..progress import progress as progress_bar
-    from .grid import default_workers
-    from .model import fixed_batch_step
+    from ...progress import progress as progress_bar
+    from .step import fixed_batch_step
     from .warn import data_warnings, gpu_note
     obj, kind, name = load_data(target)
     base = Base.of(obj, kind, batch_size)
@@ -179,7 +171,7 @@ def run_user_bench(target, model=None, *, batch_size: int | None = None, workers
         res.skipped.append("IterableDataset: measured without the sampler grid (it yields its own order; "
                            "each pass stops once its floors are met)")
     try:
-        fixed = next(iter(base.loader(LoaderSetting(0, None, None, False), base.feed())))
+        fixed = next(iter(base.loader(UserSetting(0, None, None, False), base.feed())))
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as err:

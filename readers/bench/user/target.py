@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+from ..model import build_model
 
 _LOADED: dict = {}  # stem -> module this process imported from a FILE.py (another file may replace it)
 
@@ -146,7 +147,6 @@ def load_model(spec, classes: int):
     ``classes`` outputs), ``FILE.py:NAME`` / ``module:NAME`` naming an ``nn.Module`` subclass
     or a no-argument callable returning a module, or such a module or callable itself. Raises
     TargetError (one line) otherwise."""
-    from .model import build_model
     if isinstance(spec, torch.nn.Module):
         return spec
     if isinstance(spec, str) and (spec == "tiny" or spec.startswith("torchvision:") or not is_spec(spec)):

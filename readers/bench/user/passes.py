@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass, field
 
 import torch
 
-from .timing import Pass
-from .user import Base, Feed, LoaderSetting
-
-MIN_BATCHES = 5  # timed batches per pass, at least (with at least ``seconds`` of time)
+from ..cells import UserCell, UserSetting, warmup_batches
+from ..timing import MIN_BATCHES, UserPass
+from .loader import Base, Feed
 
 
 def batch_len(batch) -> int:
@@ -45,23 +43,6 @@ def to_device(batch, device):
     if isinstance(batch, dict):
         return {k: to_device(v, device) for k, v in batch.items()}
     return batch
-
-
-@dataclass
-class UserPass(Pass):
-    """One timed pass (:class:`Pass`) that also records its ``warmup`` untimed batches."""
-
-    warmup: int = 0
-
-    def as_dict(self) -> dict:
-        return {"first_batch_s": self.first_s, "warmup_batches": self.warmup, "batches": self.batches,
-                "samples": self.samples, "seconds": self.seconds, "samples_per_s": self.rate}
-
-
-def warmup_batches(setting: LoaderSetting) -> int:
-    """Untimed batches at a pass's start: every worker's prefetched batches, which arrive
-    together after start-up, plus 2."""
-    return (setting.workers * (setting.prefetch or 2) if setting.workers else 0) + 2
 
 
 def run_pass(loader, feed: Feed | None, warmup: int, seconds: float, min_batches: int = MIN_BATCHES,
@@ -106,51 +87,7 @@ def run_pass(loader, feed: Feed | None, warmup: int, seconds: float, min_batches
     return UserPass(first_s, b, n, end - start, warmup=warmup)
 
 
-@dataclass
-class UserCell:
-    """A setting's passes (one per repeat, interleaved with the other cells), or its error."""
-
-    setting: LoaderSetting
-    passes: list[UserPass] = field(default_factory=list)
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None and bool(self.passes)
-
-    @property
-    def rates(self) -> list[float]:
-        return [p.rate for p in self.passes]
-
-    @property
-    def rate(self) -> float:
-        from statistics import median
-        return median(self.rates)
-
-    @property
-    def ms_per_batch(self) -> float:
-        from statistics import median
-        return median(p.ms_per_batch for p in self.passes)
-
-    @property
-    def first_ms(self) -> tuple[float, float | None]:
-        """(first pass's epoch start, median of the later ones) in ms."""
-        from statistics import median
-        later = [p.first_s for p in self.passes[1:]]
-        return 1000 * self.passes[0].first_s, (1000 * median(later) if later else None)
-
-    def as_dict(self) -> dict:
-        out = {**self.setting.as_dict(), "label": self.setting.label, "error": self.error}
-        if self.ok:
-            from .noise import Spread
-            sp = Spread(self.rates)
-            out.update(samples_per_s=sp.median, low=sp.low, high=sp.high, spread=sp.rel,
-                       ms_per_batch=self.ms_per_batch, first_batch_ms=list(self.first_ms))
-        out["passes"] = [p.as_dict() for p in self.passes]
-        return out
-
-
-def measure_interleaved(base: Base, settings: list[LoaderSetting], seconds: float, repeats: int,
+def measure_interleaved(base: Base, settings: list[UserSetting], seconds: float, repeats: int,
                         device=None, bar=None, min_batches: int = MIN_BATCHES, dataset=None,
                         cells: list | None = None) -> list[UserCell]:
     """Measure every setting ``repeats`` times, interleaved (A B C, A B C, ...), so a change in
@@ -182,7 +119,7 @@ def measure_interleaved(base: Base, settings: list[LoaderSetting], seconds: floa
                     cell.passes.append(run_pass(loader, feed, warmup_batches(s), seconds, min_batches, device))
                 except (KeyboardInterrupt, SystemExit):
                     raise
-                except Exception as err:  # a setting that fails (shared memory, pickling) is a result
+                except Exception as err:  # noqa: BLE001 -- a setting that fails (shared memory, pickling) is a result
                     cell.error = f"{type(err).__name__}: {err}".splitlines()[0][:200]
                     kept.pop(k, None)
                 if bar is not None:
@@ -201,7 +138,7 @@ def epoch_starts(base: Base, workers: list[int], prefetch: int, epochs: int = 2,
     out = []
     for w in (w for w in workers if w > 0):
         for keep in (False, True):
-            s = LoaderSetting(w, prefetch, keep, False)
+            s = UserSetting(w, prefetch, keep, False)
             row = {"num_workers": w, "persistent_workers": keep, "starts_s": [], "error": None}
             if bar is not None:
                 bar.set_postfix_str(f"spawn: {s.label}", refresh=True)
@@ -221,7 +158,7 @@ def epoch_starts(base: Base, workers: list[int], prefetch: int, epochs: int = 2,
                 del loader
             except (KeyboardInterrupt, SystemExit):
                 raise
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001 -- a setting that fails under spawn is a row, not a crash
                 row["error"] = f"{type(err).__name__}: {err}".splitlines()[0][:200]
             out.append(row)
             if bar is not None:
@@ -229,7 +166,7 @@ def epoch_starts(base: Base, workers: list[int], prefetch: int, epochs: int = 2,
     return out
 
 
-def plain_check(base: Base, setting: LoaderSetting, rate: float, seconds: float, device=None,
+def plain_check(base: Base, setting: UserSetting, rate: float, seconds: float, device=None,
                 per_batch: float | None = None) -> dict:
     """The recommended setting as a plain training loop: a fresh DataLoader over about
     ``seconds`` worth of samples at ``rate`` (samples/s), every batch timed from ``iter()``,
