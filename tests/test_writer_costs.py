@@ -45,7 +45,10 @@ class Files:
         return self.n
 
 
-@pytest.mark.parametrize("fmt,encoding,resize", list(itertools.product(FORMATS, ENCODINGS, ["center-crop", "shorter-side"])))
+SHAPES = ["center-crop", "shorter-side"]  # fixed, variable
+
+
+@pytest.mark.parametrize("fmt,encoding,resize", list(itertools.product(FORMATS, ENCODINGS, SHAPES)))
 def test_scratch_bytes_are_the_formula_they_replaced(fmt, encoding, resize):
     for size, n, sample, workers, engine in itertools.product((16, 224), (1, 37, 100_003), (768.0, 12345.6, 150528.0),
                                                               (1, 2), ("local", "units")):

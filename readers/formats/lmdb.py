@@ -269,7 +269,9 @@ class EncodedLmdbReader(EncodedReader, LmdbReader):
 
     def record_problems(self, index):
         empty = np.flatnonzero(self._lengths == 0)
-        return [f"{self._path}: an empty record for {len(empty)} sample(s) (the first: sample {empty[0]})"] if len(empty) else []
+        if not len(empty):
+            return []
+        return [f"{self._path}: an empty record for {len(empty)} sample(s) (the first: sample {empty[0]})"]
 
 
 READERS = {RAW: LmdbReader, JPEG: EncodedLmdbReader}  # what open_reader builds, by encoding
