@@ -214,23 +214,19 @@ def write_failure(err: OSError, staging: Staging, n: int, finishing: bool = Fals
 def scratch_bytes(listing: Listing, recipe: Recipe, fmt: str, workers: int, estimate: SizeEstimate,
                   engine: str = "local") -> int:
     """Bytes a run writes besides its output, for the free-space check: the ledger's columns,
-    skip log and checkpoints, the ring buffer (streamed samples, K > 1), the writer's own state,
-    LMDB's whole pages per value, and for variable-shape HDF5 the data a second time (copied
-    into images.h5 at the end)."""
+    skip log and checkpoints, the ring buffer (streamed samples, K > 1), and what the format's
+    writer class says it needs (its ``scratch_bytes``: its own state, LMDB's whole pages per
+    value, the second copy of variable-shape HDF5...). Raises ValueError for an unknown format."""
+    from .writers import writer_class
     n, fixed = len(listing), recipe.shape() is not None
+    writer = writer_class(fmt, not fixed, recipe.encoding)
     total = n * 26 + (1 << 20)  # status, checksum, size, mode, shape per file; logs, checkpoints
     if engine != "local":  # unit parts decoded ahead of the commit (units.py; a cluster's CPUs are not known here)
         from .units import unit_files
         total += (2 * workers + 2) * unit_files(recipe) * int(estimate.sample_bytes)
-    elif workers > 1 and not (fixed and fmt in ("npy", "hdf5") and recipe.encoding == "raw"):
+    elif workers > 1 and not writer.in_place:  # streamed samples pass through the ring
         total += ring_bytes(n, workers, recipe)
-    total += {"wds": 16 * n}.get(fmt, 0) if fixed else 16 * n
-    if fmt == "lmdb":
-        from .writers.lmdb import PAGE, value_pages
-        total += n * max(0, value_pages(int(estimate.sample_bytes) + (0 if fixed else 128)) * PAGE
-                         - int(estimate.sample_bytes) - 4096)
-    if fmt == "hdf5" and (not fixed or recipe.encoding != "raw"):  # copied into images.h5 at the end
-        total += estimate.total_bytes
+    total += writer.scratch_bytes(n, fixed, estimate)  # the writer's own state and copies
     return int(total)
 
 

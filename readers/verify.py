@@ -11,8 +11,9 @@ import xxhash
 
 from .encoding import describe as describe_encoding, encoding_of
 from .formats import open_reader
-from .manifest import (COLUMNS, bytes_on_disk, HDF5_FILE, INDEX_DIR, NPY_LABELS, NPY_OFFSETS, PATHS_BLOB, SKIPPED,
-                       WDS_OFFSETS, WDS_SHARD, Index, ShardFormatError, expect_array, load_manifest, load_npy)
+from .formats.base import flagged
+from .manifest import (COLUMNS, bytes_on_disk, INDEX_DIR, PATHS_BLOB, SKIPPED, Index, ShardFormatError,
+                       load_manifest, load_npy)
 
 
 @dataclass
@@ -48,7 +49,7 @@ class VerifyResult:
 
 def verify(root, progress: bool = False, limit: int = 1000) -> VerifyResult:
     """Check the output at ``root``: every index column and the format's own records against the
-    manifest, each other and the data (:func:`index_problems`, :func:`format_problems`), then
+    manifest, each other and the data (:func:`index_problems`, the reader's ``record_problems``), then
     reread every sample through its reader (which checks its size and embedded .npy header
     against the index) and compare its xxh3_64 with the checksum written at pack time
     (index/checksums.npy), and the format's own label copies with index/labels.npy.
@@ -65,7 +66,7 @@ def verify(root, progress: bool = False, limit: int = 1000) -> VerifyResult:
     try:
         reader.check()  # sample 0 is read with the others below
         encoded = encoding_of(manifest) is not None  # checksums over the stored records, each decoded too
-        result.problems += reader.record_problems() if encoded else format_problems(root, manifest, index, reader)
+        result.problems += reader.record_problems(index)
     except ShardFormatError as err:
         result.problems.append(str(err))
         return result
@@ -91,7 +92,7 @@ def verify(root, progress: bool = False, limit: int = 1000) -> VerifyResult:
         if len(result.mismatches) >= limit:
             break
     try:
-        copy = _format_labels(root, manifest, index.count)
+        copy = reader.own_labels()
     except ShardFormatError as err:
         result.problems.append(str(err))
         copy = None
@@ -108,20 +109,14 @@ def _path(index: Index, i: int) -> str:
         return "?"
 
 
-def _where(bad: np.ndarray, what: str) -> str | None:
-    """``what`` with how many samples ``bad`` (a boolean mask) flags and the first, or None."""
-    n = int(np.count_nonzero(bad))
-    return f"{what} for {n} sample{'s' if n > 1 else ''} (the first: sample {int(np.argmax(bad))})" if n else None
-
-
 def index_problems(root: Path, manifest: dict, index: Index) -> list[str]:
     """Each way the index columns break what readers rely on, one line each: labels outside the
     classes, path offsets not rising from 0 to the size of paths.bin, shapes that are not
     (H >= 1, W >= 1, 3) or differ from a fixed manifest shape, source modes outside the list,
     source sizes below 1x1, and a missing checksums column."""
     d = root / INDEX_DIR
-    out = [_where((index.labels < 0) | (index.labels >= index.num_classes),
-                  f"{d / COLUMNS['labels']}: a label outside the {index.num_classes} classes")]
+    out = [flagged((index.labels < 0) | (index.labels >= index.num_classes),
+                    f"{d / COLUMNS['labels']}: a label outside the {index.num_classes} classes")]
     if index.checksums is None:
         out.append(f"{d / COLUMNS['checksums']} is missing: the pixels cannot be checked")
     offsets = index.path_offsets
@@ -131,8 +126,8 @@ def index_problems(root: Path, manifest: dict, index: Index) -> list[str]:
         out.append(f"{d / COLUMNS['path_offsets']}: does not rise from 0 to the {len(index._paths)} "
                    f"bytes of {PATHS_BLOB}")
     shapes = index.shapes
-    out.append(_where((shapes[:, 2] != 3) | (shapes[:, 0] < 1) | (shapes[:, 1] < 1),
-                      f"{d / COLUMNS['shapes']}: a shape that is not (H, W, 3)"))
+    out.append(flagged((shapes[:, 2] != 3) | (shapes[:, 0] < 1) | (shapes[:, 1] < 1),
+                        f"{d / COLUMNS['shapes']}: a shape that is not (H, W, 3)"))
     stray = d / COLUMNS["shapes"]
     if manifest.get("shape") is not None and stray.exists():
         try:
@@ -143,62 +138,11 @@ def index_problems(root: Path, manifest: dict, index: Index) -> list[str]:
         if not same:
             out.append(f"{stray}: differs from the manifest's shape {manifest['shape']}")
     if index.source_mode is not None:
-        out.append(_where(index.source_mode >= len(index.source_modes),
-                          f"{d / COLUMNS['source_mode']}: a mode outside the manifest's source_modes"))
+        out.append(flagged(index.source_mode >= len(index.source_modes),
+                            f"{d / COLUMNS['source_mode']}: a mode outside the manifest's source_modes"))
     if index.source_size is not None:
-        out.append(_where((index.source_size < 1).any(axis=1), f"{d / COLUMNS['source_size']}: a size below 1x1"))
+        out.append(flagged((index.source_size < 1).any(axis=1), f"{d / COLUMNS['source_size']}: a size below 1x1"))
     return [p for p in out if p]
-
-
-def format_problems(root: Path, manifest: dict, index: Index, reader) -> list[str]:
-    """The format's own records against the index and the data files, one line each: npy and
-    HDF5 byte offsets (rising from 0, each range the size its shape needs) and HDF5's own shapes;
-    wds offsets (shard numbers of shards that exist, rising, inside their shard); LMDB value
-    lengths (fixed shapes: H*W*3 each). ``reader`` is open (``reader.check()``)."""
-    fmt, need = manifest["format"], index.shapes.astype(np.int64).prod(axis=1)
-    out = []
-    if fmt in ("npy", "hdf5") and manifest.get("shape") is None:
-        where = root / (NPY_OFFSETS if fmt == "npy" else HDF5_FILE)
-        offsets = np.asarray(reader._offsets, np.int64)
-        if offsets[0] != 0 or (np.diff(offsets) < 0).any():
-            out.append(f"{where}: offsets do not rise from 0")
-        out.append(_where(np.diff(offsets) != need, f"{where}: a byte range of another size than its shape needs"))
-        if fmt == "hdf5":
-            out.append(_where((np.asarray(reader._shapes) != index.shapes).any(axis=1),
-                              f"{where}: shapes differ from {INDEX_DIR}/{COLUMNS['shapes']}"))
-    elif fmt == "wds":
-        at = np.asarray(reader._offsets, np.int64)
-        sizes = {int(n[6:12]): s for n, s in manifest["files"].items() if n.startswith("shard-")}
-        shard_size = np.array([sizes.get(int(s), -1) for s in at[:, 0].clip(0, max(sizes, default=0))])
-        missing = sorted({int(s) for s in at[:, 0]} - set(sizes))
-        if missing:
-            out.append(f"{root / WDS_OFFSETS}: names {WDS_SHARD.format(missing[0])}, not in the manifest's files")
-        order = at[:, 0] * (1 << 40) + at[:, 1]
-        if (np.diff(order) <= 0).any():
-            out.append(f"{root / WDS_OFFSETS}: (shard, offset) pairs do not rise sample by sample")
-        out.append(_where((at[:, 1] < 0) | (at[:, 1] + need > shard_size),
-                          f"{root / WDS_OFFSETS}: pixels beyond the end of their shard"))
-    elif fmt == "lmdb" and manifest.get("shape") is not None:
-        out.append(_where(reader._lengths != need, f"{root / 'data.mdb'}: a record of another size than H*W*3"))
-    return [p for p in out if p]
-
-
-def _format_labels(root: Path, manifest: dict, count: int) -> np.ndarray | None:
-    """The copy of the labels that the format itself carries (npy, hdf5); None for the others,
-    whose only copy is the index's. Raises ShardFormatError when it is unreadable or not
-    ``count`` integers."""
-    fmt = manifest["format"]
-    if fmt == "npy":
-        return load_npy(root / NPY_LABELS, "i", (count,))
-    if fmt == "hdf5":
-        import h5py
-        try:
-            with h5py.File(root / HDF5_FILE, "r") as f:
-                labels = f["labels"][:]
-        except (OSError, KeyError, ValueError) as err:
-            raise ShardFormatError(f"{root / HDF5_FILE}: no readable labels ({err})") from None
-        return expect_array(labels, f"{root / HDF5_FILE} labels", "i", (count,))
-    return None
 
 
 def one_line(message: str) -> str:

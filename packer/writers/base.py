@@ -1,4 +1,5 @@
-"""The writer interface and the in-place memmap helpers shared by npy and hdf5."""
+"""The writer interface, the in-place memmap helpers shared by npy and hdf5, and what every
+format's writer of encoded records shares (records appended as flat bytes)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 
 
 class Writer:
-    """Base of the four writers.
+    """Base of every format's writers.
 
     ``tmp``: the run's partial directory (renamed to OUT at the end). ``n``: files scanned.
     ``shape``: (H, W, 3) of every sample, or None when samples differ in shape (then ``write``
@@ -21,7 +22,15 @@ class Writer:
     a run that fails while finishing (a full disk) can be resumed and finish again.
     """
 
-    in_place = False
+    in_place = False  # True: decode workers fill a preallocated file (no ring buffer needed)
+
+    @classmethod
+    def scratch_bytes(cls, n: int, fixed: bool, estimate) -> int:
+        """Bytes this writer keeps besides the output while packing ``n`` samples, for the
+        free-space check: here the 16 a sample of the state a writer of variable shapes keeps
+        (``fixed``: every sample has the recipe's one shape). ``estimate``: the run's
+        packer.sizing.SizeEstimate (``sample_bytes``, ``total_bytes``). Formats add their own."""
+        return 0 if fixed else 16 * n
 
     def __init__(self, tmp: Path, n: int, shape, labels: np.ndarray, options: dict):
         self.tmp, self.n, self.labels, self.options = Path(tmp), n, labels, options
@@ -138,6 +147,13 @@ class RaggedWriter(Writer):
         if self.file is not None:
             self.file.close()
             self.file = None
+
+
+def as_rows(record: np.ndarray) -> np.ndarray:
+    """An encoded record (uint8 (nbytes,)) as the (nbytes, 1, 1) "sample" the ragged writers
+    append: its byte count is then what they record as its shape's product, so their offsets are
+    the records' byte ranges."""
+    return np.ascontiguousarray(record, np.uint8).reshape(-1, 1, 1)
 
 
 def npy_header(shape) -> bytes:

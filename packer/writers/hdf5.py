@@ -11,6 +11,10 @@ Variable shapes (RaggedHdf5Writer): ``images`` is one flat contiguous uint8 data
 sample's HWC bytes in order, with ``offsets`` int64 (count + 1,) and ``shapes`` int32 (count, 3).
 A contiguous dataset's size is fixed at creation, so the samples are appended to
 ``images.raw`` while packing and copied into ``images.h5`` once at the end.
+
+Encoded (EncodedHdf5Writer, ``--encoding jpeg``): the variable-shape layout with records for
+samples, without its shapes dataset: ``images`` flat uint8, ``offsets`` int64 (count + 1,) and
+``labels``.
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ import shutil
 import h5py
 import numpy as np
 
+from ...readers.encoding import JPEG, RAW
 from ...readers.formats.hdf5 import dataset_offset
 from ...readers.manifest import HDF5_FILE
 
-from .base import InPlaceWriter, RaggedWriter, fsync_path, reserve
+from .base import InPlaceWriter, RaggedWriter, as_rows, fsync_path, reserve
 
 
 def _create(path, count, shape):
@@ -41,6 +46,11 @@ def _create(path, count, shape):
 
 
 class RaggedHdf5Writer(RaggedWriter):
+    @classmethod
+    def scratch_bytes(cls, n, fixed, estimate):
+        """The ragged state, and the data a second time: images.raw is copied into images.h5 at the end."""
+        return super().scratch_bytes(n, fixed, estimate) + estimate.total_bytes
+
     def __init__(self, tmp, n, shape, labels, options):
         super().__init__(tmp, n, shape, labels, options)
         self.path = self.tmp / HDF5_FILE
@@ -91,4 +101,28 @@ class Hdf5Writer(InPlaceWriter):
         return {"files": {HDF5_FILE: self.path.stat().st_size}}
 
 
-WRITER, VARIABLE_WRITER = Hdf5Writer, RaggedHdf5Writer  # what open_writer builds for format "hdf5"
+class EncodedHdf5Writer(RaggedHdf5Writer):
+    """The variable-shape HDF5 layout with records for samples, without its shapes dataset."""
+
+    def write(self, index, record, label):
+        super().write(index, as_rows(record), label)
+
+    def finish(self, kept):
+        offsets, _ = self._finish_data(kept)
+        offset = _create(self.path, self.nbytes, ())
+        with open(self.data_path, "rb") as src, open(self.path, "r+b") as dst:
+            dst.seek(offset)
+            shutil.copyfileobj(src, dst, 16 << 20)  # images.raw stays until the commit (a failed finish is redone)
+        with h5py.File(self.path, "r+") as f:
+            for name, data in (("offsets", offsets), ("labels", self.labels[kept])):
+                if name in f:  # a finish redone after a failure
+                    del f[name]
+                f.create_dataset(name, data=data)
+            f.attrs["shardpack"] = json.dumps(self.options.get("attrs", {}))
+        fsync_path(self.path)
+        return {"files": {HDF5_FILE: self.path.stat().st_size}}
+
+
+# What open_writer builds, by (encoding, samples differ in shape).
+WRITERS = {(RAW, False): Hdf5Writer, (RAW, True): RaggedHdf5Writer,
+           (JPEG, False): EncodedHdf5Writer, (JPEG, True): EncodedHdf5Writer}

@@ -10,6 +10,9 @@ and grown before any put that could overflow it, so MDB_MAP_FULL cannot happen.
 LMDB's own errors (``lmdb.Error: mdb_txn_commit: Input/output error``, which is how it reports a
 full disk) leave this writer as OSError with the errno and data.mdb named, like every other
 writer's, so the run reports them in one line and stays resumable.
+
+Encoded (EncodedLmdbWriter, ``--encoding jpeg``): key ``sample_key(i)`` -> the JPEG bytes; the
+map grows as they come.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import functools
 import lmdb
 import numpy as np
 
+from ...readers.encoding import JPEG, RAW
 from ...readers.manifest import sample_key
 from ..options import errno_of
 
@@ -56,6 +60,13 @@ def os_errors(method):
 
 
 class LmdbWriter(Writer):
+    @classmethod
+    def scratch_bytes(cls, n, fixed, estimate):
+        """Also each value's whole pages beyond its bytes (and a .npy header for variable shapes)."""
+        sample = int(estimate.sample_bytes)
+        return (super().scratch_bytes(n, fixed, estimate)
+                + n * max(0, value_pages(sample + (0 if fixed else 128)) * PAGE - sample - 4096))
+
     @os_errors
     def __init__(self, tmp, n, shape, labels, options):
         super().__init__(tmp, n, shape, labels, options)
@@ -133,4 +144,18 @@ class LmdbWriter(Writer):
             self.env = None
 
 
-WRITER = VARIABLE_WRITER = LmdbWriter  # what open_writer builds for format "lmdb" (values carry shapes)
+class EncodedLmdbWriter(LmdbWriter):
+    """Values are the records themselves; the map grows as they come (their sizes vary)."""
+
+    def __init__(self, tmp, n, shape, labels, options):
+        super().__init__(tmp, n, None, labels, options)  # None: the map grows with the records
+
+    @os_errors
+    def write(self, index, record, label):
+        value = memoryview(np.ascontiguousarray(record, np.uint8))
+        self._put(index, value, value.nbytes)
+
+
+# What open_writer builds, by (encoding, samples differ in shape): raw values carry their shapes.
+WRITERS = {(RAW, False): LmdbWriter, (RAW, True): LmdbWriter,
+           (JPEG, False): EncodedLmdbWriter, (JPEG, True): EncodedLmdbWriter}

@@ -6,6 +6,10 @@ decode workers; skipped files' rows are squeezed out at the end and the header r
 Variable shapes (RaggedNpyWriter): ``images.npy`` is one flat uint8 array of every sample's HWC
 bytes in order, appended by the main process behind a fixed-length header that is rewritten at
 the end, plus ``offsets.npy`` int64 (count + 1,); the shapes are ``index/shapes.npy``.
+
+Encoded (EncodedNpyWriter, ``--encoding jpeg``): the variable-shape layout with records for
+samples: ``images.npy`` one flat uint8 array of the records in order, ``offsets.npy`` int64
+(count + 1,) their byte ranges.
 """
 
 from __future__ import annotations
@@ -14,9 +18,11 @@ import struct
 
 import numpy as np
 
+from ...readers.encoding import JPEG, RAW
 from ...readers.manifest import NPY_IMAGES, NPY_LABELS, NPY_OFFSETS
 
-from .base import InPlaceWriter, RaggedWriter, compact_rows, fsync_path, npy_data_offset, reserve, save_synced
+from .base import (InPlaceWriter, RaggedWriter, as_rows, compact_rows, fsync_path, npy_data_offset, reserve,
+                   save_synced)
 
 RAGGED_HEADER = 128  # bytes before the flat data: room for any (nbytes,) shape, 64-aligned
 
@@ -64,6 +70,13 @@ class RaggedNpyWriter(RaggedWriter):
         return {"files": {name: (self.tmp / name).stat().st_size for name in (NPY_IMAGES, NPY_OFFSETS, NPY_LABELS)}}
 
 
+class EncodedNpyWriter(RaggedNpyWriter):
+    """The variable-shape npy layout with records for samples: flat images.npy + offsets.npy."""
+
+    def write(self, index, record, label):
+        super().write(index, as_rows(record), label)
+
+
 def _header(count: int, shape, length: int) -> bytes:
     """A version 1.0 .npy header for (count, *shape) uint8, padded to exactly ``length`` bytes so
     the data does not move."""
@@ -72,4 +85,6 @@ def _header(count: int, shape, length: int) -> bytes:
     return b"\x93NUMPY\x01\x00" + struct.pack("<H", hlen) + d.ljust(hlen - 1) + b"\n"
 
 
-WRITER, VARIABLE_WRITER = NpyWriter, RaggedNpyWriter  # what open_writer builds for format "npy"
+# What open_writer builds, by (encoding, samples differ in shape).
+WRITERS = {(RAW, False): NpyWriter, (RAW, True): RaggedNpyWriter,
+           (JPEG, False): EncodedNpyWriter, (JPEG, True): EncodedNpyWriter}

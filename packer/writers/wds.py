@@ -7,6 +7,10 @@ format) and ``<key>.cls`` (the label as ASCII) per sample, in order, so that sto
 offset of the pixels) per sample for random access. Members carry mtime 0 and no owner, so the
 tars are byte-identical for identical content. Variable shapes need nothing more: each
 member's .npy header carries its sample's shape.
+
+Encoded (EncodedWdsWriter, ``--encoding jpeg``): members ``<key>.jpg`` and ``<key>.cls``, so
+stock ``webdataset ... .decode("rgb8")`` reads them; ``wds_offsets.npy`` int64 (count, 3):
+shard, byte offset and length of each JPEG.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import tarfile
 
 import numpy as np
 
+from ...readers.encoding import JPEG, JPEG_MEMBER, RAW
 from ...readers.manifest import WDS_OFFSETS, WDS_SHARD, sample_key
 
 from .base import Writer, drop_cache, npy_header, reserved_memmap, save_synced
@@ -35,6 +40,11 @@ def _member_header(name: str, size: int) -> bytes:
 class WdsWriter(Writer):
     """Members are written straight to the shard file: tarfile's ``addfile`` would copy each
     196 KB sample three times (tobytes, concatenation, 16 KB chunks through a BytesIO)."""
+
+    @classmethod
+    def scratch_bytes(cls, n, fixed, estimate):
+        """The (shard, offset) table of every sample, 16 bytes each, whatever the shapes."""
+        return 16 * n
 
     def __init__(self, tmp, n, shape, labels, options):
         super().__init__(tmp, n, shape, labels, options)
@@ -128,4 +138,40 @@ class WdsWriter(Writer):
             file.close()
 
 
-WRITER = VARIABLE_WRITER = WdsWriter  # what open_writer builds for format "wds" (members carry shapes)
+class EncodedWdsWriter(WdsWriter):
+    """Members ``<key>.jpg`` + ``<key>.cls``; each record's length is kept beside its offset."""
+
+    def __init__(self, tmp, n, shape, labels, options):
+        super().__init__(tmp, n, shape, labels, options)
+        part = self.scratch / "wds_lengths.partial.npy"
+        self.lengths = (np.lib.format.open_memmap(part, mode="r+", dtype=np.int64, shape=(n,))
+                        if part.exists() else reserved_memmap(part, np.int64, (n,)))
+
+    def write(self, index, record, label):
+        key, data = sample_key(index), np.ascontiguousarray(record, np.uint8)
+        need = 3 * BLOCK + data.nbytes + 1024 + RECORD  # headers, padding, end blocks
+        if self.file is None or (self.in_shard and self.offset + need > self.shard_size):
+            self._open_shard(self.shard + 1)
+        start = self._add(f"{key}.{JPEG_MEMBER}", data.data)
+        self._add(f"{key}.cls", str(int(label)).encode())
+        self.offsets[index] = (self.shard, start)
+        self.lengths[index] = data.nbytes
+        self.in_shard += 1
+
+    def sync(self):
+        super().sync()
+        self.lengths.flush()
+
+    def finish(self, kept):
+        count = len(kept)
+        table = np.concatenate([np.asarray(self.offsets[:count]), np.asarray(self.lengths[:count])[:, None]], axis=1)
+        written = super().finish(kept)  # writes the (count, 2) table: replaced by the (count, 3) one
+        save_synced(self.tmp / WDS_OFFSETS, table)
+        del self.lengths
+        written["files"][WDS_OFFSETS] = (self.tmp / WDS_OFFSETS).stat().st_size
+        return written
+
+
+# What open_writer builds, by (encoding, samples differ in shape): members carry their shapes.
+WRITERS = {(RAW, False): WdsWriter, (RAW, True): WdsWriter,
+           (JPEG, False): EncodedWdsWriter, (JPEG, True): EncodedWdsWriter}

@@ -1,26 +1,31 @@
-"""One reader per format, each the mirror of packer/writers/<same name>.py.
+"""One module per format holding all of its readers, each the mirror of packer/writers/<same name>.py.
 
 A reader gives random access to the pixels of sample i as HWC uint8, opening its handles lazily
-in the process that reads (never inherited across fork, dropped on pickling). Each format module
-names its reader class in a module-level ``READER``; :func:`open_reader` imports the module named
-by the manifest's format (h5py and lmdb only when used) and builds that class.
+in the process that reads (never inherited across fork, dropped on pickling), and answers
+``verify``'s questions about its own records (``record_problems``, ``own_labels``). Each format
+module declares its reader classes in a module-level ``READERS`` dict keyed by encoding (one
+class serves fixed and variable shapes: the manifest's shape says which); :func:`open_reader`
+imports the module named by the manifest's format (h5py and lmdb only when used) and picks one.
 """
 
 from __future__ import annotations
 
 import importlib
 
-from ..encoding import encoding_of
+from ..encoding import RAW, encoding_of
 from ..manifest import FORMATS, ShardFormatError
 
 
 def open_reader(root, manifest):
-    """The reader of the output at ``root``: ``READER`` of the module ``manifest["format"]``,
-    built from ``root`` and ``manifest``. Raises ShardFormatError for a format not in FORMATS."""
+    """The reader of the output at ``root``, built from ``root`` and ``manifest``: the class the
+    module ``manifest["format"]`` declares for the manifest's encoding (RAW when it names none).
+    Raises ShardFormatError for a format not in FORMATS or an encoding it has no reader for."""
     fmt = manifest["format"]
     if fmt not in FORMATS:
         raise ShardFormatError(f"{root}: unknown format {fmt!r}")
-    if encoding_of(manifest) is not None:  # --encoding jpeg: records decoded when read
-        from .encoded import READERS
-        return READERS[fmt](root, manifest)
-    return importlib.import_module(f".{fmt}", __package__).READER(root, manifest)
+    enc = encoding_of(manifest)  # None: raw pixels; else records decoded when read
+    name = RAW if enc is None else enc.get("name") if isinstance(enc, dict) else None
+    readers = importlib.import_module(f".{fmt}", __package__).READERS
+    if name not in readers:
+        raise ShardFormatError(f"{root}: a {fmt} output of encoding {name!r}, which this version cannot read")
+    return readers[name](root, manifest)

@@ -1,5 +1,5 @@
-"""What every format reader shares: lazy per-process handles, pickling without them, and the
-checks of each sample served against the manifest and the index."""
+"""What every format reader shares: lazy per-process handles, pickling without them, the checks
+of each sample served against the manifest and the index, and the decoding of encoded records."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import diskio
+from ..encoding import UndecodableRecord, decode_into, pick_decoder
 from ..manifest import MANIFEST, ShardFormatError
 from ..system import larger_than_ram
 
@@ -80,6 +81,13 @@ def ragged_view(flat: np.ndarray, offsets: np.ndarray, i: int, out: np.ndarray, 
     return flat[a:b].reshape(out.shape)
 
 
+def flagged(bad: np.ndarray, what: str) -> str | None:
+    """``what`` with how many samples ``bad`` (a boolean mask) flags and the first, or None:
+    one line of ``verify``."""
+    n = int(np.count_nonzero(bad))
+    return f"{what} for {n} sample{'s' if n > 1 else ''} (the first: sample {int(np.argmax(bad))})" if n else None
+
+
 def check_indices(indices, count: int) -> np.ndarray:
     """``indices`` as int64, after checking each is in ``0..count-1``: raises IndexError naming
     the first that is not."""
@@ -124,7 +132,7 @@ def take_into(images: np.ndarray, indices: np.ndarray, out: np.ndarray) -> None:
 
 
 class Reader:
-    """Base of the four readers. Subclasses implement ``_open()`` (set handles on self) and
+    """Base of every format's readers. Subclasses implement ``_open()`` (set handles on self) and
     ``read_into(i, out)``; ``read_batch_into`` defaults to a loop. ``shape`` is the (H, W, 3) of
     every sample, or None for variable-shape outputs (then ``out`` has the shape from
     ``index/shapes.npy``).
@@ -186,6 +194,17 @@ class Reader:
         if first_shape is not None and self.count:
             self.read_into(0, np.empty(first_shape, np.uint8))
 
+    def record_problems(self, index) -> list[str]:
+        """The format's own records against ``index`` (a readers.manifest.Index) and the data
+        files, one line each (empty: none), for ``verify``; called after :meth:`check`."""
+        return []
+
+    def own_labels(self) -> np.ndarray | None:
+        """The copy of the labels the format itself carries (integers (count,)), or None when
+        the index's is the only one. Raises ShardFormatError when it is unreadable or not
+        ``count`` integers."""
+        return None
+
     def _open(self):
         raise NotImplementedError
 
@@ -236,7 +255,18 @@ class MemmapReader(Reader):
 
     _handles = ("_images", "_offsets", "_file", "_in_ram")
     data_file = ""
+    offsets_file = ""  # the file holding the variable-shape byte offsets (for messages)
     _base = 0
+
+    def record_problems(self, index):
+        """Variable shapes: the byte offsets rise from 0, each range the size its shape needs."""
+        if self.shape is not None:
+            return []
+        where, need = self.root / self.offsets_file, index.shapes.astype(np.int64).prod(axis=1)
+        offsets = np.asarray(self._offsets, np.int64)
+        out = [f"{where}: offsets do not rise from 0"] if offsets[0] != 0 or (np.diff(offsets) < 0).any() else []
+        out.append(flagged(np.diff(offsets) != need, f"{where}: a byte range of another size than its shape needs"))
+        return [p for p in out if p]
 
     def data_paths(self):
         return [self.root / self.data_file]
@@ -271,3 +301,79 @@ class MemmapReader(Reader):
         idx = check_indices(indices, self.count).tolist()
         size = math.prod(self.shape)
         return diskio.submit([(self._file, self._base + i * size, [out[k]], i) for k, i in enumerate(idx)])
+
+
+class EncodedReader(Reader):
+    """What every format's reader of encoded records (``--encoding jpeg``) shares: decoding
+    records into ``out``. Subclasses implement ``_open`` and ``_locate(i) -> (record as a uint8
+    array, the file it is in)``, and ``record_problems``.
+
+    ``read_batch_into`` decodes sample by sample into the caller's buffer; the decoders release
+    the GIL, so make_loader's threads decode batches in parallel. A record that does not decode to
+    the shape the manifest (or ``index/shapes.npy``) gives raises ShardFormatError naming the file
+    and the sample. ``record(i)`` gives the stored bytes themselves (``verify`` checksums them)."""
+
+    decoder = "auto"  # simplejpeg when it imports, else pillow (readers/encoding.py)
+
+    def __init__(self, root, manifest):
+        super().__init__(root, manifest)
+        self.decoder = pick_decoder(self.decoder)
+
+    def _locate(self, i: int):
+        raise NotImplementedError
+
+    def record(self, i: int) -> np.ndarray:
+        """Sample i's stored record (the JPEG bytes) as a read-only uint8 array."""
+        self._ensure_open()
+        return self._locate(i)[0]
+
+    def read_into(self, i, out):
+        self._ensure_open()
+        data, where = self._locate(i)
+        try:
+            decode_into(data, out, self.decoder)
+        except UndecodableRecord as err:
+            raise ShardFormatError(f"{where}: sample {i} cannot be decoded: {err}") from None
+
+    def read_batch_into(self, indices, out):
+        check_out(out, len(indices), self.shape)
+        for k, i in enumerate(np.asarray(indices, np.int64).tolist()):
+            self.read_into(i, out[k])
+
+    def start_batch(self, indices, out):
+        """Decode the batch now, in the calling thread (Reader's default, not the raw formats'
+        preadv pool): the decoders release the GIL, so make_loader's threads decode batches in
+        parallel."""
+        return Reader.start_batch(self, indices, out)
+
+    def _span(self, i: int, start: int, end: int, size: int, where):
+        if not 0 <= start < end <= size:
+            raise ShardFormatError(f"{where}: sample {i} has bytes {start}..{end}, outside the {size} stored")
+
+
+class FlatReader(EncodedReader):
+    """npy and hdf5: one flat uint8 array of the records, ``_offsets`` (count + 1,)."""
+
+    _handles = ("_images", "_offsets")
+    data_file = ""
+
+    def data_paths(self):
+        return [self.root / self.data_file]
+
+    def _check_flat(self):
+        path = self.root / self.data_file
+        if (self._images.ndim != 1 or self._images.dtype != np.uint8 or self._offsets.shape != (self.count + 1,)
+                or self._offsets.dtype.kind not in "iu" or int(self._offsets[-1]) != len(self._images)):
+            raise ShardFormatError(f"{path}: records {self._images.shape} {self._images.dtype} and offsets "
+                                   f"{self._offsets.shape}, the manifest says {self.count} samples")
+
+    def _locate(self, i):
+        a, b = int(self._offsets[i]), int(self._offsets[i + 1])
+        self._span(i, a, b, len(self._images), self.root / self.data_file)
+        return self._images[a:b], self.root / self.data_file
+
+    def record_problems(self, index):
+        off = np.asarray(self._offsets, np.int64)
+        if off[0] != 0 or (np.diff(off) <= 0).any():
+            return [f"{self.root / self.data_file}: record offsets do not rise from 0 (an empty or reversed record)"]
+        return []

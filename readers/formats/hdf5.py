@@ -8,15 +8,20 @@ shared between processes (h5py is not fork-safe).
 Variable shapes (manifest ``shape`` null): ``images`` is one flat contiguous uint8 dataset,
 ``offsets`` int64 (count + 1,) gives each sample's byte range in it and ``shapes`` int32
 (count, 3) its (H, W, 3); both are memory-mapped the same way, and each sample served is checked
-against both and against ``index/shapes.npy``."""
+against both and against ``index/shapes.npy``.
+
+Encoded (``--encoding jpeg``, EncodedHdf5Reader): ``images`` one flat uint8 dataset of the
+records (the JPEG bytes), ``offsets`` int64 (count + 1,). Both layouts carry ``labels``, the
+format's own copy of the labels."""
 
 from __future__ import annotations
 
 import h5py
 import numpy as np
 
-from ..manifest import HDF5_FILE, ShardFormatError
-from .base import MemmapReader, check_value
+from ..encoding import JPEG, RAW
+from ..manifest import COLUMNS, HDF5_FILE, INDEX_DIR, ShardFormatError, expect_array
+from .base import FlatReader, MemmapReader, check_value, flagged
 
 
 def dataset_offset(path, name="images"):
@@ -51,10 +56,31 @@ def _map(path, name, where=None):
     return np.memmap(path, dtype, "r", offset=offset, shape=shape).view(np.ndarray)
 
 
+def _labels(root, count: int) -> np.ndarray:
+    """The ``labels`` dataset of images.h5: integers (count,); raises ShardFormatError otherwise."""
+    try:
+        with h5py.File(root / HDF5_FILE, "r") as f:
+            labels = f["labels"][:]
+    except (OSError, KeyError, ValueError) as err:
+        raise ShardFormatError(f"{root / HDF5_FILE}: no readable labels ({err})") from None
+    return expect_array(labels, f"{root / HDF5_FILE} labels", "i", (count,))
+
+
 class Hdf5Reader(MemmapReader):
-    data_file = HDF5_FILE
+    data_file = offsets_file = HDF5_FILE
     fmt = "hdf5"
     _handles = ("_images", "_offsets", "_shapes", "_file", "_in_ram")
+
+    def record_problems(self, index):
+        """Also, for variable shapes, the file's own shapes against the index's."""
+        out = super().record_problems(index)
+        if self.shape is None:
+            out.append(flagged((np.asarray(self._shapes) != index.shapes).any(axis=1),
+                               f"{self.root / HDF5_FILE}: shapes differ from {INDEX_DIR}/{COLUMNS['shapes']}"))
+        return [p for p in out if p]
+
+    def own_labels(self):
+        return _labels(self.root, self.count)
 
     def read_into(self, i, out):
         self._ensure_open()
@@ -81,4 +107,16 @@ class Hdf5Reader(MemmapReader):
             raise ShardFormatError(f"{path}: images {self._images.shape} {self._images.dtype}, the manifest says {expect} uint8")
 
 
-READER = Hdf5Reader  # what open_reader builds for format "hdf5"
+class EncodedHdf5Reader(FlatReader):
+    data_file, fmt = HDF5_FILE, "hdf5"
+
+    def _open(self):
+        self._images = _map(self.root / HDF5_FILE, "images")
+        self._offsets = _map(self.root / HDF5_FILE, "offsets")
+        self._check_flat()
+
+    def own_labels(self):
+        return _labels(self.root, self.count)
+
+
+READERS = {RAW: Hdf5Reader, JPEG: EncodedHdf5Reader}  # what open_reader builds, by encoding

@@ -18,6 +18,9 @@ The locations are two numpy arrays kept on the reader, int64 offsets and uint32 
 a sample, 15 MB for 1.28M). They are pickled with it (pickling locates first), so spawn workers
 do not locate again, and forked children inherit them; a child whose data.mdb is no longer the
 file they were found in (another inode, size or mtime: a repack) locates again.
+
+Encoded (``--encoding jpeg``, EncodedLmdbReader): each value is the sample's record (its JPEG
+bytes), located the same way. The B-tree's pages are parsed in lmdb_pages.py.
 """
 
 from __future__ import annotations
@@ -32,10 +35,11 @@ from pathlib import Path
 import lmdb
 import numpy as np
 
+from ..encoding import JPEG, RAW
 from ..manifest import ShardFormatError, sample_key
 from ..system import larger_than_ram
 from .. import diskio
-from .base import Reader, check_indices, check_out, check_value, npy_value, read_exact
+from .base import EncodedReader, Reader, check_indices, check_out, check_value, flagged, npy_value, read_exact
 from .lmdb_pages import P_LEAF, P_OVERFLOW, PAGE_HEADER, Records, meta, read_pages
 
 DATA = "data.mdb"
@@ -205,6 +209,14 @@ class LmdbReader(Reader):
         self._pread = diskio.DataFile(self._path)
         self._in_ram = diskio.InRam(self._data, larger_than_ram(self.data_paths()) is None, self._pread)
 
+    def record_problems(self, index):
+        """Fixed shapes: every value H*W*3 bytes long."""
+        if self.shape is None:
+            return []
+        need = index.shapes.astype(np.int64).prod(axis=1)
+        bad = flagged(self._lengths != need, f"{self._path}: a record of another size than H*W*3")
+        return [bad] if bad else []
+
     def _value(self, i: int, shape) -> int:
         """Where sample i's pixels start in data.mdb, after checking its value against ``shape``."""
         start, n = int(self._offsets[i]), int(self._lengths[i])
@@ -250,4 +262,16 @@ class LmdbReader(Reader):
         return super().__getstate__()
 
 
-READER = LmdbReader  # what open_reader builds for format "lmdb"
+class EncodedLmdbReader(EncodedReader, LmdbReader):
+    def _locate(self, i):
+        start, n = int(self._offsets[i]), int(self._lengths[i])
+        return self._data[start:start + n], self._path
+
+    def record_problems(self, index):
+        empty = np.flatnonzero(self._lengths == 0)
+        if not len(empty):
+            return []
+        return [f"{self._path}: an empty record for {len(empty)} sample(s) (the first: sample {empty[0]})"]
+
+
+READERS = {RAW: LmdbReader, JPEG: EncodedLmdbReader}  # what open_reader builds, by encoding

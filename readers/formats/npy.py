@@ -6,14 +6,19 @@ Variable shapes (manifest ``shape`` null): ``images.npy`` is one flat uint8 arra
 
     flat = np.load("images.npy", mmap_mode="r"); off = np.load("offsets.npy")
     img = flat[off[i]:off[i + 1]].reshape(np.load("index/shapes.npy")[i])
+
+Encoded (``--encoding jpeg``, EncodedNpyReader): ``images.npy`` flat uint8 of the records (the
+JPEG bytes), ``offsets.npy`` int64 (count + 1,) their byte ranges. Both layouts carry
+``labels.npy``, the format's own copy of the labels.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..manifest import NPY_IMAGES, NPY_OFFSETS, ShardFormatError, load_npy
-from .base import MemmapReader
+from ..encoding import JPEG, RAW
+from ..manifest import NPY_IMAGES, NPY_LABELS, NPY_OFFSETS, ShardFormatError, load_npy
+from .base import FlatReader, MemmapReader
 
 
 def _data_start(path) -> int:
@@ -25,9 +30,18 @@ def _data_start(path) -> int:
         return f.tell()
 
 
+def _labels(root, count: int) -> np.ndarray:
+    """``labels.npy``: integers (count,); raises ShardFormatError otherwise."""
+    return load_npy(root / NPY_LABELS, "i", (count,))
+
+
 class NpyReader(MemmapReader):
     data_file = NPY_IMAGES
+    offsets_file = NPY_OFFSETS
     fmt = "npy"
+
+    def own_labels(self):
+        return _labels(self.root, self.count)
 
     def _open(self):
         path = self.root / NPY_IMAGES
@@ -45,4 +59,16 @@ class NpyReader(MemmapReader):
             )
 
 
-READER = NpyReader  # what open_reader builds for format "npy"
+class EncodedNpyReader(FlatReader):
+    data_file, fmt = NPY_IMAGES, "npy"
+
+    def _open(self):
+        self._images = load_npy(self.root / NPY_IMAGES)
+        self._offsets = load_npy(self.root / NPY_OFFSETS, "i", (self.count + 1,))
+        self._check_flat()
+
+    def own_labels(self):
+        return _labels(self.root, self.count)
+
+
+READERS = {RAW: NpyReader, JPEG: EncodedNpyReader}  # what open_reader builds, by encoding

@@ -13,6 +13,10 @@ edited manifest or index, or a damaged offset, raises ShardFormatError naming th
 sample instead of serving other bytes. A member's data starts on a 512-byte tar block and its
 .npy header (128 bytes as written) is shorter than a block, so the header of the pixels at offset
 ``o`` starts at ``o - o % 512`` and the member's tar header 512 bytes before that.
+
+Encoded (``--encoding jpeg``, EncodedWdsReader): ``wds_offsets.npy`` int64 (count, 3): shard,
+byte offset and length of member ``<key>.jpg``, whose tar header (the 512 bytes before it) must
+name the sample.
 """
 
 from __future__ import annotations
@@ -24,13 +28,13 @@ import tarfile
 
 import numpy as np
 
+from ..encoding import JPEG, JPEG_MEMBER, RAW
 from ..manifest import WDS_OFFSETS, WDS_SHARD, ShardFormatError, load_npy, sample_key
 from ..system import larger_than_ram
 from .. import diskio
-from .base import Reader, check_indices, check_out, check_value, npy_value, read_exact
+from .base import EncodedReader, Reader, check_indices, check_out, check_value, flagged, npy_value, read_exact
 
 BLOCK = tarfile.BLOCKSIZE
-
 
 
 def _member(i: int) -> bytes:
@@ -41,9 +45,51 @@ def _member(i: int) -> bytes:
 _MEMBER_LEN = len(_member(0))
 assert _member(0)[:-5].decode() == sample_key(0)  # the key rule of manifest.py, in bytes
 
-class WdsReader(Reader):
-    _handles = ("_maps", "_files", "_offsets", "_header", "_in_ram")
+
+class _Shards(Reader):
+    """What the raw and the encoded reader share: the tar shards, each mapped on first use."""
+
     fmt = "wds"
+
+    def data_paths(self):
+        return sorted(self.root.glob("shard-*.tar"))
+
+    def _map(self, shard):
+        m = self._maps.get(shard)
+        if m is None:
+            self.check_unchanged()  # shards open one by one, long after the others
+            path = self.root / WDS_SHARD.format(shard)
+            try:
+                with open(path, "rb") as f:
+                    m = self._maps[shard] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                if hasattr(mmap, "MADV_RANDOM"):  # only headers are read through it: no readahead
+                    m.madvise(mmap.MADV_RANDOM)
+            except (OSError, ValueError, OverflowError) as err:  # missing, or empty (mmap refuses 0 bytes)
+                raise ShardFormatError(f"{path}: cannot map this shard ({err})") from None
+        return m
+
+
+class WdsReader(_Shards):
+    _handles = ("_maps", "_files", "_offsets", "_header", "_in_ram")
+
+    def __init__(self, root, manifest):
+        super().__init__(root, manifest)
+        self._listed = manifest.get("files") or {}  # the shards the manifest lists, for record_problems
+
+    def record_problems(self, index):
+        """Offsets name shards the manifest lists, rise sample by sample and stay inside their shard."""
+        at, need = np.asarray(self._offsets, np.int64), index.shapes.astype(np.int64).prod(axis=1)
+        sizes = {int(n[6:12]): s for n, s in self._listed.items() if n.startswith("shard-")}
+        shard_size = np.array([sizes.get(int(s), -1) for s in at[:, 0].clip(0, max(sizes, default=0))])
+        missing = sorted({int(s) for s in at[:, 0]} - set(sizes))
+        out = [f"{self.root / WDS_OFFSETS}: names {WDS_SHARD.format(missing[0])}, not in the manifest's files"
+               ] if missing else []
+        order = at[:, 0] * (1 << 40) + at[:, 1]
+        if (np.diff(order) <= 0).any():
+            out.append(f"{self.root / WDS_OFFSETS}: (shard, offset) pairs do not rise sample by sample")
+        out.append(flagged((at[:, 1] < 0) | (at[:, 1] + need > shard_size),
+                           f"{self.root / WDS_OFFSETS}: pixels beyond the end of their shard"))
+        return [p for p in out if p]
 
     def _open(self):
         self._maps, self._files, self._header = {}, {}, None  # _header: the .npy header every fixed-shape member has
@@ -64,9 +110,6 @@ class WdsReader(Reader):
                 return False
         return True
 
-    def data_paths(self):
-        return sorted(self.root.glob("shard-*.tar"))
-
     def _file(self, shard) -> diskio.DataFile | None:
         """Shard ``shard`` open for preadv, or None when it cannot be (the checks then say why)."""
         f = self._files.get(shard)
@@ -77,20 +120,6 @@ class WdsReader(Reader):
             except (OSError, ShardFormatError):
                 return None
         return f
-
-    def _map(self, shard):
-        m = self._maps.get(shard)
-        if m is None:
-            self.check_unchanged()  # shards open one by one, long after the others
-            path = self.root / WDS_SHARD.format(shard)
-            try:
-                with open(path, "rb") as f:
-                    m = self._maps[shard] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-                if hasattr(mmap, "MADV_RANDOM"):  # only headers are read through it: no readahead
-                    m.madvise(mmap.MADV_RANDOM)
-            except (OSError, ValueError, OverflowError) as err:  # missing, or empty (mmap refuses 0 bytes)
-                raise ShardFormatError(f"{path}: cannot map this shard ({err})") from None
-        return m
 
     def _pixels_at(self, i: int, shard: int, offset: int, shape) -> mmap.mmap:
         """The shard map holding sample i's pixels at ``offset``, after checking that the member
@@ -185,4 +214,39 @@ class WdsReader(Reader):
             flat[k] = np.frombuffer(m, np.uint8, size, offset)
 
 
-READER = WdsReader  # what open_reader builds for format "wds"
+class EncodedWdsReader(EncodedReader, _Shards):
+    _handles = ("_maps", "_table")
+
+    def _open(self):
+        self._maps = {}
+        self._table = load_npy(self.root / WDS_OFFSETS, "i", (self.count, 3))
+
+    def _sample_map(self, shard: int, i: int):
+        try:
+            return self._map(shard)
+        except ShardFormatError as err:
+            raise ShardFormatError(f"{err}; {WDS_OFFSETS} puts sample {i} there") from None
+
+    def _locate(self, i):
+        shard, offset, n = self._table[i].tolist()
+        m = self._sample_map(shard, i)
+        path = self.root / WDS_SHARD.format(shard)
+        name = f"{sample_key(i)}.{JPEG_MEMBER}".encode() + b"\0"
+        if offset < BLOCK or offset % BLOCK or m[offset - BLOCK:offset - BLOCK + len(name)] != name:
+            raise ShardFormatError(f"{path}: no member {sample_key(i)}.{JPEG_MEMBER} before offset {offset}, "
+                                   f"where {WDS_OFFSETS} puts sample {i}")
+        self._span(i, offset, offset + n, len(m), path)
+        return np.frombuffer(m, np.uint8, n, offset), path
+
+    def record_problems(self, index):
+        t = np.asarray(self._table, np.int64)
+        order = t[:, 0] * (1 << 40) + t[:, 1]
+        out = []
+        if (np.diff(order) <= 0).any():
+            out.append(f"{self.root / WDS_OFFSETS}: (shard, offset) pairs do not rise sample by sample")
+        if (t[:, 2] <= 0).any():
+            out.append(f"{self.root / WDS_OFFSETS}: an empty record for sample {int(np.argmax(t[:, 2] <= 0))}")
+        return out
+
+
+READERS = {RAW: WdsReader, JPEG: EncodedWdsReader}  # what open_reader builds, by encoding
