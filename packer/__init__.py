@@ -5,9 +5,9 @@ labels files)."""
 
 from .imaging import Recipe
 from .options import Options, PackError, Report
-from .run import pack
+from .plan import Plan, make_plan
+from .run import pack, pack_plan
 from .scan import ScanError, scan
-from .splits import Plan, make_plan, pack_plan
 
 __all__ = ["pack", "Recipe", "Options", "Report", "PackError", "ScanError", "scan",
            "Plan", "make_plan", "pack_plan"]

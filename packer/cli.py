@@ -12,6 +12,7 @@ from ..readers.folder import clash_text
 from ..readers.encoding import DEFAULT_QUALITY, DEFAULT_SUBSAMPLING, ENCODINGS, QUALITY_RANGE, SUBSAMPLINGS
 from ..readers.manifest import FORMATS, partial_dir
 from ..readers.system import usable_cpus
+from ..readers.text import plural
 
 from .. import __version__
 from .config import complete_config, effective_settings, load_config, presets
@@ -19,9 +20,9 @@ from .imaging import DECODERS, RESIZE_MODES, Recipe
 from .inputs import check_workers, dry_run_after_scan, dry_run_before_scan, parse_out, parse_splits
 from .options import AlreadyComplete, Options, PackError, os_error_text, say, stop_on_sigterm, stopped_text
 from .prefetch import DEFAULT_THREADS
-from .run import prepare
+from .plan import make_plan, plan_text
+from .run import pack_plan, prepare
 from .scan import ScanError, SplitsError
-from .splits import make_plan, pack_plan, plan_text, plural
 from .sizing import IMAGENET_1K_TRAIN, workers_warning
 
 

@@ -18,6 +18,8 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
+from ..readers.text import squeezed
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
@@ -113,7 +115,7 @@ class ConfigError(click.BadParameter):
 
 
 def _bad(message: str, param) -> ConfigError:
-    return ConfigError(" ".join(message.split()), None, param)
+    return ConfigError(squeezed(message), None, param)
 
 
 def _shown(raw) -> str:

@@ -1,6 +1,6 @@
 """Stage 4 of pack(): decode every file in scan order and hand it to the writer, checkpointing.
 
-The runner that decodes is the engine's: decode.py's (this process, or a pool of K processes)
+The runner that decodes is the engine's: runners.py's (this process, or a pool of K processes)
 for the local engine, units.py's (units decoded anywhere, committed in order) for the others;
 everything here (ledger, checkpoints, signals, the source-gone streak) is the same for all.
 """
@@ -12,12 +12,14 @@ import threading
 import time
 from concurrent.futures.process import BrokenProcessPool
 
-from .decode import Decoded, open_runner
+from .imaging import Recipe
 from .ledger import Ledger
 from .options import Options, PackError, Stopped, say
+from .runners import Decoded, open_runner
 from .scan import Listing
+from .sizing import ring_row
 from .staging import Staging
-from .imaging import Recipe
+from .units import PoolExecutor, UnitRunner, unit_files
 
 
 def _quietly(fn, *args) -> None:
@@ -29,7 +31,7 @@ def _quietly(fn, *args) -> None:
 
 
 class Decoding:
-    """Stage 4: decode files start..n-1 in scan order with ``workers`` processes (decode.py),
+    """Stage 4: decode files start..n-1 in scan order with ``workers`` processes (runners.py),
     record each in the ledger, hand each sample to the writer, checkpoint every few seconds.
     Ctrl-C and SIGTERM (taken between chunks, never inside a write) stop at a checkpoint that
     --resume continues from (Stopped); so do a killed worker and a source that vanished (the
@@ -49,9 +51,8 @@ class Decoding:
         n = len(self.listing)
         if self.opts.engine == "local":
             runner = open_runner(self.listing, self.recipe, self.writer, self.start, self.workers,
-                                 self.opts.io_threads, self.staging.run_dir)
+                                 self.opts.io_threads, self.staging.run_dir, ring_row(self.recipe))
         else:  # units decoded anywhere, taken in scan order (units.py)
-            from .units import open_unit_runner
             runner = open_unit_runner(self.listing, self.recipe, self.writer, self.start, self.workers,
                                       self.opts, self.staging)
         self.runner = runner
@@ -133,6 +134,17 @@ class Decoding:
             self.last_durable = time.monotonic()
         self.staging.checkpoint({"done": upto, "written": self.written, "writer": state}, durable)
         self.runner.writes.submit(self.writer.release, upto)  # not waited for: it may write back for a while
+
+
+def open_unit_runner(listing, recipe: Recipe, writer, start: int, workers: int, opts, staging) -> UnitRunner:
+    """The runner of ``opts.engine`` ("units": a local pool of ``workers``; "ray": engine_ray)."""
+    if opts.engine == "ray":
+        from .engine_ray import RayExecutor
+        executor = RayExecutor(opts.address, workers)
+    else:
+        executor = PoolExecutor(workers)
+    return UnitRunner(listing, recipe, writer, start, executor, staging.run_dir,
+                      unit_files(recipe, opts.unit_files), opts.strict, lambda: staging.done)
 
 
 def _settle(writer, durable: bool) -> dict:

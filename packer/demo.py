@@ -9,6 +9,8 @@ import click
 import numpy as np
 from PIL import Image
 
+from ..readers.text import mb
+
 from .imaging import Recipe
 from .options import Options
 from .run import pack
@@ -55,7 +57,7 @@ def run_demo(workdir: str, fmt: str) -> None:
     make_sample_tree(src)
     click.echo(f"1. made a sample ImageFolder tree: {src} ({len(CLASSES)} classes x 8 images)")
     report = pack(src, out, Recipe(size=64), Options(fmt=fmt, overwrite=True))
-    click.echo(f"2. packed it: {report.count} images -> {out} ({report.bytes / 1e6:.1f} MB, "
+    click.echo(f"2. packed it: {report.count} images -> {out} ({mb(report.bytes)}, "
                f"{report.images_per_s:.0f} images/s, {report.workers} workers)")
     ds = ShardDataset(out)
     img, label = ds[0]

@@ -15,6 +15,8 @@ import os
 import socket
 from urllib.parse import urlsplit
 
+from ..readers.text import squeezed
+
 from .options import PackError
 from .units import NotShared, UnitSpec, run_unit
 
@@ -76,7 +78,7 @@ class RayExecutor:
                              configure_logging=False)
             except (ConnectionError, RuntimeError, ValueError) as err:
                 raise PackError(f"cannot start or join Ray{f' at {address}' if address else ''}: "
-                                f"{' '.join(str(err).split())[:300]}") from None
+                                f"{squeezed(err)[:300]}") from None
         alive = [n for n in ray.nodes() if n.get("Alive")]
         self.nodes = len(alive)
         self.slots = max(1, int(ray.cluster_resources().get("CPU", 1)))
@@ -103,11 +105,11 @@ class RayExecutor:
             except ray.exceptions.RayTaskError as err:
                 if isinstance(getattr(err, "cause", None), NotShared):
                     raise PackError(str(err.cause)) from None
-                raise PackError(f"unit {unit} failed on Ray: {' '.join(str(err).split())[:300]}; "
+                raise PackError(f"unit {unit} failed on Ray: {squeezed(err)[:300]}; "
                                 "rerun with --resume (units already done are kept)") from None
             except ray.exceptions.RayError as err:  # retries spent: worker or node lost each time
                 raise PackError(f"unit {unit} could not run on Ray ({type(err).__name__}: "
-                                f"{' '.join(str(err).split())[:200]}); rerun with --resume "
+                                f"{squeezed(err)[:200]}); rerun with --resume "
                                 "(units already done are kept)") from None
         return out
 

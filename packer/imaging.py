@@ -25,6 +25,10 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from PIL import Image, ImageCms, ImageFile
 
+from ..readers.encoding import RAW
+
+from .encode import check_encoding
+
 RESIZE_MODES = ("center-crop", "squash", "shorter-side", "longer-side", "pad")
 VARIABLE_MODES = ("shorter-side", "longer-side")  # samples differ in shape
 SHORTER_SIDE_BOUND = 4  # default max_pixels of shorter-side: 4 N^2 keeps up to 4:1 pictures whole
@@ -81,12 +85,11 @@ class Recipe:
     allow_truncated: bool = False
     decoder: str = "pillow"
     max_pixels: int | None = None
-    encoding: str = "raw"
+    encoding: str = RAW
     quality: int | None = None
     subsampling: str | None = None
 
     def __post_init__(self):
-        from .encode import check_encoding
         check_encoding(self)
         if self.resize not in RESIZE_MODES:
             raise ValueError(f"resize mode {self.resize!r} is not one of {', '.join(RESIZE_MODES)}")
@@ -125,15 +128,9 @@ class Recipe:
         """The most bytes one sample can take: max_pixels * 3 (N*N*3 in fixed-shape modes)."""
         return self.max_pixels * 3
 
-    def max_record_bytes(self) -> int:
-        """Bytes of a ring slot: max_sample_bytes(), or for an encoded sample a bound that any
-        real picture's JPEG stays under (a larger record travels back pickled: decode.py)."""
-        from .encode import max_record_bytes
-        return max_record_bytes(self)
-
     def as_manifest(self) -> dict:
         d = asdict(self)
-        if self.encoding == "raw":  # raw manifests and fingerprints stay as they were
+        if self.encoding == RAW:  # raw manifests and fingerprints stay as they were
             for k in ("encoding", "quality", "subsampling"):
                 del d[k]
         d["background"] = list(self.background)

@@ -23,8 +23,8 @@ import click
 from .imaging import Recipe
 from .lock import busy_error, holder, read_record
 from .options import Options
-from .sizing import workers_refusal
-from .splits import Plan
+from .plan import Plan
+from .sizing import plan_run_bytes, workers_refusal
 from .staging import Staging, check_complete, check_existing, check_place
 
 
@@ -71,5 +71,5 @@ def dry_run_before_scan(src, out: Path, recipe: Recipe, opts: Options) -> None:
 def dry_run_after_scan(plan: Plan, out: Path, recipe: Recipe, opts: Options, workers: int) -> None:
     """What opening the partial directory of ``out`` would refuse for ``plan``, and the space
     check: the real run's own Staging.check with the real run's fingerprint. Writes nothing."""
-    Staging.check(out, plan.fingerprint(recipe, opts), opts, need=lambda: plan.run_bytes(recipe, opts.fmt, workers),
-                  count=sum(len(p.listing) for p in plan.parts), previous=read_record(out))
+    Staging.check(out, plan.fingerprint(recipe, opts), opts,
+                  need=lambda: plan_run_bytes(plan, recipe, opts.fmt, workers), count=sum(len(p.listing) for p in plan.parts), previous=read_record(out))

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .decode import Decoded, Skipped
-from .writers.base import reserved_memmap
 from .options import StrictError
+from .runners import Decoded, Skipped
 from .scan import LOOP_NOTE
+from .writers.base import reserved_memmap
 
 OK, SKIP = 1, 2  # status column values (0: not done yet)
 # errnos of a read that fail when the source itself went away (unmounted, disconnected)

@@ -10,6 +10,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..readers.text import squeezed
+
 
 class PackError(RuntimeError):
     """A run that cannot start or cannot finish; the message says why and what to do."""
@@ -91,7 +93,7 @@ def os_error_text(err: BaseException) -> str:
     reason = getattr(err, "strerror", None) or str(err)
     paths = [p for p in (getattr(err, "filename", None), getattr(err, "filename2", None)) if p]
     text = f"{' -> '.join(map(os.fsdecode, paths))}: {reason}" if paths else reason
-    return " ".join(text.split())
+    return squeezed(text)
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,7 @@ class Options:
     high-latency one (mounts.py). ``allow_unsafe_output``: write OUT even on such a mount.
     ``checkpoint_seconds``: how often progress is recorded (survives a killed process);
     ``durable_seconds``: how often that also fsyncs (survives a crash of the machine).
-    ``engine``: who decodes: "local" (this machine's K processes, decode.py), "ray" (Ray tasks
+    ``engine``: who decodes: "local" (this machine's K processes, runners.py), "ray" (Ray tasks
     on the cluster at ``address``, else RAY_ADDRESS, else a Ray instance started for the run)
     or "units" (the same unit protocol as "ray" on a local pool of K processes; units.py).
     ``unit_files``: files per unit for "ray"/"units" (None: units.unit_files decides from the

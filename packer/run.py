@@ -1,10 +1,12 @@
-"""pack(): one ImageFolder tree into one output, read as its stages.
+"""pack(): one ImageFolder tree into one output, read as its stages; pack_plan(): a plan's datasets.
 
 Prepare (decide everything once, write nothing) -> open the staging directory -> open the writer
-at the checkpoint -> decode all -> finish (squeeze, index, skipped.json) -> commit.
+at the checkpoint -> decode all -> finish (squeeze, index, skipped.json) -> commit. pack_plan
+writes a plan (plan.py): one dataset, or a splits root whose splits are each a pack() inside
+one staging directory, committed together.
 
 Decoding is the cost (~3 ms per ImageNet JPEG), so K processes decode and put the pixels where
-they belong, never pickled back (decode.py). Results are consumed in scan order, so the
+they belong, never pickled back (runners.py). Results are consumed in scan order, so the
 committed prefix ``done`` is exact: every few seconds a checkpoint hands the writer's data to the
 kernel up to it and records it (staging.py); every ``durable_seconds`` (60) one also fsyncs, so
 ``--resume`` continues after a killed process or a crash of the machine. An fsync every 2 s made
@@ -14,40 +16,43 @@ the run wait for the disk (2-3 % slower at one process, measured).
 from __future__ import annotations
 
 import errno
+import json
 import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from ..readers.manifest import FORMATS, SKIPPED, bytes_on_disk, write_json_atomic
 from ..readers.folder import clash_text
+from ..readers.manifest import FORMATS, MANIFEST, SKIPPED, bytes_on_disk, partial_dir, write_json_atomic
 from ..readers.system import usable_cpus
+from ..readers.text import squeezed
 
-from .encode import encoding_manifest
-from .decode import keep_freed_memory, ring_bytes, start_forkserver
 from .decoding import Decoding, _quietly
+from .encode import encoding_manifest
 from .imaging import Recipe
-from .ledger import Ledger, skipped_json
+from .ledger import Ledger, skipped_json, split_skipped_json
 from .lock import OutputLock
 from .mounts import MountTable, UnsafeOutput, check_output, source_note
 from .options import (DISK_FULL, ENGINES, Options, PackError, Report, StrictError, default_out, errno_of,
                       say)
+from .plan import Plan
 from .prefetch import DEFAULT_THREADS
+from .runners import keep_freed_memory, start_forkserver
 from .scan import Listing, scan
-from .sizing import SizeEstimate, estimate_size, output_bytes
+from .sizing import SizeEstimate, estimate_size, output_bytes, plan_run_bytes, scratch_bytes
 from .staging import (COMPACTING, Staging, check_complete, check_existing, check_place,
                       dataset_fingerprint)
 from .writers import open_writer
-from .writers.manifest import dataset_manifest, run_info, write_index
+from .writers.manifest import dataset_manifest, run_info, splits_manifest, write_index
 
-__all__ = ["pack", "prepare", "Setup", "Decoding", "Options", "Report", "PackError", "StrictError",
+__all__ = ["pack", "pack_plan", "prepare", "Setup", "Decoding", "Options", "Report", "PackError", "StrictError",
            "default_out"]
 
 
 @dataclass(frozen=True)
 class Setup:
-    """What a run decided before writing anything (prepare()); the CLI and splits.pack_plan hand
+    """What a run decided before writing anything (prepare()); the CLI and pack_plan hand
     it down, so nothing is decided twice. ``out``: OUT, absolute (a symlink's target: the run
     writes there and the link stays; ``named``: as the user named it, for messages);
     ``workers``: decode processes; ``mounts``: the mount table, read once; ``notes``: to say
@@ -131,7 +136,7 @@ def pack(src: str | Path, out: str | Path | None, recipe: Recipe, opts: Options,
     source vanishes (``max_io_errors`` consecutive I/O errors) or nothing is usable; Stopped
     (a KeyboardInterrupt) on SIGINT/SIGTERM, at a checkpoint. OUT only ever appears complete:
     everything is written to a hidden partial directory that is renamed into place last.
-    ``listing`` replaces the scan of ``src`` (packer.splits builds it); ``extra`` adds top-level
+    ``listing`` replaces the scan of ``src`` (plan.make_plan builds it); ``extra`` adds top-level
     manifest keys (e.g. "split", "settings"); ``setup``: what prepare() decided, when the caller
     already did (``out`` is then ``setup.out``, and the caller releases its lock).
     """
@@ -198,7 +203,7 @@ def write_failure(err: OSError, staging: Staging, n: int, finishing: bool = Fals
     """The one line for an OS error while writing: the path, the reason, how far the run got (its
     last checkpoint, where --resume continues) and what to do (a full disk, EIO included, as
     LMDB reports a short write: free space, --resume)."""
-    code, reason = errno_of(err), " ".join((getattr(err, "strerror", None) or str(err)).split())
+    code, reason = errno_of(err), squeezed(getattr(err, "strerror", None) or str(err))
     where = os.fsdecode(err.filename) if getattr(err, "filename", None) else staging.tmp
     when = f"after {staging.done} of {n} files" + (", while finishing the output" if finishing else "")
     if (staging.tmp / COMPACTING).exists():
@@ -209,25 +214,6 @@ def write_failure(err: OSError, staging: Staging, n: int, finishing: bool = Fals
         full = "disk full" if code != errno.EIO else "disk full (or failing)"
         return f"{where}: {full} {when} ({reason}); free space, then {then}"
     return f"{where}: cannot write {when} ({reason}); fix that, then {then}"
-
-
-def scratch_bytes(listing: Listing, recipe: Recipe, fmt: str, workers: int, estimate: SizeEstimate,
-                  engine: str = "local") -> int:
-    """Bytes a run writes besides its output, for the free-space check: the ledger's columns,
-    skip log and checkpoints, the ring buffer (streamed samples, K > 1), and what the format's
-    writer class says it needs (its ``scratch_bytes``: its own state, LMDB's whole pages per
-    value, the second copy of variable-shape HDF5...). Raises ValueError for an unknown format."""
-    from .writers import writer_class
-    n, fixed = len(listing), recipe.shape() is not None
-    writer = writer_class(fmt, not fixed, recipe.encoding)
-    total = n * 26 + (1 << 20)  # status, checksum, size, mode, shape per file; logs, checkpoints
-    if engine != "local":  # unit parts decoded ahead of the commit (units.py; a cluster's CPUs are not known here)
-        from .units import unit_files
-        total += (2 * workers + 2) * unit_files(recipe) * int(estimate.sample_bytes)
-    elif workers > 1 and not writer.in_place:  # streamed samples pass through the ring
-        total += ring_bytes(n, workers, recipe)
-    total += writer.scratch_bytes(n, fixed, estimate)  # the writer's own state and copies
-    return int(total)
 
 
 def _read_source(src, opts: Options, setup: Setup) -> tuple[Options, list[str]]:
@@ -284,3 +270,66 @@ def _squeeze(staging: Staging, listing: Listing, writer, ledger: Ledger):
     written = writer.finish(kept)
     writer.close()
     return kept, skips, written
+
+
+# ---------------------------------------------------------------- a plan: one dataset, or a splits root
+
+def pack_plan(plan: Plan, out: str | os.PathLike | None, recipe: Recipe, opts: Options,
+              extra: dict | None = None, setup: Setup | None = None) -> list[Report]:
+    """Write ``plan`` (plan.make_plan): one dataset at OUT, or a splits root OUT/<split>/ (see plan.py).
+
+    ``extra`` adds manifest keys (e.g. "settings") to every dataset manifest and the top-level
+    one; ``setup``: what run.prepare() decided, when the caller already did (``out`` is then
+    ``setup.out``). Returns one Report per part. Raises PackError as run.pack does (OUT exists
+    without overwrite, an interrupted run without resume, space short, ...), and on ``resume``
+    when the plan changed since the interrupted run.
+    """
+    extra = dict(extra or {})
+    own = setup is None
+    setup = setup or prepare(plan.src, out, recipe, opts, mounts=plan.mounts)  # takes OUT's lock
+    try:
+        return _pack_plan(plan, recipe, opts, extra, setup)
+    finally:
+        if own:
+            setup.release()
+
+
+def _pack_plan(plan: Plan, recipe: Recipe, opts: Options, extra: dict, setup: Setup) -> list[Report]:
+    if not plan.is_splits:
+        part = plan.parts[0]
+        more = {"labels": part.labels.as_manifest()} if part.labels else {}
+        return [pack(plan.src, setup.out, recipe, opts, listing=part.listing, extra={**extra, **more},
+                     setup=replace(setup, estimate=lambda: plan.estimates(recipe)[0]))]
+    splits = {p.split: len(p.listing) for p in plan.parts}
+    staging = Staging.open(setup.out, plan.fingerprint(recipe, opts), opts,
+                           need=lambda: plan_run_bytes(plan, recipe, opts.fmt, setup.workers), count=sum(splits.values()),
+                           previous=setup.lock.previous if setup.lock else None)
+    notes = [say(note) for note in (*setup.notes, *staging.notes)]
+    if setup.lock is not None:
+        setup.lock.writing_begins()
+    t0 = time.perf_counter()
+    reports = []
+    for part in plan.parts:
+        d = staging.tmp / part.split
+        more = {"split": part.split, **({"labels": part.labels.as_manifest()} if part.labels else {})}
+        if (d / MANIFEST).is_file():  # finished before the interruption
+            reports.append(_report_of(d))
+            continue
+        sub = replace(opts, overwrite=False, resume=partial_dir(d).exists(), space_check=False)
+        report = pack(plan.src / part.split, d, recipe, sub, listing=part.listing, extra={**extra, **more},
+                      setup=replace(setup, out=d, named=d, notes=()))
+        report.notes[:0] = notes
+        reports.append(report)
+    run = run_info(plan.src, time.perf_counter() - t0)
+    staging.commit(splits_manifest(opts.fmt, recipe, plan, reports, run, {**encoding_manifest(recipe), **extra}))
+    for r in reports:
+        r.out = setup.out / r.out.name
+    return reports
+
+
+def _report_of(d: Path) -> Report:
+    """The Report of a split finished by an interrupted run, from its manifest and skipped.json."""
+    m = json.loads((d / MANIFEST).read_text())
+    skipped, ignored = split_skipped_json(json.loads((d / SKIPPED).read_text()))
+    return Report(d, m["count"], m["scanned"], skipped, ignored, len(m["classes"]),
+                  bytes_on_disk(d), 0.0, m["run"]["workers"])

@@ -1,13 +1,15 @@
-"""How big an output will be, stated before packing (and checked against the free space).
+"""How many bytes a run takes, answered in one place: before packing, for the plan and the free-space check.
 
-Per sample, for the run, and extrapolated to ImageNet-1k's training set (1,281,167 images), so
-the resize modes can be compared.
-
-Also the memory K decode processes take, and the bounds on K (``workers_refusal``).
+The output (per sample, for the run, and extrapolated to ImageNet-1k's training set, 1,281,167
+images, so the resize modes can be compared), what a run writes besides it (scratch_bytes: the
+ledger, the ring of K > 1 runs, unit parts, a format's own overhead), a ring slot's bytes, the
+raw-vs-JPEG lines of the plan, and the memory K decode processes take with the bounds on K
+(``workers_refusal``). The machine's RAM is readers/system.py's.
 
 Fixed-shape modes are exact (N*N*3 bytes a sample). For the variable-shape modes the sizes of
 up to ``HEADERS`` files spread evenly over the listing are read from their headers (Pillow opens
-lazily: no pixel is decoded) and put through the same ``scaled_size`` the packer uses.
+lazily: no pixel is decoded) and put through the same ``scaled_size`` the packer uses. For
+--encoding jpeg ``ESTIMATE_FILES`` files are decoded, resized and encoded as the run will.
 """
 
 from __future__ import annotations
@@ -18,12 +20,20 @@ from dataclasses import dataclass, replace
 import numpy as np
 from PIL import Image
 
-from .imaging import Recipe
-from .prefetch import open_regular
+from ..readers.encoding import JPEG, RAW
+from ..readers.system import ram_bytes
+from ..readers.text import gb, mb, memory_text, size_text
+
+from .encode import encode
+from .imaging import DecodeError, Recipe, decode
+from .prefetch import open_regular, read_bytes
+from .runners import chunking
 from .scan import Listing
 
 IMAGENET_1K_TRAIN = 1_281_167  # images in ILSVRC-2012 train
 HEADERS = 256  # files whose headers are read for a variable-shape estimate
+ESTIMATE_FILES = 16  # files encoded to estimate the JPEG size of a run (the plan's estimate)
+RECORD_SLACK = 64 << 10  # a ring slot's bytes beyond the pixels' (headers, a JPEG larger than raw)
 # A decode worker's own memory (USS), measured while packing 640x480 JPEGs with K = 2: 22 MB at
 # --size 224 and 37 MB at --size 1024, i.e. about 20 MB (Python, numpy, Pillow, this package)
 # plus 6x the output sample (the decoded source, the resize's buffers, the sample). Sources much
@@ -41,7 +51,7 @@ class SizeEstimate:
     sample_bytes: float
     files: int
     measured: int
-    how: str = "file headers"  # what was measured: "files encoded" for --encoding jpeg (encode.py)
+    how: str = "file headers"  # what was measured: "files encoded" for --encoding jpeg (estimate_encoded)
 
     @property
     def total_bytes(self) -> int:
@@ -55,10 +65,10 @@ class SizeEstimate:
 
     def per_image_text(self, recipe: Recipe) -> str:
         how = "exact" if not self.measured else f"from {self.measured} {self.how}"
-        what = "pixels" if recipe.encoding == "raw" else f"JPEG q{recipe.quality} {recipe.subsampling}"
-        return (f"{recipe.resize} {recipe.size}: about {self.total_bytes / 1e6:.1f} MB of {what} for "
+        what = "pixels" if recipe.encoding == RAW else f"JPEG q{recipe.quality} {recipe.subsampling}"
+        return (f"{recipe.resize} {recipe.size}: about {mb(self.total_bytes)} of {what} for "
                 f"{self.files} images ({self.sample_bytes / 1e3:.1f} KB each, {how}); "
-                f"ImageNet-1k would take about {self.imagenet_bytes / 1e9:.0f} GB")
+                f"ImageNet-1k would take about {gb(self.imagenet_bytes, 0)}")
 
 
 def estimate_size(listing: Listing, recipe: Recipe, headers: int = HEADERS) -> SizeEstimate:
@@ -68,9 +78,8 @@ def estimate_size(listing: Listing, recipe: Recipe, headers: int = HEADERS) -> S
     ``recipe.max_sample_bytes()`` is used. Never raises for a bad file.
     """
     n = len(listing)
-    if recipe.encoding != "raw":  # JPEG sizes: a few files encoded
-        from .encode import estimate_encoded
-        return estimate_encoded(listing, recipe, estimate_size(listing, replace(recipe, encoding="raw", quality=None,
+    if recipe.encoding != RAW:  # JPEG sizes: a few files encoded
+        return estimate_encoded(listing, recipe, estimate_size(listing, replace(recipe, encoding=RAW, quality=None,
                                                                                  subsampling=None), headers))
     if recipe.shape() is not None:
         return SizeEstimate(float(np.prod(recipe.shape())), n, 0)
@@ -88,11 +97,117 @@ def estimate_size(listing: Listing, recipe: Recipe, headers: int = HEADERS) -> S
     return SizeEstimate(mean, n, len(sizes))
 
 
+def estimate_encoded(listing, recipe, raw_estimate):
+    """The SizeEstimate of ``listing`` packed as ``recipe``'s JPEG: the mean JPEG
+    bytes of ESTIMATE_FILES files encoded, scaled by the raw estimate's mean sample size
+    (``raw_estimate``, over more files for variable shapes) over theirs. Falls back to
+    ``raw_estimate`` (an upper bound) when no file can be encoded."""
+    raw, enc, measured = estimate_record_bytes(listing.root, listing.paths, recipe)
+    if not measured:
+        return raw_estimate
+    return SizeEstimate(enc * raw_estimate.sample_bytes / raw, raw_estimate.files, measured, "files encoded")
+
+
+def estimate_record_bytes(root, paths, recipe, files: int = ESTIMATE_FILES) -> tuple[float, float, int]:
+    """(mean raw bytes, mean JPEG bytes, files measured) of a sample of ``files`` of ``paths``
+    (under ``root``), spread evenly, each decoded, resized and encoded as the run will. Files
+    that cannot be decoded are left out; (0, 0, 0) when none can. Never raises for a bad file."""
+    n = len(paths)  # read_bytes: regular files only, a FIFO named like an image must not hang the plan
+    picks = np.unique(np.linspace(0, n - 1, min(n, files)).round().astype(int)) if n else []
+    raw, enc = [], []
+    for i in picks:
+        try:
+            pixels = np.ascontiguousarray(decode(read_bytes(os.path.join(root, paths[i])), recipe, paths[i])[0])
+        except (OSError, DecodeError, ValueError):
+            continue
+        raw.append(pixels.nbytes)
+        enc.append(encode(pixels, recipe).nbytes)
+    if not enc:
+        return 0.0, 0.0, 0
+    return float(np.mean(raw)), float(np.mean(enc)), len(enc)
+
+
 def output_bytes(listing: Listing, recipe: Recipe, estimate: SizeEstimate | None = None) -> int:
     """Bytes of OUT for ``listing``, for the free-space check; ``estimate``: estimate_size's
     result when already taken (it may open HEADERS files)."""
     per_sample = (estimate or estimate_size(listing, recipe)).sample_bytes
     return int(len(listing) * (per_sample + 4096))  # overhead: tar headers, LMDB pages, index columns
+
+
+def scratch_bytes(listing: Listing, recipe: Recipe, fmt: str, workers: int, estimate: SizeEstimate,
+                  engine: str = "local") -> int:
+    """Bytes a run writes besides its output, for the free-space check: the ledger's columns,
+    skip log and checkpoints, the ring buffer (streamed samples, K > 1), and what the format's
+    writer class says it needs (its ``scratch_bytes``: its own state, LMDB's whole pages per
+    value, the second copy of variable-shape HDF5...). Raises ValueError for an unknown format."""
+    from .writers import writer_class
+    n, fixed = len(listing), recipe.shape() is not None
+    writer = writer_class(fmt, not fixed, recipe.encoding)
+    total = n * 26 + (1 << 20)  # status, checksum, size, mode, shape per file; logs, checkpoints
+    if engine != "local":  # unit parts decoded ahead of the commit (units.py; a cluster's CPUs are not known here)
+        from .units import unit_files
+        total += (2 * workers + 2) * unit_files(recipe) * int(estimate.sample_bytes)
+    elif workers > 1 and not writer.in_place:  # streamed samples pass through the ring
+        total += ring_bytes(n, workers, recipe)
+    total += writer.scratch_bytes(n, fixed, estimate)  # the writer's own state and copies
+    return int(total)
+
+
+def max_record_bytes(recipe) -> int:
+    """A ring slot's bytes: the raw sample's for raw; for jpeg the bound libjpeg-turbo itself
+    gives for a 4:2:0 picture (3 bytes a pixel, tjBufSize) or twice that for 4:4:4, plus slack."""
+    raw = recipe.max_sample_bytes()
+    if recipe.encoding == RAW:
+        return raw
+    return raw * (1 if recipe.subsampling == "4:2:0" else 2) + RECORD_SLACK
+
+
+def ring_row(recipe: Recipe) -> tuple[int, ...]:
+    """The shape of one slot of the pool runner's ring (runners.PoolRunner): the sample's
+    (H, W, 3) for raw fixed-shape samples, else one flat row of max_record_bytes (variable
+    shapes fill its front; an encoded sample's record too)."""
+    return recipe.shape() if recipe.shape() and recipe.encoding == RAW else (max_record_bytes(recipe),)
+
+
+def ring_bytes(files: int, workers: int, recipe: Recipe) -> int:
+    """Bytes of the pool runner's ring buffer (streamed samples, K > 1), for the space check."""
+    chunk, window = chunking(files, workers)
+    return chunk * window * max_record_bytes(recipe)
+
+
+def plan_output_bytes(plan, recipe: Recipe) -> int:
+    """Bytes of the whole output of ``plan`` (plan.Plan: every part), for the free-space check."""
+    return sum(output_bytes(p.listing, recipe, e) for p, e in zip(plan.parts, plan.estimates(recipe)))
+
+
+def plan_run_bytes(plan, recipe: Recipe, fmt: str, workers: int) -> int:
+    """Bytes a run of ``plan`` needs free: every part's output and the largest part's own files
+    (the parts are packed one at a time)."""
+    return plan_output_bytes(plan, recipe) + max(scratch_bytes(p.listing, recipe, fmt, workers, e)
+                                                 for p, e in zip(plan.parts, plan.estimates(recipe)))
+
+
+def storage_lines(listings, recipe, free: int) -> list[str]:
+    """The plan's raw-vs-JPEG lines for ``listings`` (one per split) packed with ``recipe``
+    (either encoding), with ``free`` bytes free at OUT: both sizes, the RAM, and when raw would
+    not fit in RAM (every epoch would read from disk) or on the disk, what --encoding jpeg or a
+    smaller --size would take instead."""
+    raw_recipe = replace(recipe, encoding=RAW, quality=None, subsampling=None)
+    jpeg_recipe = recipe if recipe.encoding == JPEG else replace(recipe, encoding=JPEG)
+    raw = sum(estimate_size(lst, raw_recipe).total_bytes for lst in listings)
+    jpeg = sum(estimate_size(lst, jpeg_recipe).total_bytes for lst in listings)
+    ram = ram_bytes()
+    lines = [f"  raw vs jpeg: raw would take {size_text(raw)}, JPEG q{jpeg_recipe.quality} {jpeg_recipe.subsampling} about "
+             f"{size_text(jpeg)} ({raw / max(1, jpeg):.1f}x smaller, from files encoded); RAM {size_text(ram) if ram else 'unknown'}, "
+             f"free at OUT {size_text(free)}"]
+    short = [what for what, room in (("in RAM (the page cache: every epoch would read from disk)", ram),
+                                     ("on the disk at OUT", free)) if room and raw > room]
+    if short and recipe.encoding == RAW:
+        room = min(r for r in (ram, free) if r)
+        smaller = int(recipe.size * (room / raw) ** 0.5) // 8 * 8
+        lines.append(f"  raw does not fit {' nor '.join(short)}: --encoding jpeg would take about {size_text(jpeg)}"
+                     + (f"; raw at --size {smaller} about {size_text(raw * (smaller / recipe.size) ** 2)}" if smaller >= 8 else ""))
+    return lines
 
 
 def worker_bytes(recipe: Recipe) -> int:
@@ -121,10 +236,7 @@ def workers_warning(workers: int, usable: int, recipe: Recipe) -> str | None:
     each = worker_bytes(recipe)
     return (f"--workers {workers} is more than the {usable} usable CPU(s) (affinity mask and cgroup quota): "
             f"{workers} decode processes share {usable} CPU(s), no faster than {usable}, and take about "
-            f"{_mb(workers * each)} of memory ({_mb(each)} each: {_mb(WORKER_BASE_BYTES)} measured for a worker's "
-            f"Python, numpy and Pillow, plus {WORKER_SAMPLES}x the largest sample, {_mb(recipe.max_sample_bytes())}, "
+            f"{memory_text(workers * each)} of memory ({memory_text(each)} each: {memory_text(WORKER_BASE_BYTES)} measured for a worker's "
+            f"Python, numpy and Pillow, plus {WORKER_SAMPLES}x the largest sample, {memory_text(recipe.max_sample_bytes())}, "
             f"for decoding; sources of many megapixels take more)")
 
-
-def _mb(n: int) -> str:
-    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB" if n >= 1e7 else f"{n / 1e6:.1f} MB"

@@ -3,7 +3,7 @@
 Opened fresh, resumed, replaced or refused by one rule, checkpointed while packing, and committed
 (manifest last, fsynced, renamed to OUT).
 
-One protocol for a plain dataset (run.pack) and for a splits root (splits.pack_plan, whose
+One protocol for a plain dataset (run.pack) and for a splits root (run.pack_plan, whose
 splits are each such a dataset inside it):
 
 - every step runs under OUT's lock (lock.py, taken by run.prepare before anything here), so a
@@ -31,7 +31,9 @@ from typing import Callable
 
 import numpy as np
 
+from ..readers.encoding import RAW
 from ..readers.manifest import MANIFEST, partial_dir, write_json_atomic
+from ..readers.text import gb
 
 from .imaging import Recipe
 from .lock import holder_text
@@ -41,7 +43,7 @@ from .scan import Listing
 FINGERPRINT = "plan.json"  # the run's fingerprint (the file name predates the word)
 PROGRESS, DURABLE = "progress.json", "durable.json"
 COMPACTING = "compacting.json"  # present while skipped rows are squeezed out
-RUN_DIR = "run"  # per-file state of a dataset run (ledger.py) and the ring (decode.py)
+RUN_DIR = "run"  # per-file state of a dataset run (ledger.py) and the ring (runners.py)
 FRESH = {"done": 0, "written": 0, "writer": {}}  # the checkpoint of a run that has not begun
 SOURCE_SAMPLE = 64  # files per listing whose size and mtime identify the source
 
@@ -81,7 +83,7 @@ def check_complete(src: str | os.PathLike, out: Path, recipe: Recipe, opts: Opti
     try:
         made = json.loads((out / MANIFEST).read_text())
         was = {"format": made.get("format"), **{k: made.get("pixels", {}).get(k) for k in recipe.as_manifest()},
-               "encoding": made.get("pixels", {}).get("encoding", "raw"), "source": made.get("run", {}).get("source_root")}
+               "encoding": made.get("pixels", {}).get("encoding", RAW), "source": made.get("run", {}).get("source_root")}
     except (OSError, ValueError, AttributeError) as err:
         raise PackError(f"--resume: {out} holds no interrupted run and its {MANIFEST} is unreadable "
                         f"({err})") from None
@@ -307,8 +309,8 @@ class Staging:
         parent = self.out.parent
         free = shutil.disk_usage(nearest_existing(parent)).free  # writes nothing: a dry run checks too
         if need > free:
-            raise PackError(f"{parent}: about {need / 1e9:.2f} GB needed for {count} samples but only "
-                            f"{free / 1e9:.2f} GB free; free space or pass --no-space-check")
+            raise PackError(f"{parent}: about {gb(need, 2)} needed for {count} samples but only "
+                            f"{gb(free, 2)} free; free space or pass --no-space-check")
 
     @property
     def run_dir(self) -> Path:

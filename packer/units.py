@@ -36,9 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .decode import Decoded, Decoder, Handover, Skipped, Writes, _exit_with, mp_context
 from .imaging import Recipe
 from .options import StrictError
+from .runners import Decoded, Decoder, Handover, Skipped, Writes, _exit_with, mp_context
 
 UNIT_BYTES = 32 << 20  # a unit's pixels: ~220 ImageNet samples at 224, ~0.7 s of one core's decoding
 UNITS_DIR = "units"
@@ -151,7 +151,7 @@ def shuffled(units: list[int], seed: int = 0) -> list[int]:
 
 
 def _start_pool_worker(main_pid: int) -> None:
-    """As decode's pool processes: Ctrl-C is the driver's, and leave once the driver is gone (a
+    """As runners.py's pool processes: Ctrl-C is the driver's, and leave once the driver is gone (a
     SIGKILLed driver would otherwise leave them idle forever)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
@@ -186,7 +186,7 @@ class PoolExecutor:
 
 class UnitRunner:
     """The driver's side (see the module docstring): a runner for decoding.Decoding, like
-    decode.Runner: ``chunks()`` yields each unit's results in scan order from ``start``,
+    runners.Runner: ``chunks()`` yields each unit's results in scan order from ``start``,
     ``store()`` hands a decoded sample to the writer, ``writes`` carries every writer call.
     ``committed()``: the files covered by the last checkpoint (their units' files are deleted)."""
 
@@ -335,14 +335,3 @@ def _copy(src: int, dst: int, at: int, to: int, nbytes: int) -> None:
         if done <= 0:
             raise OSError(f"short copy into the output at byte {to}")
         at, to, nbytes = at + done, to + done, nbytes - done
-
-
-def open_unit_runner(listing, recipe: Recipe, writer, start: int, workers: int, opts, staging) -> UnitRunner:
-    """The runner of ``opts.engine`` ("units": a local pool of ``workers``; "ray": engine_ray)."""
-    if opts.engine == "ray":
-        from .engine_ray import RayExecutor
-        executor = RayExecutor(opts.address, workers)
-    else:
-        executor = PoolExecutor(workers)
-    return UnitRunner(listing, recipe, writer, start, executor, staging.run_dir,
-                      unit_files(recipe, opts.unit_files), opts.strict, lambda: staging.done)

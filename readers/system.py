@@ -1,6 +1,6 @@
 """Facts about the machine for the packer, the loaders and the bench: usable CPUs, mounts, memory.
 
-Usable CPUs; which filesystem holds a path (from /proc/self/mountinfo) and whether it is a
+Usable CPUs; the physical memory (RAM); which filesystem holds a path (from /proc/self/mountinfo) and whether it is a
 high-latency one; the memory the page cache may hold (cgroup limit or MemAvailable), whether a
 dataset's files fit in it, and their eviction from it (readers/diskio.py says why reads differ).
 
@@ -228,6 +228,14 @@ def cgroup_memory(root: Path = CGROUP) -> tuple[int, int] | None:
             break
         d = d.parent
     return None if limit >= UNLIMITED else (limit, st.get("anon", 0) + st.get("shmem", 0))
+
+
+def ram_bytes() -> int | None:
+    """This machine's physical memory (bytes), or None where sysconf cannot say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def mem_available(meminfo: str = "/proc/meminfo") -> int | None:

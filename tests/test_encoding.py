@@ -327,7 +327,7 @@ def test_a_record_larger_than_its_ring_row_travels_back_whole():
 
 
 def test_the_plan_says_when_raw_would_not_fit_and_what_jpeg_would_take(src, monkeypatch):
-    from shardpack.packer import encode
+    from shardpack.packer import sizing as encode  # storage_lines, and the ram_bytes it reads
     from shardpack.packer.scan import scan
     listing = scan(src)
     monkeypatch.setattr(encode, "ram_bytes", lambda: 100_000)  # 14 raw 64 px samples take 172 KB

@@ -337,7 +337,7 @@ def test_the_space_check_counts_the_runs_own_files(tree, tmp_path, monkeypatch):
     state and, for variable-shape HDF5, the copy at the end need room too."""
     import shardpack.packer.staging as staging
     from shardpack.packer import Recipe
-    from shardpack.packer.run import scratch_bytes
+    from shardpack.packer.sizing import scratch_bytes
     from shardpack.packer.sizing import estimate_size, output_bytes
     listing = scan(tree)
     for fmt, workers, resize in (("lmdb", 2, "center-crop"), ("hdf5", 1, "shorter-side"), ("npy", 1, "center-crop")):

@@ -282,7 +282,7 @@ def test_resume_of_a_splits_root_from_another_source_is_refused(tmp_path, monkey
     make_tree(src / "train", {"a": 4, "b": 4})
     make_tree(src / "val", {"a": 3, "b": 3}, seed=5)
     other = gray_copy(src, tmp_path / "other")
-    from shardpack.packer.splits import make_plan, pack_plan
+    from shardpack.packer import make_plan, pack_plan
     import shardpack.packer.run as run
     real = run.Decoding.run
     calls = []

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-import shardpack.packer.decode as decode_module
+import shardpack.packer.runners as decode_module
 from conftest import make_tree
 from helpers import FORMATS, all_samples, pack_quiet
 from shardpack.packer.cli import main as shardpack
@@ -243,7 +243,7 @@ def test_disk_full_mid_run_stops_and_resumes(tree, tmp_path, monkeypatch, fmt, w
     an error that says --resume, no OUT, and the resumed output equals an uninterrupted one."""
     import errno
 
-    import shardpack.packer.decode as decode
+    import shardpack.packer.runners as decode
     from shardpack.packer.writers import writer_class
     ref = pack_quiet(tree, tmp_path / "ref", fmt, size=24).out
     target, method = (decode.FileRows, "put") if fmt == "npy" else (writer_class(fmt, False), "write")

@@ -29,7 +29,7 @@ from conftest import make_tree, noise_image
 from shardpack.packer.cli import pack_dataset
 from shardpack.packer.prefetch import NOT_REGULAR, NotRegularFile, open_regular, read_bytes
 from shardpack.packer.scan import ScanError, SplitsError, find_classes, scan
-from shardpack.packer.splits import make_plan
+from shardpack.packer.plan import make_plan
 from shardpack.readers import ShardDataset
 
 HANG = 120  # seconds: far beyond what packing these trees takes; a run still going has hung

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-import shardpack.packer.splits as splits_module
+import shardpack.packer.run as splits_module  # pack_plan calls run.pack
 from conftest import IMAGENET_SAMPLE, make_tree, need_shared, noise_image
 from helpers import all_samples, pack_quiet
 from shardpack.packer import Options, PackError, Recipe
 from shardpack.packer.cli import pack_dataset
 from shardpack.packer.scan import ScanError
-from shardpack.packer.splits import make_plan, pack_plan
+from shardpack.packer import make_plan, pack_plan
 from shardpack.readers import ShardDataset, ShardFormatError
 
 

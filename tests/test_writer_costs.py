@@ -8,7 +8,7 @@ import pytest
 
 from shardpack.packer import Recipe
 from shardpack.packer.decode import ring_bytes
-from shardpack.packer.run import scratch_bytes
+from shardpack.packer.sizing import scratch_bytes
 from shardpack.packer.sizing import SizeEstimate
 from shardpack.packer.units import unit_files
 from shardpack.packer.writers import writer_class
@@ -19,7 +19,7 @@ from helpers import FORMATS
 
 
 def formula_before(n, recipe, fmt, workers, estimate, engine):
-    """run.scratch_bytes as it was before the writers answered their own costs (ebb6898)."""
+    """sizing.scratch_bytes as it was before the writers answered their own costs (ebb6898)."""
     fixed = recipe.shape() is not None
     total = n * 26 + (1 << 20)
     if engine != "local":

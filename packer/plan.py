@@ -1,7 +1,7 @@
-"""Whole-dataset layouts on top of run.pack: the plan of splits, labels and classes, and its run.
+"""The plan of a whole-dataset layout, made before anything is written: splits, labels and classes.
 
-Split folders, flat folders with a labels file, the plan printed before packing, and the splits
-root (OUT/<split>/ plus a top-level manifest).
+Split folders, flat folders with a labels file, and the plan printed before packing; run.pack_plan
+writes it (one dataset, or a splits root: OUT/<split>/ plus a top-level manifest).
 
 A SRC whose sub-directories are all split names (scan.SPLIT_NAMES: train, val, valid, validation,
 test; any case; hidden names ignored) is packed split by split, each into a complete dataset
@@ -18,29 +18,23 @@ which rule applied.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from ..readers.folder import shown_apart
-from ..readers.manifest import MANIFEST, SKIPPED, bytes_on_disk, partial_dir
+from ..readers.text import plural, size_text
 
 from .imaging import Recipe
 from .labels import LabelsReport, flat_listing, is_flat, read_classes, unknown_classes_text
-from .ledger import split_skipped_json
 from .mounts import MountTable
-from .options import Options, Report, say
-from .run import Setup, pack, prepare, scratch_bytes
+from .options import Options
 from .scan import SPLIT_NAMES, Listing, ScanError, SplitsError, find_classes, loose_images, scan
-from .encode import encoding_manifest, storage_lines
-from .sizing import SizeEstimate, estimate_size, output_bytes
-from .staging import Staging, dataset_fingerprint, fingerprint, nearest_existing, source_identity
-from .writers.manifest import run_info, splits_manifest
+from .sizing import SizeEstimate, estimate_size, plan_output_bytes, storage_lines
+from .staging import dataset_fingerprint, fingerprint, nearest_existing, source_identity
 
 
 @dataclass
@@ -73,20 +67,11 @@ class Plan:
         return self.parts[0].split is not None
 
     def estimates(self, recipe: Recipe) -> list[SizeEstimate]:
-        """The size estimate of each part for ``recipe``, taken once (it may open file headers)."""
+        """The size estimate of each part for ``recipe`` (sizing.estimate_size), taken once (it
+        may open file headers); sizing.plan_output_bytes and plan_run_bytes add them up."""
         if recipe not in self._estimates:
             self._estimates[recipe] = [estimate_size(part.listing, recipe) for part in self.parts]
         return self._estimates[recipe]
-
-    def need_bytes(self, recipe: Recipe) -> int:
-        """Bytes of the whole output, for the free-space check."""
-        return sum(output_bytes(p.listing, recipe, e) for p, e in zip(self.parts, self.estimates(recipe)))
-
-    def run_bytes(self, recipe: Recipe, fmt: str, workers: int) -> int:
-        """Bytes a run needs free: every part's output and the largest part's own files (the
-        parts are packed one at a time)."""
-        return self.need_bytes(recipe) + max(scratch_bytes(p.listing, recipe, fmt, workers, e)
-                                             for p, e in zip(self.parts, self.estimates(recipe)))
 
     def fingerprint(self, recipe: Recipe, opts: Options) -> dict:
         """What the run records and a --resume must match (staging.py): one dataset's, or the
@@ -281,83 +266,11 @@ def plan_text(plan: Plan, out: Path, recipe: Recipe, opts: Options, workers: int
             lines.append(f"  not packed: {plural(len(names), 'image')} directly in {root}, outside the class "
                          f"folders: {', '.join(shown_apart(names)[:5])}" + (" ..." if len(names) > 5 else ""))
     shape = "x".join(map(str, recipe.shape())) + " uint8" if recipe.shape() else "variable-shape uint8"
-    lines.append(f"  output: about {_gb(plan.need_bytes(recipe))} for {total} images ({opts.fmt}, {shape}, "
+    lines.append(f"  output: about {size_text(plan_output_bytes(plan, recipe))} for {total} images ({opts.fmt}, {shape}, "
                  f"{recipe.resize})")
     lines.append("  per image: " + plan.estimates(recipe)[0].per_image_text(recipe))
     free_at = nearest_existing(out)
-    lines.append(f"  free space: {_gb(shutil.disk_usage(free_at).free)} at {free_at}")
+    lines.append(f"  free space: {size_text(shutil.disk_usage(free_at).free)} at {free_at}")
     lines += storage_lines([p.listing for p in plan.parts], recipe, shutil.disk_usage(free_at).free)
     lines.append(f"  workers: {workers}")
     return "\n".join(lines)
-
-
-def plural(n: int, word: str, words: str | None = None) -> str:
-    """'1 image', '2 images'; ``words`` where the plural is not word + 's'."""
-    return f"{n} {word if n == 1 else words or word + 's'}"
-
-
-def _gb(n: int) -> str:
-    return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
-
-
-# ---------------------------------------------------------------- the run
-
-def pack_plan(plan: Plan, out: str | os.PathLike | None, recipe: Recipe, opts: Options,
-              extra: dict | None = None, setup: Setup | None = None) -> list[Report]:
-    """Write ``plan``: one dataset at OUT, or a splits root OUT/<split>/ (see the module docstring).
-
-    ``extra`` adds manifest keys (e.g. "settings") to every dataset manifest and the top-level
-    one; ``setup``: what run.prepare() decided, when the caller already did (``out`` is then
-    ``setup.out``). Returns one Report per part. Raises PackError as run.pack does (OUT exists
-    without overwrite, an interrupted run without resume, space short, ...), and on ``resume``
-    when the plan changed since the interrupted run.
-    """
-    extra = dict(extra or {})
-    own = setup is None
-    setup = setup or prepare(plan.src, out, recipe, opts, mounts=plan.mounts)  # takes OUT's lock
-    try:
-        return _pack_plan(plan, recipe, opts, extra, setup)
-    finally:
-        if own:
-            setup.release()
-
-
-def _pack_plan(plan: Plan, recipe: Recipe, opts: Options, extra: dict, setup: Setup) -> list[Report]:
-    if not plan.is_splits:
-        part = plan.parts[0]
-        more = {"labels": part.labels.as_manifest()} if part.labels else {}
-        return [pack(plan.src, setup.out, recipe, opts, listing=part.listing, extra={**extra, **more},
-                     setup=replace(setup, estimate=lambda: plan.estimates(recipe)[0]))]
-    splits = {p.split: len(p.listing) for p in plan.parts}
-    staging = Staging.open(setup.out, plan.fingerprint(recipe, opts), opts,
-                           need=lambda: plan.run_bytes(recipe, opts.fmt, setup.workers), count=sum(splits.values()),
-                           previous=setup.lock.previous if setup.lock else None)
-    notes = [say(note) for note in (*setup.notes, *staging.notes)]
-    if setup.lock is not None:
-        setup.lock.writing_begins()
-    t0 = time.perf_counter()
-    reports = []
-    for part in plan.parts:
-        d = staging.tmp / part.split
-        more = {"split": part.split, **({"labels": part.labels.as_manifest()} if part.labels else {})}
-        if (d / MANIFEST).is_file():  # finished before the interruption
-            reports.append(_report_of(d))
-            continue
-        sub = replace(opts, overwrite=False, resume=partial_dir(d).exists(), space_check=False)
-        report = pack(plan.src / part.split, d, recipe, sub, listing=part.listing, extra={**extra, **more},
-                      setup=replace(setup, out=d, named=d, notes=()))
-        report.notes[:0] = notes
-        reports.append(report)
-    run = run_info(plan.src, time.perf_counter() - t0)
-    staging.commit(splits_manifest(opts.fmt, recipe, plan, reports, run, {**encoding_manifest(recipe), **extra}))
-    for r in reports:
-        r.out = setup.out / r.out.name
-    return reports
-
-
-def _report_of(d: Path) -> Report:
-    """The Report of a split finished by an interrupted run, from its manifest and skipped.json."""
-    m = json.loads((d / MANIFEST).read_text())
-    skipped, ignored = split_skipped_json(json.loads((d / SKIPPED).read_text()))
-    return Report(d, m["count"], m["scanned"], skipped, ignored, len(m["classes"]),
-                  bytes_on_disk(d), 0.0, m["run"]["workers"])

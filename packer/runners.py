@@ -1,4 +1,4 @@
-"""Decoding files in scan order, in this process (K = 1) or a pool of K processes.
+"""The runners: decoding files in scan order, in this process (K = 1) or a pool of K processes.
 
 The worker side (typed results), the sinks pixels go to, the inline runner (K = 1) and the pool
 runner (K > 1), and the writer's thread.
@@ -8,7 +8,7 @@ Pixels never travel back to the main process pickled. A worker puts them where t
 - streamed formats (lmdb, wds, and npy/hdf5 when samples differ in shape): into a slot of a small
   ring buffer (a memory-mapped file shared through the page cache), which the main process
   writes out in sample order and then reuses. A slot holds the largest possible sample
-  (``Recipe.max_sample_bytes()``, bounded by --max-pixels).
+  (``Recipe.max_sample_bytes()``, bounded by --max-pixels; sizing.ring_row).
 Only a small Decoded or Skipped per file travels back. With K = 1 the decoding runs in the main
 process (no pool, no copies: the writer takes the decoded arrays themselves) and every write
 (pwrite, LMDB put, tar member) runs in one thread beside it, so writing overlaps decoding.
@@ -295,11 +295,10 @@ class PoolRunner(Runner):
     /dev/shm, 64 MB in Docker by default, it cannot run out, and being reused, its write-back
     costs at most its own size every few seconds). The main process only writes."""
 
-    def __init__(self, listing, recipe, writer, start, workers, io_threads, run_dir: Path):
+    def __init__(self, listing, recipe, writer, start, workers, io_threads, run_dir: Path, row_shape: tuple):
         super().__init__(listing, writer, start, workers, io_threads)
         self.writes = Writes(writer, threaded=False)
-        # variable shapes, encoded records: flat rows of the largest size
-        self.row_shape = recipe.shape() if recipe.shape() and recipe.encoding == "raw" else (recipe.max_record_bytes(),)
+        self.row_shape = row_shape  # variable shapes, encoded records: flat rows of the largest size
         if self.streamed:
             slots = self.window * self.chunk
             mm = reserved_memmap(run_dir / "ring.bin", np.uint8, (slots, *self.row_shape))  # no SIGBUS when full
@@ -349,18 +348,13 @@ def chunking(files: int, workers: int) -> tuple[int, int]:
     return max(1, min(16, files // (workers * 8) or 1)), 3 * workers
 
 
-def ring_bytes(files: int, workers: int, recipe: Recipe) -> int:
-    """Bytes of the pool runner's ring buffer (streamed samples, K > 1), for the space check."""
-    chunk, window = chunking(files, workers)
-    return chunk * window * recipe.max_record_bytes()
-
-
 def open_runner(listing: Listing, recipe: Recipe, writer, start: int, workers: int, io_threads: int,
-                run_dir: Path) -> Runner:
-    """The runner for ``workers`` decode processes: inline for one, a pool for more."""
+                run_dir: Path, row_shape: tuple) -> Runner:
+    """The runner for ``workers`` decode processes: inline for one, a pool for more, whose ring
+    slots have ``row_shape`` (sizing.ring_row)."""
     if workers == 1:
         return InlineRunner(listing, recipe, writer, start, io_threads)
-    return PoolRunner(listing, recipe, writer, start, workers, io_threads, run_dir)
+    return PoolRunner(listing, recipe, writer, start, workers, io_threads, run_dir, row_shape)
 
 
 # ---------------------------------------------------------------- processes

@@ -1,0 +1,66 @@
+"""The few words every message shares, written once: plurals, sizes, one-line errors, the torch hint.
+
+Both halves print through these (the packer's plan and report, the readers' info and verify, the
+bench), so the same size or count reads the same everywhere. Imports neither packer nor torch.
+"""
+
+from __future__ import annotations
+
+TORCH_NEED = "torch (>= 2.13)"
+TORCH_URL = "https://pytorch.org/get-started/locally/"
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """'1 image', '2 images'; ``words`` where the plural is not word + 's'."""
+    return f"{n} {word if n == 1 else words or word + 's'}"
+
+
+def mb(n: float, digits: int = 1) -> str:
+    """``n`` bytes in MB (10^6) with ``digits`` decimals: '12.3 MB'."""
+    return f"{n / 1e6:.{digits}f} MB"
+
+
+def gb(n: float, digits: int = 1) -> str:
+    """``n`` bytes in GB (10^9) with ``digits`` decimals: '1.2 GB'."""
+    return f"{n / 1e9:.{digits}f} GB"
+
+
+def size_text(n: float) -> str:
+    """A data size as the plan prints it: GB from 0.1 GB up ('0.3 GB'), else MB ('12.3 MB')."""
+    return gb(n) if n >= 1e8 else mb(n)
+
+
+def memory_text(n: float) -> str:
+    """A memory size as the worker warnings print it: '1.2 GB', '37 MB', '4.5 MB'."""
+    return gb(n) if n >= 1e9 else mb(n, 0) if n >= 1e7 else mb(n)
+
+
+def one_line(message) -> str:
+    """``message`` with line breaks escaped, so that it prints as one line."""
+    return str(message).replace("\r", "\\r").replace("\n", "\\n")
+
+
+def squeezed(text) -> str:
+    """``text`` with every run of whitespace (line breaks too) made one space: a message of one line."""
+    return " ".join(str(text).split())
+
+
+def shown(name: str) -> str:
+    """A name as printed on one line: itself when printable, else its repr (newlines, control
+    characters, undecodable bytes escaped)."""
+    return name if name.isprintable() else repr(name)
+
+
+def torch_hint(what: str, short: bool = False) -> str:
+    """The message for ``what`` (e.g. 'shardpack.ShardDataset', 'shardpack bench') needing torch
+    when it is not installed: where to get the build for this machine, or the extra from a clone.
+    ``short`` leaves out the CUDA words and the closing note on what works without torch."""
+    where = TORCH_URL if short else f"the command for your CUDA version is on {TORCH_URL}"
+    text = (f"{what} needs {TORCH_NEED}: PyTorch is not installed. Install the torch build for your machine "
+            f"first ({where}, e.g. `pip install torch`), or, from a clone of shardpack, `pip install -e '.[torch]'`.")
+    return text if short else f"{text} Packing, `shardpack info` and `shardpack verify` work without it."
+
+
+def torch_missing(what: str) -> ImportError:
+    """The ImportError for ``what`` (e.g. ``shardpack.ShardDataset``) needing torch (torch_hint)."""
+    return ImportError(torch_hint(what), name="torch")
