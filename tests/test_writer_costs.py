@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from shardpack.packer import Recipe
-from shardpack.packer.decode import ring_bytes
+from shardpack.packer.sizing import ring_bytes
 from shardpack.packer.sizing import scratch_bytes
 from shardpack.packer.sizing import SizeEstimate
 from shardpack.packer.units import unit_files
