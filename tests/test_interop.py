@@ -16,7 +16,7 @@ import re
 import shlex
 import subprocess
 import sys
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -124,7 +124,7 @@ def ran(tmp_path_factory):
     """ran(page) -> [(outcome, detail)] per runnable block of ``page``, its blocks run in order in
     one folder holding a generated photos/ tree; outcome "ok", "skip" (an optional library does
     not import) or "fail". Each page runs once, when first asked."""
-    @lru_cache(maxsize=None)
+    @cache
     def run_page(page: Path) -> list[tuple[str, str]]:
         tmp_path = tmp_path_factory.mktemp(page.stem.lower())
         make_tree(tmp_path / "photos", {"cat": 5, "dog": 5, "emu": 4}, seed=3)
