@@ -199,5 +199,5 @@ def test_shell_completion_as_documented():
                                                           "COMP_CWORD": "3"},
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and "plain,imagenet-256-lmdb" in res.stdout.splitlines()
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert "_SHARDPACK_COMPLETE=bash_source shardpack" in readme
+    cli_page = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    assert "_SHARDPACK_COMPLETE=bash_source shardpack" in cli_page

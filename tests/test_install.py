@@ -123,12 +123,12 @@ def test_nothing_ci_installs_pulls_torchvision():
 
 def test_lower_bounds_are_the_versions_ci_pins():
     """.ci/min-versions.txt (the constraints of the minimum-versions pass in .ci/run) pins each
-    library at exactly the lower bound pyproject.toml declares, and the README says so."""
+    library at exactly the lower bound pyproject.toml declares, and docs/install.md says so."""
     pins = dict(line.split("==") for line in (ROOT / ".ci" / "min-versions.txt").read_text().split()
                 if "==" in line and not line.startswith("#"))
     required = {name_of(r): r for r in PYPROJECT["project"]["dependencies"]}
     assert {"numpy", "pillow", "h5py", "lmdb"} <= set(pins)
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "install.md").read_text()
     for name, version in pins.items():
         bound = lower_bound(required[name])
         assert bound is not None and Version(version) == Version(bound), (name, version, bound)
@@ -198,7 +198,8 @@ def test_sdist_carries_what_its_tests_need_and_they_run(tmp_path):
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
         tar.extractall(tmp_path / "x", filter="data") if sys.version_info >= (3, 12) else tar.extractall(tmp_path / "x")
     for need in ("LICENSE", "CHANGELOG.md", "README.md", "pyproject.toml", "MANIFEST.in", ".ci/run",
-                 ".ci/min-versions.txt", "scripts/setup.sh", "scripts/quickstart.sh", "configs/__init__.py",
+                 ".ci/min-versions.txt", "docs/README.md", "docs/interop.md",
+                 "scripts/setup.sh", "scripts/quickstart.sh", "configs/__init__.py",
                  "configs/imagenet-256-lmdb.toml", "shardpack/__init__.py", "packer/cli.py", "readers/dataset.py",
                  *(f"tests/{p.name}" for p in (ROOT / "tests").glob("*.py"))):
         assert need in names, need
