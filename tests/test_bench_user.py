@@ -13,7 +13,7 @@ import torch
 from click.testing import CliRunner
 
 import shardpack
-from shardpack.packer.cli import main
+from shardpack.cli import main
 from shardpack.readers.bench.noise import Spread, choose
 from shardpack.readers.bench.passes import UserCell, UserPass, epoch_starts
 from shardpack.readers.bench.target import TargetError, load_data
