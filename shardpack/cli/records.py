@@ -16,8 +16,7 @@ from pathlib import Path
 
 import click
 
-from ..readers.manifest import (SKIPPED, ShardFormatError, bytes_on_disk, dataset_dirs, load_manifest,
-                                write_json_atomic)
+from ..readers.manifest import SKIPPED, ShardFormatError, bytes_on_disk, dataset_dirs, load_manifest, write_json_atomic
 
 SCHEMA = 1  # every document's "schema"; bumped when a field changes meaning
 
