@@ -1,2 +1,2 @@
 """Presets shipped with shardpack: ``pack-dataset SRC --config NAME`` reads ``NAME.toml`` here
-(installed as ``shardpack.configs``; see ``shardpack.packer.config.presets``)."""
+(installed as ``shardpack.configs``; see ``shardpack.cli.config.presets``)."""

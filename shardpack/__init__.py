@@ -14,8 +14,8 @@ import importlib
 from pathlib import Path
 
 # Installed, packer/ and readers/ sit inside this folder. In a source checkout whose root is on
-# sys.path (`python -m pytest` or a script run there) this folder holds only this file and
-# __main__.py, and the subpackages are the repository's own packer/ and readers/ beside it.
+# sys.path (`python -m pytest` or a script run there) this folder holds only this file,
+# __main__.py and cli/, and the subpackages are the repository's own packer/ and readers/ beside it.
 _checkout = Path(__file__).resolve().parent.parent
 if not (Path(__file__).parent / "packer").is_dir() and (_checkout / "packer" / "__init__.py").is_file():
     __path__.append(str(_checkout))  # noqa: F821 (the package's own __path__)

@@ -1,6 +1,6 @@
 """``python -m shardpack``: the ``shardpack`` command."""
 
-from shardpack.packer.cli import main
+from shardpack.cli import main
 
 if __name__ == "__main__":
     main()

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 from conftest import noise_image
 from helpers import FORMATS, all_samples, pack_quiet
 from shardpack.packer import Recipe
-from shardpack.packer.cli import pack_dataset
+from shardpack.cli import pack_dataset
 from shardpack.packer.scan import scan
 from shardpack.packer.sizing import estimate_size
 from shardpack.readers import ShardDataset

@@ -13,7 +13,7 @@ from PIL import Image, ImageFile
 
 from conftest import ODD_IMAGES, need_shared, noise_image
 from helpers import FORMATS, pack_quiet
-from shardpack.packer.cli import pack_dataset
+from shardpack.cli import pack_dataset
 from shardpack.packer.imaging import Recipe, decode, to_rgb
 from shardpack.packer import PackError
 from shardpack.readers import ShardDataset

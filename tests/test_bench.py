@@ -18,7 +18,7 @@ from PIL import Image
 import shardpack
 import shardpack.readers.bench.grid as bench_grid
 from helpers import pack_quiet
-from shardpack.packer.cli import main
+from shardpack.cli import main
 from shardpack.readers import ShardDataset
 from shardpack.readers.bench import JpegFolder, Pass, PilResizeCenterCrop, run_bench, time_pass
 from shardpack.readers.bench.advice import advice, data_share, knee, knees, recommend
@@ -46,7 +46,7 @@ def test_cli_tiny_grid_table_json_and_plot(tiny, tmp_path):
     src, out = tiny
     jpath, ppath = tmp_path / "bench.json", tmp_path / "bench.png"
     result = subprocess.run([
-        sys.executable, "-c", "from shardpack.packer.cli import main; main()",
+        sys.executable, "-c", "from shardpack.cli import main; main()",
         "bench", str(out), "--batch-size", "4", "--workers", "0,1", "--prefetch", "2", "--seconds", "0.1",
         "--compare", str(src), "--json", str(jpath), "--plot", str(ppath), "--model", "tiny", "--quiet"],
         capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])

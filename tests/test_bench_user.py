@@ -13,7 +13,7 @@ import torch
 from click.testing import CliRunner
 
 import shardpack
-from shardpack.packer.cli import main
+from shardpack.cli import main
 from shardpack.readers.bench.cells import UserCell, UserSetting
 from shardpack.readers.bench.noise import Spread, choose
 from shardpack.readers.bench.timing import UserPass

@@ -23,7 +23,7 @@ from shardpack.readers.progress import LOG_MININTERVAL, bar_settings
 def cli(*args, cwd=None, env=None, command="shardpack", timeout=300):
     """Run the command in a fresh interpreter, stdin closed, stderr not a terminal (as in CI)."""
     prefix = [sys.executable, "-m", "shardpack"] if command == "shardpack" else [
-        sys.executable, "-c", "from shardpack.packer.cli import pack_dataset; pack_dataset()"]
+        sys.executable, "-c", "from shardpack.cli import pack_dataset; pack_dataset()"]
     return subprocess.run([*prefix, *map(str, args)], capture_output=True, text=True, cwd=cwd,
                           env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL, timeout=timeout)
 
@@ -136,7 +136,7 @@ def test_exit_status_1_for_errors_2_for_usage(tree, tmp_path):
 
 
 def test_presets_by_name_and_path(tree, tmp_path):
-    from shardpack.packer.config import presets
+    from shardpack.cli.config import presets
     shipped = presets()
     assert set(shipped) == {"imagenet-256-lmdb", "small-res-npy", "wds-streaming", "wsl"}
     for value in ("imagenet-256-lmdb", "imagenet-256-lmdb.toml", str(shipped["imagenet-256-lmdb"])):

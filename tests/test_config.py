@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from shardpack.packer.cli import pack_dataset
+from shardpack.cli import pack_dataset
 from shardpack.readers import ShardDataset
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.toml"))

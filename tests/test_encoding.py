@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from conftest import IMAGENET_SAMPLE, make_tree, need_shared
 from helpers import FORMATS, pack_quiet
-from shardpack.packer.cli import main as shardpack
+from shardpack.cli import main as shardpack
 from shardpack.packer.imaging import Recipe
 from shardpack.readers import ShardDataset, ShardFormatError
 from shardpack.readers.encoding import decode_into

@@ -23,7 +23,7 @@ from shardpack.readers import ShardDataset
 from shardpack.readers.manifest import partial_dir
 
 ROOT = Path(__file__).resolve().parents[1]
-CLI = "from shardpack.packer.cli import pack_dataset; pack_dataset()"
+CLI = "from shardpack.cli import pack_dataset; pack_dataset()"
 
 # seams: the real command line with one write failing the way a full disk makes it fail
 LMDB_EIO = """
@@ -301,7 +301,7 @@ def test_sigterm_checkpoints_says_how_to_resume_and_exits_143(big_tree, tmp_path
 
 
 def test_sigterm_before_anything_is_written_says_so(tree, tmp_path):
-    script = ("import time, shardpack.packer.cli as cli\n"
+    script = ("import time, shardpack.cli.pack as cli\n"
               "def slow(*a, **k):\n    print('scanning', flush=True); time.sleep(60)\n"
               "cli.make_plan = slow\ncli.pack_dataset()\n")
     proc = subprocess.Popen([sys.executable, "-c", script, str(tree), "--format", "npy", "--size", "16", "-o",

@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
-import shardpack.packer.cli as cli_module
+import shardpack.cli.pack as cli_module
 from conftest import make_tree, noise_image
 from shardpack.packer.imaging import DecodeError, Recipe, decode, unsupported_jpeg
 from shardpack.packer.lock import OutputLock

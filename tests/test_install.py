@@ -172,7 +172,7 @@ def test_installed_wheel_finds_presets_by_name(wheel, tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     env = {**os.environ, "PYTHONPATH": str(site)}
-    code = ("import shardpack\nfrom shardpack.packer.config import presets, resolve_config\n"
+    code = ("import shardpack\nfrom shardpack.cli.config import presets, resolve_config\n"
             "print(shardpack.__file__)\nprint(resolve_config('imagenet-256-lmdb'))\nprint(' '.join(presets()))\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path,
                          timeout=120)
@@ -200,7 +200,7 @@ def test_sdist_carries_what_its_tests_need_and_they_run(tmp_path):
     for need in ("LICENSE", "CHANGELOG.md", "README.md", "pyproject.toml", "MANIFEST.in", ".ci/run",
                  ".ci/min-versions.txt", "docs/README.md", "docs/interop.md",
                  "scripts/setup.sh", "scripts/quickstart.sh", "configs/__init__.py",
-                 "configs/imagenet-256-lmdb.toml", "shardpack/__init__.py", "packer/cli.py", "readers/dataset.py",
+                 "configs/imagenet-256-lmdb.toml", "shardpack/__init__.py", "shardpack/cli/__init__.py", "readers/dataset.py",
                  *(f"tests/{p.name}" for p in (ROOT / "tests").glob("*.py"))):
         assert need in names, need
     top = next((tmp_path / "x").iterdir())

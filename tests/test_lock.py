@@ -39,13 +39,13 @@ def gated(self):
         time.sleep(0.01)
     return real(self)
 run.Decoding.run = gated
-from shardpack.packer.cli import pack_dataset
+from shardpack.cli import pack_dataset
 pack_dataset()
 """
 
 # The real command line with the scan replaced by a failure: a refusal must come before it.
 NO_SCAN = """
-import shardpack.packer.cli as cli
+import shardpack.cli.pack as cli
 def scanned(*args, **kwargs):
     raise SystemExit("SCANNED: the refusal came after the scan")
 cli.make_plan = scanned
@@ -57,7 +57,7 @@ def env():
     return dict(os.environ, PYTHONPATH=str(ROOT))
 
 
-def cli(*args, script="from shardpack.packer.cli import pack_dataset; pack_dataset()", **kw):
+def cli(*args, script="from shardpack.cli import pack_dataset; pack_dataset()", **kw):
     return subprocess.run([sys.executable, "-c", script, *map(str, args)], env={**env(), **kw.pop("env", {})},
                           capture_output=True, text=True, timeout=120, **kw)
 

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from shardpack.readers import system as mounts
-from shardpack.packer.cli import pack_dataset
+from shardpack.cli import pack_dataset
 from shardpack.readers.system import Mount, find_mount, parse_mountinfo
 from shardpack.packer.prefetch import DEFAULT_THREADS, ReadAhead
 from shardpack.packer import PackError

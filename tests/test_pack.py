@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from shardpack.packer.cli import pack_dataset
+from shardpack.cli import pack_dataset
 from shardpack.packer import PackError
 from shardpack.readers import ShardDataset
 from shardpack.readers.manifest import sample_key

@@ -54,7 +54,7 @@ def test_pack_and_cli_run_without_torch(tree, tmp_path):
     out = tmp_path / "o.npy"
     code = (
         "import sys\n"
-        "import shardpack, shardpack.packer, shardpack.packer.cli\n"
+        "import shardpack, shardpack.packer, shardpack.cli\n"
         "from shardpack import Options, Recipe, pack\n"
         f"r1 = pack({str(tree)!r}, {str(out)!r}, Recipe(16), Options(fmt='npy', workers=1, progress=False))\n"
         f"r2 = pack({str(tree)!r}, {str(out) + '2'!r}, Recipe(16), Options(fmt='npy', workers=2, progress=False))\n"

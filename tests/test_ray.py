@@ -19,7 +19,7 @@ from conftest import make_tree
 from helpers import FORMATS, pack_quiet
 from test_units import assert_same_output, awkward_tree
 from shardpack.packer import PackError
-from shardpack.packer.cli import pack_dataset
+from shardpack.cli import pack_dataset
 from shardpack.packer.options import StrictError
 from shardpack.readers.manifest import MANIFEST, partial_dir
 

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 import shardpack.packer.runners as decode_module
 from conftest import make_tree
 from helpers import FORMATS, all_samples, pack_quiet
-from shardpack.packer.cli import main as shardpack
+from shardpack.cli import main as shardpack
 from shardpack.packer import PackError
 from shardpack.packer.scan import scan
 from shardpack.readers import ShardDataset
@@ -219,7 +219,7 @@ def test_ctrl_c_stops_cleanly_and_says_how_to_resume(big_tree, tmp_path, workers
     out = tmp_path / "out"
     n = len(scan(big_tree))
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-c", "from shardpack.packer.cli import pack_dataset; pack_dataset()", str(big_tree),
+    cmd = [sys.executable, "-c", "from shardpack.cli import pack_dataset; pack_dataset()", str(big_tree),
            "--format", "lmdb", "--size", "48", "-o", str(out), "--workers", str(workers), "--quiet"]
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE)
     deadline = time.monotonic() + 60

@@ -5,7 +5,7 @@ from shardpack.packer.scan import IMG_EXTENSIONS, ScanError, find_classes, scan
 from click.testing import CliRunner
 
 from conftest import noise_image
-from shardpack.packer.cli import pack_dataset
+from shardpack.cli import pack_dataset
 from shardpack.readers import ShardDataset
 
 

@@ -26,7 +26,7 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import make_tree, noise_image
-from shardpack.packer.cli import pack_dataset
+from shardpack.cli import pack_dataset
 from shardpack.packer.prefetch import NOT_REGULAR, NotRegularFile, open_regular, read_bytes
 from shardpack.packer.scan import ScanError, SplitsError, find_classes, scan
 from shardpack.packer.plan import make_plan

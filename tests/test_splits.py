@@ -12,7 +12,7 @@ import shardpack.packer.run as splits_module  # pack_plan calls run.pack
 from conftest import IMAGENET_SAMPLE, make_tree, need_shared, noise_image
 from helpers import all_samples, pack_quiet
 from shardpack.packer import Options, PackError, Recipe
-from shardpack.packer.cli import pack_dataset
+from shardpack.cli import pack_dataset
 from shardpack.packer.scan import ScanError
 from shardpack.packer import make_plan, pack_plan
 from shardpack.readers import ShardDataset, ShardFormatError
@@ -296,7 +296,7 @@ def test_flat_train_gives_the_class_list_and_labels_without_split_name(tmp_path)
 
 
 def test_info_and_verify_accept_a_splits_root_or_one_split(tmp_path):
-    from shardpack.packer.cli import main
+    from shardpack.cli import main
     src = tmp_path / "ds"
     make_tree(src / "train", {"a": 2, "b": 1})
     make_tree(src / "val", {"b": 2}, seed=4)

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from helpers import FORMATS, pack_quiet
-from shardpack.packer.cli import main as shardpack
+from shardpack.cli import main as shardpack
 from shardpack.readers import ShardDataset, ShardFormatError
 from shardpack.readers.manifest import partial_dir
 from shardpack.readers.verify import verify

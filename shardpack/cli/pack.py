@@ -1,4 +1,10 @@
-"""Command line: ``pack-dataset`` and the ``shardpack`` group (pack, demo, info, verify, bench)."""
+"""``pack-dataset`` (and ``shardpack pack``): its options, the checks of their values, the run, the summary.
+
+Values that would otherwise silently mean something else (``-o ''`` the default OUT, ``--splits
+''`` every split) are usage errors; so is ``--workers K`` above MAX_WORKERS_PER_CPU times the
+usable CPUs or above the files to pack, and K above the usable CPUs is said with the memory it
+takes (packer/sizing.py). The packing itself is the packer's (``make_plan``, ``pack_plan``).
+"""
 
 from __future__ import annotations
 
@@ -8,30 +14,52 @@ from pathlib import Path
 
 import click
 
-from ..readers.folder import clash_text
+from .. import __version__
+from ..packer import make_plan, pack_plan
+from ..packer.imaging import DECODERS, RESIZE_MODES, Recipe
+from ..packer.inputs import dry_run_after_scan, dry_run_before_scan
+from ..packer.options import AlreadyComplete, Options, PackError, os_error_text, say, stop_on_sigterm, stopped_text
+from ..packer.prefetch import DEFAULT_THREADS
+from ..packer.run import prepare
+from ..packer.scan import ScanError, SplitsError
+from ..packer.sizing import IMAGENET_1K_TRAIN, workers_refusal, workers_warning
+from ..packer.plan import plan_text
+from ..readers.text import plural
 from ..readers.encoding import DEFAULT_QUALITY, DEFAULT_SUBSAMPLING, ENCODINGS, QUALITY_RANGE, SUBSAMPLINGS
+from ..readers.folder import clash_text
 from ..readers.manifest import FORMATS, partial_dir
 from ..readers.system import usable_cpus
-from ..readers.text import plural
-
-from .. import __version__
 from .config import complete_config, effective_settings, load_config, presets
-from .imaging import DECODERS, RESIZE_MODES, Recipe
-from .inputs import check_workers, dry_run_after_scan, dry_run_before_scan, parse_out, parse_splits
-from .options import AlreadyComplete, Options, PackError, os_error_text, say, stop_on_sigterm, stopped_text
-from .prefetch import DEFAULT_THREADS
-from .plan import make_plan, plan_text
-from .run import pack_plan, prepare
-from .scan import ScanError, SplitsError
-from .sizing import IMAGENET_1K_TRAIN, workers_warning
+
+CONTEXT = {"help_option_names": ["-h", "--help"]}  # every command's: -h is --help
+
+
+def parse_splits(ctx, param, value):
+    """click callback of --splits: 'train,val' -> ['train', 'val']; naming none is an error."""
+    if value is None:
+        return None
+    names = [s.strip() for s in value.split(",") if s.strip()]
+    if not names:  # not silently "every split"
+        raise click.BadParameter(f"{value!r} names no split; give e.g. --splits train,val, or leave it out for all")
+    return names
+
+
+def parse_out(ctx, param, value):
+    """click callback of -o: an empty OUT is an error, not silently the default one."""
+    if value is not None and not value.strip():
+        raise click.BadParameter(f"{value!r} is empty; give a directory, or leave -o out for "
+                                 "./<SRC name>-<N>.<format>")
+    return value
 
 
 def _parse_color(ctx, param, value):
+    """click callback of --background: "R,G,B" -> (R, G, B), each 0..255."""
     try:
         rgb = tuple(int(v) for v in value.split(","))
-        assert len(rgb) == 3 and all(0 <= v <= 255 for v in rgb)
+        if len(rgb) != 3 or not all(0 <= v <= 255 for v in rgb):
+            raise ValueError(value)
         return rgb
-    except (ValueError, AssertionError):
+    except ValueError:
         raise click.BadParameter(f"{value!r}: give R,G,B with each 0..255, e.g. 255,255,255") from None
 
 
@@ -102,7 +130,8 @@ def pack_options(f):
                      help="Who decodes: this machine's processes, or Ray tasks on a cluster (shardpack[ray]; "
                           "README \"Packing on a Ray cluster\")."),
         click.option("--address", default=None, metavar="HOST:PORT",
-                     help="--engine ray: the cluster to join [default: $RAY_ADDRESS, else a Ray instance for the run]."),
+                     help="--engine ray: the cluster to join [default: $RAY_ADDRESS, else a Ray instance "
+                          "for the run]."),
         click.option("--quiet", is_flag=True, help="No progress bar."),
         click.option("--splits", callback=parse_splits, default=None,
                      help="Pack only these split folders, e.g. train,val [default: all found]."),
@@ -121,6 +150,14 @@ def pack_options(f):
     for option in reversed(options):
         f = option(f)
     return f
+
+
+def check_workers(workers: int | None, usable: int, files: int | None = None) -> None:
+    """``--workers K`` above 4x the ``usable`` CPUs, or (``files`` known) above the files to
+    pack: click.UsageError (exit 2). None (not given) passes."""
+    refusal = workers_refusal(workers, usable, files) if workers is not None else None
+    if refusal:
+        raise click.UsageError(refusal)
 
 
 def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_size, background, draft,
@@ -219,9 +256,6 @@ def run_pack_reporting(report, **kwargs):
         done(run_pack(**kwargs))
 
 
-CONTEXT = {"help_option_names": ["-h", "--help"]}
-
-
 @click.command(name="pack-dataset", context_settings=CONTEXT)
 @click.version_option(__version__, message="%(prog)s %(version)s")
 @pack_options
@@ -230,86 +264,3 @@ def pack_dataset(**kwargs):
     run_pack_reporting(**kwargs)
 
 
-@click.group(context_settings=CONTEXT)
-@click.version_option(__version__, prog_name="shardpack", message="%(prog)s %(version)s")
-def main():
-    """shardpack: pack image folders into pre-resized uint8 shards, and check them.
-
-    Exit status: 0 done, 1 an error, 2 a usage error. Shell completion (bash, zsh, fish):
-    eval "$(_SHARDPACK_COMPLETE=bash_source shardpack)", see the README."""
-
-
-@main.command(name="pack")
-@pack_options
-def pack_command(**kwargs):
-    """Same as pack-dataset."""
-    run_pack_reporting(**kwargs)
-
-
-@main.command()
-@click.option("--workdir", type=click.Path(file_okay=False), default="demo-out", show_default=True)
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="lmdb", show_default=True)
-def demo(workdir, fmt):
-    """Make a small sample ImageFolder tree with Pillow, pack it, and read it back."""
-    from .demo import run_demo
-    run_demo(workdir, fmt)
-
-
-@main.command()
-@click.argument("out", type=click.Path(exists=True, file_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout (also on failure).")
-def info(out, as_json):
-    """Describe the packed output OUT: count, classes, shape, size, how the pixels were made."""
-    if as_json:
-        from ..readers.records import info_document, print_document
-        print_document(*info_document(out))
-    from ..readers.manifest import ShardFormatError, dataset_dirs
-    from ..readers.verify import info_text, one_line, shown
-    try:
-        for split, root in dataset_dirs(out):  # a splits root: each split in turn
-            click.echo(info_text(root) if split is None else f"split {shown(split)}: {info_text(root)}")
-    except ShardFormatError as err:
-        raise click.ClickException(one_line(err)) from None
-    except Exception as err:  # damage no check foresaw: still one line, never a traceback
-        raise click.ClickException(one_line(f"{out}: cannot read this output ({type(err).__name__}: {err})")) from None
-
-
-@main.command()
-@click.argument("out", type=click.Path(exists=True, file_okay=False))
-@click.option("--quiet", is_flag=True, help="No progress bar.")
-@click.option("--json", "as_json", is_flag=True,
-              help="Print one JSON document on stdout, pass or fail (same exit status); progress on stderr.")
-def verify(out, quiet, as_json):
-    """Check OUT: every index column and manifest field the readers rely on, against each other
-    and the data, and every sample reread and compared with the checksums written at pack time.
-
-    Exit status 1 when anything differs: each problem and each differing sample (by index and
-    source path) on a line of its own, then a summary on stderr."""
-    if as_json:
-        from ..readers.records import verify_document, print_document
-        print_document(*verify_document(out, progress=not quiet))
-    from ..readers.manifest import ShardFormatError, dataset_dirs
-    from ..readers.verify import one_line, shown
-    from ..readers.verify import verify as run_verify
-    failed = False
-    try:
-        for _, root in dataset_dirs(out):  # a splits root: every split
-            result = run_verify(root, progress=not quiet)
-            for problem in result.problems:
-                click.echo(f"PROBLEM {one_line(problem)}")
-            for m in result.mismatches:
-                click.echo(f"MISMATCH sample {m.index} ({shown(m.path)}): {one_line(m.problem)}")
-            click.echo(one_line(result.summary()), err=not result.ok)
-            failed = failed or not result.ok
-    except ShardFormatError as err:
-        raise click.ClickException(one_line(err)) from None
-    except Exception as err:  # damage no check foresaw: still one line, never a traceback
-        raise click.ClickException(one_line(f"{out}: cannot read this output ({type(err).__name__}: {err})")) from None
-    if failed:
-        sys.exit(1)
-
-
-# `shardpack bench` lives with the bench (readers/bench/cli.py); it imports torch only when run
-from ..readers.bench.cli import bench  # noqa: E402
-
-main.add_command(bench)

@@ -1,0 +1,62 @@
+"""``shardpack info`` and ``shardpack verify``: a packed output described or checked, one line per fact.
+
+The describing and checking are the readers' (``readers/verify.py``); here they become lines,
+one-line errors (never a traceback) and exit statuses, or with ``--json`` one document
+(records.py).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..readers.manifest import dataset_dirs
+
+
+@click.command()
+@click.argument("out", type=click.Path(exists=True, file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout (also on failure).")
+def info(out, as_json):
+    """Describe the packed output OUT: count, classes, shape, size, how the pixels were made."""
+    from .records import failure, info_document, print_document
+    if as_json:
+        print_document(*info_document(out))
+    from ..readers.verify import info_text, shown
+    try:
+        for split, root in dataset_dirs(out):  # a splits root: each split in turn
+            click.echo(info_text(root) if split is None else f"split {shown(split)}: {info_text(root)}")
+    except Exception as err:  # noqa: BLE001 -- damage no check foresaw too: one line, never a traceback
+        raise click.ClickException(failure(out, err)) from None
+
+
+@click.command()
+@click.argument("out", type=click.Path(exists=True, file_okay=False))
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON document on stdout, pass or fail (same exit status); progress on stderr.")
+def verify(out, quiet, as_json):
+    """Check OUT: every index column and manifest field the readers rely on, against each other
+    and the data, and every sample reread and compared with the checksums written at pack time.
+
+    Exit status 1 when anything differs: each problem and each differing sample (by index and
+    source path) on a line of its own, then a summary on stderr."""
+    from .records import failure, print_document, verify_document
+    if as_json:
+        print_document(*verify_document(out, progress=not quiet))
+    from ..readers.verify import one_line, shown
+    from ..readers.verify import verify as run_verify
+    failed = False
+    try:
+        for _, root in dataset_dirs(out):  # a splits root: every split
+            result = run_verify(root, progress=not quiet)
+            for problem in result.problems:
+                click.echo(f"PROBLEM {one_line(problem)}")
+            for m in result.mismatches:
+                click.echo(f"MISMATCH sample {m.index} ({shown(m.path)}): {one_line(m.problem)}")
+            click.echo(one_line(result.summary()), err=not result.ok)
+            failed = failed or not result.ok
+    except Exception as err:  # noqa: BLE001 -- damage no check foresaw too: one line, never a traceback
+        raise click.ClickException(failure(out, err)) from None
+    if failed:
+        sys.exit(1)

@@ -1,0 +1,125 @@
+"""The commands' JSON documents (``--report``, ``info --json``, ``verify --json``) under one schema.
+
+``pack-dataset --report FILE`` writes the pack summary (or the error) to FILE. ``info_document``
+and ``verify_document`` return ``(document, exit status)``: the status is the one the text command
+exits with (0 fine; 1 when verification finds a difference or OUT cannot be read), and the
+document always says ``ok`` and, when OUT could not be read, ``error`` (one line). Progress bars
+and warnings go to stderr, so stdout holds the document alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from contextlib import contextmanager
+from pathlib import Path
+
+import click
+
+from ..readers.manifest import SKIPPED, ShardFormatError, bytes_on_disk, dataset_dirs, load_manifest, write_json_atomic
+
+SCHEMA = 1  # every document's "schema"; bumped when a field changes meaning
+
+
+# ---------------------------------------------------------------- pack-dataset --report
+
+def pack_document(src, out, reports, error: str | None = None, dry_run: bool = False) -> dict:
+    """``{"schema", "command", "ok", "src", "out", "dry_run", "error", "datasets": [...]}``:
+    one entry per packed dataset (each split), the fields of :class:`~shardpack.packer.Report`
+    (``skipped`` and ``ignored`` as in skipped.json) plus ``images_per_s``."""
+    datasets = []
+    for report in reports or []:
+        row = dataclasses.asdict(report)
+        row["out"] = str(report.out)
+        row["images_per_s"] = round(report.images_per_s, 3)
+        datasets.append(row)
+    return {"schema": SCHEMA, "command": "pack", "ok": error is None, "src": str(src),
+            "out": None if out is None else str(out), "dry_run": dry_run, "error": error,
+            "datasets": datasets}
+
+
+def write_document(path, doc: dict) -> None:
+    """Write ``doc`` to ``path`` (through a temporary file, so a reader never sees half of it)."""
+    write_json_atomic(Path(path).expanduser(), doc, sync=False)
+
+
+@contextmanager
+def reporting(path, kwargs: dict):
+    """Around one ``pack-dataset`` run with the command's ``kwargs``: yields ``done(reports)``
+    to call with run_pack's result; on leaving writes the document to ``path`` (when given),
+    also when the run fails with a ClickException (``ok`` false, ``error`` its message)."""
+    result = {}
+    try:
+        yield lambda reports: result.setdefault("reports", reports)
+    except click.ClickException as err:
+        result["error"] = err.format_message()
+        raise
+    finally:
+        if path and result:
+            write_document(path, pack_document(kwargs["src"], kwargs["out"], result.get("reports"),
+                                               result.get("error"), kwargs["dry_run"]))
+
+
+# ---------------------------------------------------------------- info --json, verify --json
+
+def failure(out, err: Exception) -> str:
+    """Why OUT cannot be read, in one line: a ShardFormatError's own message, else the
+    exception's type and message after OUT."""
+    from ..readers.verify import one_line
+    if isinstance(err, ShardFormatError):
+        return one_line(err)
+    return one_line(f"{out}: cannot read this output ({type(err).__name__}: {err})")
+
+
+def info_document(out) -> tuple[dict, int]:
+    """``{"schema", "path", "ok", "datasets": [{"split", "path", "bytes_on_disk", "skipped",
+    "manifest"}], "error"}``: one entry per dataset (each split of a splits root), with its whole
+    manifest and the rows of its skipped.json. Checks what ``shardpack info`` checks."""
+    from ..readers.verify import info_text
+    doc = {"schema": SCHEMA, "command": "info", "path": str(out), "ok": True, "datasets": [], "error": None}
+    try:
+        for split, root in dataset_dirs(out):
+            info_text(root)  # the same checks (manifest, index, data file headers) as the text
+            manifest = load_manifest(root)
+            skipped = root / SKIPPED
+            doc["datasets"].append({
+                "split": split, "path": str(root),
+                "bytes_on_disk": bytes_on_disk(root),
+                "skipped": json.loads(skipped.read_text()) if skipped.exists() else [],
+                "manifest": manifest})
+    except Exception as err:  # noqa: BLE001 -- damage no check foresaw too: one document, never a traceback
+        doc.update(ok=False, error=failure(out, err))
+        return doc, 1
+    return doc, 0
+
+
+def verify_document(out, progress: bool = False) -> tuple[dict, int]:
+    """``{"schema", "path", "ok", "datasets": [{"split", "path", "ok", "count", "problems",
+    "mismatches": [{"index", "path", "problem"}]}], "error"}``; status 1 when any dataset is
+    not ok or OUT cannot be read."""
+    from ..readers.verify import one_line
+    from ..readers.verify import verify as run_verify
+    doc = {"schema": SCHEMA, "command": "verify", "path": str(out), "ok": True, "datasets": [], "error": None}
+    try:
+        for split, root in dataset_dirs(out):
+            result = run_verify(root, progress=progress)
+            doc["datasets"].append({
+                "split": split, "path": str(root), "ok": result.ok, "count": result.count,
+                "problems": [one_line(p) for p in result.problems],
+                "mismatches": [{"index": m.index, "path": m.path, "problem": one_line(m.problem)}
+                               for m in result.mismatches]})
+            doc["ok"] = doc["ok"] and result.ok
+    except Exception as err:  # noqa: BLE001 -- as info_document: one document, never a traceback
+        doc.update(ok=False, error=failure(out, err))
+    return doc, 0 if doc["ok"] else 1
+
+
+def dumps(doc: dict) -> str:
+    """The document as printed: indented JSON, names that are not valid text escaped."""
+    return json.dumps(doc, indent=1, default=str)
+
+
+def print_document(doc: dict, status: int) -> None:
+    """Print ``doc`` on stdout and exit with ``status``."""
+    print(dumps(doc), flush=True)
+    raise SystemExit(status)
