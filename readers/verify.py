@@ -12,6 +12,7 @@ import xxhash
 from .encoding import describe as describe_encoding, encoding_of
 from .formats import open_reader
 from .formats.base import flagged
+from .text import mb, shown
 from .manifest import (COLUMNS, bytes_on_disk, INDEX_DIR, PATHS_BLOB, SKIPPED, Index, ShardFormatError,
                        load_manifest, load_npy)
 
@@ -145,17 +146,6 @@ def index_problems(root: Path, manifest: dict, index: Index) -> list[str]:
     return [p for p in out if p]
 
 
-def one_line(message: str) -> str:
-    """``message`` with line breaks escaped, so that it prints as one line."""
-    return str(message).replace("\r", "\\r").replace("\n", "\\n")
-
-
-def shown(name: str) -> str:
-    """A name as printed on one line: itself when printable, else its repr (newlines, control
-    characters, undecodable bytes escaped)."""
-    return name if name.isprintable() else repr(name)
-
-
 def info_text(root) -> str:
     """What ``shardpack info`` prints about an output: count, classes, shape, size on disk, how
     the pixels were made, skipped files. Raises ShardFormatError (one line) when the output is
@@ -174,7 +164,7 @@ def info_text(root) -> str:
         f"  classes     {len(classes)}: {', '.join(classes[:5])}{' ...' if len(classes) > 5 else ''}",
         f"  shape       {tuple(m['shape']) if m.get('shape') else 'variable'} {m.get('dtype', 'uint8')} "
         f"{m.get('layout', 'HWC')}",
-        f"  on disk     {size / 1e6:.1f} MB",
+        f"  on disk     {mb(size)}",
         f"  encoding    {describe_encoding(m)}",
         f"  pixels      {px.get('resize')} {px.get('size')} px, {px.get('filter')} (antialias), background "
         f"{tuple(px.get('background') or ())}, draft {px.get('draft')}, allow_truncated {px.get('allow_truncated')}",

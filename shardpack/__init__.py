@@ -23,6 +23,7 @@ if not (Path(__file__).parent / "packer").is_dir() and (_checkout / "packer" / "
 from .packer import (Options, PackError, Plan, Recipe, Report, ScanError, make_plan, pack,
                      pack_plan)
 from .readers import FORMAT_VERSION, FORMATS, ShardFormatError, load_manifest
+from .readers.text import torch_missing
 
 __version__ = "0.2.0.dev0"  # pyproject.toml reads it from here
 
@@ -39,17 +40,6 @@ _LAZY = {
 }
 # the names that need torch: a clear ImportError for them when it is not installed
 _TORCH = {"ShardDataset", "make_loader", "stack_collate", "BatchAugment", "transforms", "bench"}
-
-TORCH_HINT = ("PyTorch is not installed. Install the torch build for your machine first (the command for "
-              "your CUDA version is on https://pytorch.org/get-started/locally/, e.g. `pip install torch`), "
-              "or, from a clone of shardpack, `pip install -e '.[torch]'`. Packing, `shardpack info` and "
-              "`shardpack verify` work without it.")
-
-
-def torch_missing(what: str) -> ImportError:
-    """The ImportError for ``what`` (e.g. ``shardpack.ShardDataset``) needing torch."""
-    return ImportError(f"{what} needs torch (>= 2.13): {TORCH_HINT}", name="torch")
-
 
 __all__ = ["pack", "make_plan", "pack_plan", "Options", "Recipe", "Report", "Plan", "PackError",
            "ScanError", "ShardFormatError", "load_manifest", "FORMATS", "FORMAT_VERSION",

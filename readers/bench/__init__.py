@@ -77,8 +77,8 @@ def bench(target, model=None, **kwargs):
     except ModuleNotFoundError as err:
         if (err.name or "").split(".")[0] != "torch":
             raise
-        from .cli import TORCH_MISSING
-        raise ImportError(TORCH_MISSING.replace("shardpack bench", "shardpack.bench"), name="torch") from None
+        from ..text import torch_hint
+        raise ImportError(torch_hint("shardpack.bench", short=True), name="torch") from None
     if isinstance(target, (str, os.PathLike)) and not is_spec(os.fspath(target)):
         from .run import run_bench
         if model is not None and not isinstance(model, str):

@@ -10,11 +10,11 @@ import sys
 
 import click
 
+from ..text import torch_hint
+
 USER_ONLY = ("data_path", "trace", "no_epoch_start")  # options that only a FILE.py:NAME target takes
 PATH_ONLY = ("modes", "augment", "size", "compare")   # options that only a PATH target takes
-TORCH_MISSING = ("shardpack bench needs torch (>= 2.13): PyTorch is not installed. Install the torch build for "
-                 "your machine first (https://pytorch.org/get-started/locally/, e.g. `pip install torch`), or, "
-                 "from a clone of shardpack, `pip install -e '.[torch]'`.")
+TORCH_MISSING = torch_hint("shardpack bench", short=True)
 
 
 def _csv(kind, allowed=None, minimum=0):

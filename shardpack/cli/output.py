@@ -22,7 +22,8 @@ def info(out, as_json):
     from .records import failure, info_document, print_document
     if as_json:
         print_document(*info_document(out))
-    from ..readers.verify import info_text, shown
+    from ..readers.text import shown
+    from ..readers.verify import info_text
     try:
         for split, root in dataset_dirs(out):  # a splits root: each split in turn
             click.echo(info_text(root) if split is None else f"split {shown(split)}: {info_text(root)}")
@@ -44,7 +45,7 @@ def verify(out, quiet, as_json):
     from .records import failure, print_document, verify_document
     if as_json:
         print_document(*verify_document(out, progress=not quiet))
-    from ..readers.verify import one_line, shown
+    from ..readers.text import one_line, shown
     from ..readers.verify import verify as run_verify
     failed = False
     try:

@@ -24,7 +24,7 @@ from ..packer.run import prepare
 from ..packer.scan import ScanError, SplitsError
 from ..packer.sizing import IMAGENET_1K_TRAIN, workers_refusal, workers_warning
 from ..packer.plan import plan_text
-from ..readers.text import plural
+from ..readers.text import mb, plural
 from ..readers.encoding import DEFAULT_QUALITY, DEFAULT_SUBSAMPLING, ENCODINGS, QUALITY_RANGE, SUBSAMPLINGS
 from ..readers.folder import clash_text
 from ..readers.manifest import FORMATS, partial_dir
@@ -228,7 +228,7 @@ def summary(report) -> str:
     decoded = report.scanned - report.resumed_at
     resumed = f" (resumed at file {report.resumed_at})" if report.resumed_at else ""
     lines = [f"packed {plural(report.count, 'image')} of {plural(report.classes, 'class', 'classes')} "
-             f"into {report.out}: {report.bytes / 1e6:.1f} MB",
+             f"into {report.out}: {mb(report.bytes)}",
              f"  {plural(decoded, 'file')} decoded in {report.seconds:.1f} s{resumed} "
              f"({report.images_per_s:.0f} images/s, {plural(report.workers, 'worker')})",
              f"  {report.bytes / max(1, report.count) / 1e3:.1f} KB per image on disk; ImageNet-1k "

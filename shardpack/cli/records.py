@@ -65,7 +65,7 @@ def reporting(path, kwargs: dict):
 def failure(out, err: Exception) -> str:
     """Why OUT cannot be read, in one line: a ShardFormatError's own message, else the
     exception's type and message after OUT."""
-    from ..readers.verify import one_line
+    from ..readers.text import one_line
     if isinstance(err, ShardFormatError):
         return one_line(err)
     return one_line(f"{out}: cannot read this output ({type(err).__name__}: {err})")
@@ -97,7 +97,7 @@ def verify_document(out, progress: bool = False) -> tuple[dict, int]:
     """``{"schema", "path", "ok", "datasets": [{"split", "path", "ok", "count", "problems",
     "mismatches": [{"index", "path", "problem"}]}], "error"}``; status 1 when any dataset is
     not ok or OUT cannot be read."""
-    from ..readers.verify import one_line
+    from ..readers.text import one_line
     from ..readers.verify import verify as run_verify
     doc = {"schema": SCHEMA, "command": "verify", "path": str(out), "ok": True, "datasets": [], "error": None}
     try:
