@@ -220,8 +220,9 @@ def decode(data: bytes, recipe: Recipe, name: str = "<bytes>"):
     """Make one sample from a file's bytes.
 
     Returns ``(pixels, source_mode, (source_w, source_h))`` with pixels a C-contiguous uint8
-    array of shape ``recipe.output_shape(w, h)`` (HWC, RGB; w x h the source as displayed). Raises DecodeError (kind 'bomb' above
-    Pillow's ``Image.MAX_IMAGE_PIXELS``, else 'undecodable') naming ``name`` and the reason.
+    array of shape ``recipe.output_shape(w, h)`` (HWC, RGB; w x h the source as displayed).
+    Raises DecodeError (kind 'bomb' above Pillow's ``Image.MAX_IMAGE_PIXELS``, else 'undecodable')
+    naming ``name`` and the reason.
     """
     try:
         with warnings.catch_warnings():

@@ -124,8 +124,9 @@ def flat_listing(folder: str | os.PathLike, labels_file: str | os.PathLike, clas
                  ) -> tuple[Listing, LabelsReport]:
     """List the flat ``folder`` with labels from ``labels_file``, in sorted file order.
 
-    ``classes`` gives the indices (usually train's; ``origin`` says where from, for errors); None takes the sorted class names found in
-    the file (integer labels then need a class list). Files present but not listed are left out
+    ``classes`` gives the indices (usually train's; ``origin`` says where from, for errors); None takes
+    the sorted class names found in the file (integer labels then need a class list). Files present
+    but not listed are left out
     and reported by name in ``LabelsReport.unlisted``; files listed but absent in ``missing``.
     Raises LabelsError when the file cannot be read or parsed, names a class not in ``classes``,
     gives an index out of range, is devkit ground truth without ``id_map``, or matches no file.

@@ -302,8 +302,8 @@ def _pack_plan(plan: Plan, recipe: Recipe, opts: Options, extra: dict, setup: Se
                      setup=replace(setup, estimate=lambda: plan.estimates(recipe)[0]))]
     splits = {p.split: len(p.listing) for p in plan.parts}
     staging = Staging.open(setup.out, plan.fingerprint(recipe, opts), opts,
-                           need=lambda: plan_run_bytes(plan, recipe, opts.fmt, setup.workers), count=sum(splits.values()),
-                           previous=setup.lock.previous if setup.lock else None)
+                           need=lambda: plan_run_bytes(plan, recipe, opts.fmt, setup.workers),
+                           count=sum(splits.values()), previous=setup.lock.previous if setup.lock else None)
     notes = [say(note) for note in (*setup.notes, *staging.notes)]
     if setup.lock is not None:
         setup.lock.writing_begins()

@@ -197,8 +197,10 @@ def storage_lines(listings, recipe, free: int) -> list[str]:
     raw = sum(estimate_size(lst, raw_recipe).total_bytes for lst in listings)
     jpeg = sum(estimate_size(lst, jpeg_recipe).total_bytes for lst in listings)
     ram = ram_bytes()
-    lines = [f"  raw vs jpeg: raw would take {size_text(raw)}, JPEG q{jpeg_recipe.quality} {jpeg_recipe.subsampling} about "
-             f"{size_text(jpeg)} ({raw / max(1, jpeg):.1f}x smaller, from files encoded); RAM {size_text(ram) if ram else 'unknown'}, "
+    lines = [f"  raw vs jpeg: raw would take {size_text(raw)}, "
+             f"JPEG q{jpeg_recipe.quality} {jpeg_recipe.subsampling} about "
+             f"{size_text(jpeg)} ({raw / max(1, jpeg):.1f}x smaller, from files encoded); "
+             f"RAM {size_text(ram) if ram else 'unknown'}, "
              f"free at OUT {size_text(free)}"]
     short = [what for what, room in (("in RAM (the page cache: every epoch would read from disk)", ram),
                                      ("on the disk at OUT", free)) if room and raw > room]
@@ -206,7 +208,8 @@ def storage_lines(listings, recipe, free: int) -> list[str]:
         room = min(r for r in (ram, free) if r)
         smaller = int(recipe.size * (room / raw) ** 0.5) // 8 * 8
         lines.append(f"  raw does not fit {' nor '.join(short)}: --encoding jpeg would take about {size_text(jpeg)}"
-                     + (f"; raw at --size {smaller} about {size_text(raw * (smaller / recipe.size) ** 2)}" if smaller >= 8 else ""))
+                     + (f"; raw at --size {smaller} about {size_text(raw * (smaller / recipe.size) ** 2)}"
+                        if smaller >= 8 else ""))
     return lines
 
 
@@ -236,7 +239,9 @@ def workers_warning(workers: int, usable: int, recipe: Recipe) -> str | None:
     each = worker_bytes(recipe)
     return (f"--workers {workers} is more than the {usable} usable CPU(s) (affinity mask and cgroup quota): "
             f"{workers} decode processes share {usable} CPU(s), no faster than {usable}, and take about "
-            f"{memory_text(workers * each)} of memory ({memory_text(each)} each: {memory_text(WORKER_BASE_BYTES)} measured for a worker's "
-            f"Python, numpy and Pillow, plus {WORKER_SAMPLES}x the largest sample, {memory_text(recipe.max_sample_bytes())}, "
+            f"{memory_text(workers * each)} of memory ({memory_text(each)} each: "
+            f"{memory_text(WORKER_BASE_BYTES)} measured for a worker's "
+            f"Python, numpy and Pillow, plus {WORKER_SAMPLES}x the largest sample, "
+            f"{memory_text(recipe.max_sample_bytes())}, "
             f"for decoding; sources of many megapixels take more)")
 

@@ -83,7 +83,8 @@ def check_complete(src: str | os.PathLike, out: Path, recipe: Recipe, opts: Opti
     try:
         made = json.loads((out / MANIFEST).read_text())
         was = {"format": made.get("format"), **{k: made.get("pixels", {}).get(k) for k in recipe.as_manifest()},
-               "encoding": made.get("pixels", {}).get("encoding", RAW), "source": made.get("run", {}).get("source_root")}
+               "encoding": made.get("pixels", {}).get("encoding", RAW),
+               "source": made.get("run", {}).get("source_root")}
     except (OSError, ValueError, AttributeError) as err:
         raise PackError(f"--resume: {out} holds no interrupted run and its {MANIFEST} is unreadable "
                         f"({err})") from None
@@ -280,7 +281,8 @@ class Staging:
             old = json.loads((tmp / FINGERPRINT).read_text())
             progress = self._last_checkpoint()
         except (OSError, ValueError) as err:
-            raise PackError(f"{tmp}: cannot resume, its state is unreadable ({err}); start over with --overwrite") from None
+            raise PackError(f"{tmp}: cannot resume, its state is unreadable ({err}); "
+                            "start over with --overwrite") from None
         diffs = differences(old, fingerprint)
         if diffs:
             raise PackError(f"--resume refused: {'; '.join(diffs)} changed since the interrupted run in {tmp}")

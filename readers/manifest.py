@@ -116,7 +116,8 @@ def load_manifest(root: str | os.PathLike) -> dict:
         raise ShardFormatError(f"{path}: unknown format {manifest.get('format')!r}")
     problems = manifest_problems(manifest) + encoding_problems(manifest)
     if problems:
-        raise ShardFormatError(f"{path}: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+        raise ShardFormatError(f"{path}: {problems[0]}"
+                               + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
     for name, size in manifest["files"].items():
         f = root / name
         if not f.is_file():
@@ -145,8 +146,8 @@ def manifest_problems(m: dict) -> list[str]:
     count, shape, fmt = m.get("count"), m.get("shape"), m.get("format")
     if not _is_int(count) or count < 0:
         out.append(f"count {json.dumps(count)} is not a number of samples")
-    if shape is not None and not (isinstance(shape, list) and len(shape) == 3 and all(_is_int(v) and v > 0 for v in shape)
-                                  and shape[2] == 3):
+    if shape is not None and not (isinstance(shape, list) and len(shape) == 3
+                                  and all(_is_int(v) and v > 0 for v in shape) and shape[2] == 3):
         out.append(f"shape {json.dumps(shape)} is neither null (variable shapes) nor [H, W, 3]")
         shape = []  # checked no further
     px = m.get("pixels", {})

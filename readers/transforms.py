@@ -126,23 +126,23 @@ def _empty_like(x: torch.Tensor, h: int, w: int) -> torch.Tensor:
 def _crop(x: torch.Tensor, top, left, h: int, w: int) -> torch.Tensor:
     """Crop box (top[k], left[k], h, w) of every image: a view for one image, a copy for more."""
     if len(x) == 1:
-        t, l = int(top[0]), int(left[0])
-        return x[:, :, t:t + h, l:l + w]
+        t, lf = int(top[0]), int(left[0])
+        return x[:, :, t:t + h, lf:lf + w]
     out = _empty_like(x, h, w)
-    for k, (t, l) in enumerate(zip(top.tolist(), left.tolist())):
-        out[k] = x[k, :, t:t + h, l:l + w]
+    for k, (t, lf) in enumerate(zip(top.tolist(), left.tolist())):
+        out[k] = x[k, :, t:t + h, lf:lf + w]
     return out
 
 
 def _pad(x: torch.Tensor, ltrb, fill=0, mode="constant") -> torch.Tensor:
     """torchvision's pad: (left, top, right, bottom) pixels, ``mode`` as np.pad's
     (constant with ``fill``, edge, reflect, symmetric)."""
-    l, t, r, b = ltrb
+    lf, t, r, b = ltrb
     if not any(ltrb):
         return x
     hwc = x.movedim(1, -1).cpu().numpy()
     kw = {"constant_values": fill} if mode == "constant" else {}
-    padded = np.pad(hwc, ((0, 0), (t, b), (l, r), (0, 0)), mode=mode, **kw)
+    padded = np.pad(hwc, ((0, 0), (t, b), (lf, r), (0, 0)), mode=mode, **kw)
     return torch.from_numpy(padded).to(x.device).permute(0, 3, 1, 2)
 
 
@@ -165,8 +165,8 @@ class RandomResizedCrop(_Transform):
                                               self.scale, self.ratio, generator)
         out = _empty_like(x, *self.size)
         rows = zip(top.tolist(), left.tolist(), h.tolist(), w.tolist())
-        for k, (t, l, hh, ww) in enumerate(rows):
-            box = x[k:k + 1, :, t:t + hh, l:l + ww]
+        for k, (t, lf, hh, ww) in enumerate(rows):
+            box = x[k:k + 1, :, t:t + hh, lf:lf + ww]
             if (hh, ww) == self.size:
                 out[k] = box[0]
             else:

@@ -85,11 +85,12 @@ def verify(root, progress: bool = False, limit: int = 1000) -> VerifyResult:
             out = buf[:size].reshape(shape)
             reader.read_into(i, out)  # an encoded record is decoded: one that cannot be is reported
             stored = reader.record(i) if encoded else out
-        except Exception as err:  # a damaged record: report it, keep going
+        except Exception as err:  # noqa: BLE001 -- a damaged record is reported and the check goes on
             result.mismatches.append(Mismatch(i, _path(index, i), f"unreadable: {err}"))
         else:
             if xxhash.xxh3_64_intdigest(stored) != int(index.checksums[i]):
-                result.mismatches.append(Mismatch(i, _path(index, i), f"{'record' if encoded else 'pixel'} checksum differs"))
+                result.mismatches.append(Mismatch(i, _path(index, i),
+                                                  f"{'record' if encoded else 'pixel'} checksum differs"))
         if len(result.mismatches) >= limit:
             break
     try:

@@ -64,10 +64,12 @@ def main(src, size, workers):
                 print(f"{mode:<13}{fmt:<7}{est.total_bytes / 1e6:>12.1f}{report.bytes / 1e6:>11.1f}"
                       f"{per / 1e3:>8.1f}{per * IMAGENET_1K_TRAIN / 1e9:>12.0f}{seconds / base[fmt]:>10.2f}")
                 if fmt == "npy":
-                    diffs = [reference.mean_abs_diff(ds[i][0].permute(1, 2, 0).numpy(),
-                                                     REFS[mode](reference.open_rgb(Path(src) / ds.source_path(i)), size))
+                    diffs = [reference.mean_abs_diff(
+                                 ds[i][0].permute(1, 2, 0).numpy(),
+                                 REFS[mode](reference.open_rgb(Path(src) / ds.source_path(i)), size))
                              for i in range(len(ds))]
-                    fidelity = f"vs reference: mean abs diff per image worst {max(diffs):.3f}, mean {np.mean(diffs):.4f}"
+                    fidelity = (f"vs reference: mean abs diff per image worst {max(diffs):.3f}, "
+                                f"mean {np.mean(diffs):.4f}")
                     shapes = ds.shapes
                 shutil.rmtree(out)
             same = all(np.array_equal(sums[f], sums["npy"]) for f in FORMATS)

@@ -137,7 +137,8 @@ def child(job: dict) -> None:
         system.evict(paths + [Path(npy["path"])])
         before = _read_counter(job["counter"])
         if name == DISK:
-            rate, n = _disk_rate(Path(npy["path"]), npy["offset"], sample, npy["count"], job["samples"], job["seed"]), job["samples"]
+            rate, n = _disk_rate(Path(npy["path"]), npy["offset"], sample, npy["count"], job["samples"],
+                                 job["seed"]), job["samples"]
         else:
             loader_name, order = name.rsplit(" / ", 1)
             loader = _loader(ds, loader_name, order, job["samples"], job["seed"])

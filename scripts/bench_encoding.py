@@ -74,7 +74,8 @@ def size_table(raw: np.ndarray, size: int, repeat: int) -> None:
     print(f"\n## {size} px: {n} images, {load()}\n")
     print("| storage | bytes/image | ImageNet-1k | mean abs diff vs raw (mean / worst image) | "
           "decode img/s/core Pillow | simplejpeg |\n|---|---:|---:|---:|---:|---:|")
-    print(f"| raw uint8 | {raw[0].nbytes / 1e3:.1f} KB | {raw[0].nbytes * IMAGENET_1K_TRAIN / 1e9:.0f} GB | 0 | - | - |")
+    print(f"| raw uint8 | {raw[0].nbytes / 1e3:.1f} KB | "
+          f"{raw[0].nbytes * IMAGENET_1K_TRAIN / 1e9:.0f} GB | 0 | - | - |")
     for q in (95, 90, 75):
         for sub in ("4:4:4", "4:2:0"):
             recipe = Recipe(size, encoding="jpeg", quality=q, subsampling=sub)
@@ -85,7 +86,7 @@ def size_table(raw: np.ndarray, size: int, repeat: int) -> None:
                 decode_into(b, out, "pillow")
                 diffs.append(np.abs(out.astype(np.int16) - raw[i]).mean())
 
-            def run(decoder):
+            def run(decoder, blobs=blobs, out=out):
                 def go():
                     for b in blobs:
                         decode_into(b, out, decoder)
@@ -121,7 +122,8 @@ def loader(w):
     if w not in loaders:
         loaders[w] = Loader(beton, batch_size=64, num_workers=w, order=OrderOption.RANDOM, os_cache=True,
                             drop_last=True, pipelines={
-                                'image': [RandomResizedCropRGBImageDecoder((224, 224)), RandomHorizontalFlip(), ToTensor()],
+                                'image': [RandomResizedCropRGBImageDecoder((224, 224)), RandomHorizontalFlip(),
+                                          ToTensor()],
                                 'label': [IntDecoder(), ToTensor(), Squeeze()]})
         for _ in loaders[w]: pass  # numba compiles on the first epoch
     return loaders[w]

@@ -61,7 +61,8 @@ FORMATS = ("npy", "lmdb", "hdf5", "wds")
 BATCH = 64
 WORKLOADS = {
     "a": ("RandomCrop(224) + flip, CPU", lambda: Compose([RandomCrop(224), RandomHorizontalFlip(inplace=True)])),
-    "b": ("RandomResizedCrop(224) + flip, CPU", lambda: Compose([RandomResizedCrop(224), RandomHorizontalFlip(inplace=True)])),
+    "b": ("RandomResizedCrop(224) + flip, CPU",
+          lambda: Compose([RandomResizedCrop(224), RandomHorizontalFlip(inplace=True)])),
     "c": ("uint8 batches for the GPU-side BatchAugment", lambda: None),
 }
 
@@ -147,7 +148,8 @@ def main(src, work, samples, repeats, out, against):
     ds = ShardDataset(packed["npy"])
     profile = {
         "a": step_times(ds, [("RandomCrop(224)", RandomCrop(224)), ("flip", RandomHorizontalFlip(inplace=True))]),
-        "b": step_times(ds, [("RandomResizedCrop(224)", RandomResizedCrop(224)), ("flip", RandomHorizontalFlip(inplace=True))]),
+        "b": step_times(ds, [("RandomResizedCrop(224)", RandomResizedCrop(224)),
+                             ("flip", RandomHorizontalFlip(inplace=True))]),
     }
     report(args, cores, bound, folder, results, profile)
     print(f"{run.line()}\ncommand: {harness.command()}")
@@ -230,7 +232,8 @@ def compare(args, rev):
                 contenders = {}
                 for name, (mod, make) in versions.items():
                     ds = mod.ShardDataset(packed[fmt])
-                    contenders[name] = (lambda ds=ds, make=make: _pass(ds, make, workload, args.samples))
+                    contenders[name] = (lambda ds=ds, make=make, workload=workload:
+                                        _pass(ds, make, workload, args.samples))
                 got = harness.rounds(contenders, args.repeats)
                 r, spread = harness.ratio(got["new"], got["old"])
                 rows.append((fmt, workload, got, r, spread))

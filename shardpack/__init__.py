@@ -20,10 +20,10 @@ _checkout = Path(__file__).resolve().parent.parent
 if not (Path(__file__).parent / "packer").is_dir() and (_checkout / "packer" / "__init__.py").is_file():
     __path__.append(str(_checkout))  # noqa: F821 (the package's own __path__)
 
-from .packer import (Options, PackError, Plan, Recipe, Report, ScanError, make_plan, pack,
-                     pack_plan)
-from .readers import FORMAT_VERSION, FORMATS, ShardFormatError, load_manifest
-from .readers.text import torch_missing
+from .packer import (Options, PackError, Plan, Recipe, Report,  # noqa: E402 (after the __path__ set-up, on purpose)
+                     ScanError, make_plan, pack, pack_plan)
+from .readers import FORMAT_VERSION, FORMATS, ShardFormatError, load_manifest  # noqa: E402
+from .readers.text import torch_missing  # noqa: E402
 
 __version__ = "0.2.0.dev0"  # pyproject.toml reads it from here
 

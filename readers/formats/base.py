@@ -31,7 +31,8 @@ os.register_at_fork(after_in_child=_new_lock_after_fork)
 # The header of a .npy value (format 1.0, as np.lib.format.write_array_header_1_0 writes it for a
 # C-order uint8 array): magic, version, little-endian uint16 length, then the dict's repr.
 NPY_MAGIC = b"\x93NUMPY\x01\x00"
-_NPY_DICT = re.compile(rb"\{'descr': *'\|u1', *'fortran_order': *False, *'shape': *\( *(\d+), *(\d+), *(\d+) *,? *\), *\} *\n")
+_NPY_DICT = re.compile(rb"\{'descr': *'\|u1', *'fortran_order': *False, *"
+                       rb"'shape': *\( *(\d+), *(\d+), *(\d+) *,? *\), *\} *\n")
 
 
 def npy_value(buf, start: int, end: int, where, i: int) -> tuple[int, tuple[int, int, int]]:

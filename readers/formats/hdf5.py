@@ -104,7 +104,8 @@ class Hdf5Reader(MemmapReader):
             ok = self._images.shape == (self.count, *self.shape)
             expect = str((self.count, *self.shape))
         if not ok or self._images.dtype != np.uint8:
-            raise ShardFormatError(f"{path}: images {self._images.shape} {self._images.dtype}, the manifest says {expect} uint8")
+            raise ShardFormatError(f"{path}: images {self._images.shape} {self._images.dtype}, "
+                                   f"the manifest says {expect} uint8")
 
 
 class EncodedHdf5Reader(FlatReader):

@@ -251,7 +251,8 @@ class LmdbReader(Reader):
             for k, start in enumerate(starts):
                 flat[k] = data[start:start + size]
             return diskio.Pending([])
-        return diskio.submit([(self._pread, start, [out[k]], i) for k, (i, start) in enumerate(zip(idx.tolist(), starts))])
+        return diskio.submit([(self._pread, start, [out[k]], i)
+                              for k, (i, start) in enumerate(zip(idx.tolist(), starts))])
 
     def __getstate__(self):
         if self._offsets is None:  # locate once here rather than in every spawned worker
