@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 from PIL import Image
 
+import shardpack.packer.cli as cli
 from shardpack.packer import Options, Recipe, pack
 from shardpack.readers.manifest import MANIFEST, partial_dir
 
@@ -97,22 +99,19 @@ def run_cli(*args, command: str = "pack-dataset", fresh: bool = False, script: s
 
     ``command`` is ``"pack-dataset"`` or ``"shardpack"`` (the group: ARGS start with its
     subcommand). By default it runs in this process through click's CliRunner (``invoke``: its
-    keywords, e.g. ``input``; ``env``: variables set while it runs) and returns click's Result
-    (``exit_code``, ``output``); patches of this process apply. With ``fresh``, ``script`` or
-    ``namespace`` it runs in a fresh
-    interpreter, stdin closed and stderr not a terminal (as in CI), with this checkout first on
-    PYTHONPATH and ``env`` over this process's environment, in ``cwd``, killed after ``timeout`` seconds
-    (TimeoutExpired fails the test), and returns the CompletedProcess (``returncode``, ``stdout``,
-    ``stderr``): ``script`` is Python run as ``python -c`` (default: ``python -m shardpack`` for
-    the group, PACK_SCRIPT for pack-dataset); ``namespace`` is shell commands run first in a mount
-    namespace of its own (a read-only bind mount, a small tmpfs), then the command."""
+    keywords, e.g. ``input``; ``env``: variables set while it runs), so patches of this process
+    apply, and returns click's Result (``exit_code``, ``output``). With ``fresh``, ``script`` or
+    ``namespace`` it runs in a fresh interpreter instead and returns the CompletedProcess
+    (``returncode``, ``stdout``, ``stderr``): stdin closed and stderr not a terminal (as in CI),
+    this checkout on PYTHONPATH, ``env`` over this process's environment, in ``cwd``, killed
+    after ``timeout`` seconds (TimeoutExpired fails the test). ``script``: Python run as
+    ``python -c`` (default: ``python -m shardpack`` for the group, PACK_SCRIPT for pack-dataset);
+    ``namespace``: shell commands run first in a mount namespace of its own (a read-only bind
+    mount, a small tmpfs), then the command."""
     argv = [str(a) for a in args]
     if command not in ("pack-dataset", "shardpack"):
         raise ValueError(f"command: pack-dataset or shardpack, not {command!r}")
     if not (fresh or script or namespace):
-        from click.testing import CliRunner
-
-        import shardpack.packer.cli as cli
         if cwd is not None:
             raise TypeError("cwd: for a fresh interpreter only (fresh=True)")
         return CliRunner().invoke(cli.pack_dataset if command == "pack-dataset" else cli.main, argv, env=env,

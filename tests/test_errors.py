@@ -22,31 +22,33 @@ from shardpack.readers.manifest import partial_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# seams: the real command line with one write failing the way a full disk makes it fail
+# seams: the real command line with one write failing the way a full disk makes it fail (the
+# writers' public methods; 18 small samples fit one LMDB transaction, so flush is every commit)
 LMDB_EIO = """
 import lmdb
-from shardpack.packer.writers.lmdb import LmdbWriter
-real, calls = LmdbWriter._commit, []
-def commit(self):
+from shardpack.packer.writers.lmdb import LmdbWriter, os_errors
+real, calls = LmdbWriter.flush, []
+@os_errors
+def flush(self):
     calls.append(1)
     if len(calls) >= 2:  # what LMDB says when a page write comes up short on a full disk
         raise lmdb.Error("mdb_txn_commit: Input/output error")
     return real(self)
-LmdbWriter._commit = commit
+LmdbWriter.flush = flush
 """ + PACK_SCRIPT
 WDS_FULL = """
 import errno
 from shardpack.packer.writers.wds import WdsWriter
-real, calls = WdsWriter._add, []
-def add(self, *args):
+real, calls = WdsWriter.write, []
+def write(self, *args):
     calls.append(1)
-    if len(calls) > 9:
+    if len(calls) > 4:  # the fifth sample: its first member would not fit
         raise OSError(errno.ENOSPC, "No space left on device")
     return real(self, *args)
 def close(self):  # and again from close(), in a finally, as a buffered file's flush would
     self.file = None
     raise OSError(errno.ENOSPC, "No space left on device")
-WdsWriter._add, WdsWriter.close = add, close
+WdsWriter.write, WdsWriter.close = write, close
 """ + PACK_SCRIPT
 HDF5_FULL = """
 from shardpack.packer.writers.hdf5 import Hdf5Writer
