@@ -117,8 +117,8 @@ class Decoding:
 
     def maybe_checkpoint(self) -> None:
         """After each chunk taken (``self.done`` files done): raise Stopped for a signal received,
-        checkpoint when one is due. The one point a run stops between chunks, public as the seam
-        tests wrap to stop a run after N files (raising KeyboardInterrupt, as Ctrl-C would)."""
+        checkpoint when one is due. The one point a run stops between chunks: public as the seam
+        the tests wrap to stop a run once N files are done (they raise KeyboardInterrupt there)."""
         if self.interrupted:
             raise Stopped(self.interrupted)
         if time.monotonic() - self.last_checkpoint > self.opts.checkpoint_seconds and not self.ledger.in_streak:
