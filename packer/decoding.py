@@ -67,7 +67,7 @@ class Decoding:
             for results in runner.chunks():
                 self._take(results)
                 bar.update(len(results))
-                self._maybe_checkpoint()
+                self.maybe_checkpoint()
             self._checkpoint(self.done)
             finished = self.finished = True
         except KeyboardInterrupt:
@@ -116,7 +116,10 @@ class Decoding:
                                 "Fix it and rerun with --resume")
             self.done = r.index + 1
 
-    def _maybe_checkpoint(self) -> None:
+    def maybe_checkpoint(self) -> None:
+        """After each chunk taken (``self.done`` files done): raise Stopped for a signal received,
+        checkpoint when one is due. The one point a run stops between chunks: public as the seam
+        the tests wrap to stop a run once N files are done (they raise KeyboardInterrupt there)."""
         if self.interrupted:
             raise Stopped(self.interrupted)
         if time.monotonic() - self.last_checkpoint > self.opts.checkpoint_seconds and not self.ledger.in_streak:

@@ -6,7 +6,7 @@
 
 Packs SRC (hard-linked ``--copies`` times, so the set is several times the memory limit) in each
 format under ``--work``, then, per round and format, measures in an order reversed every other
-round, each in a fresh child process inside a memory cgroup of ``--limit`` (readers/memlimit.py;
+round, each in a fresh child process inside a memory cgroup of ``--limit`` (scripts/memlimit.py;
 only the child and its DataLoader workers are in it): the disk's own rate for this sample size
 (8 threads of ``os.pread`` at random samples, before and after the readers, since it drifts),
 then ``make_loader`` in each mode and a stock ``DataLoader`` with 0/2/4 workers, in random and
@@ -183,7 +183,7 @@ def _size(text: str) -> int:
 def main(src, work, copies, size, limit, samples, rounds, formats, orders, loaders, out):
     from shardpack.readers.formats import open_reader
     from shardpack.readers.manifest import load_manifest
-    from shardpack.readers.memlimit import Cgroup, CgroupUnavailable
+    from memlimit import Cgroup, CgroupUnavailable
     machine = harness.Machine()
     limit, formats = _size(limit), formats.split(",")
     work.mkdir(parents=True, exist_ok=True)

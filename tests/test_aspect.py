@@ -11,8 +11,7 @@ from click.testing import CliRunner
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from conftest import noise_image
-from helpers import FORMATS, all_samples, pack_quiet
+from helpers import FORMATS, all_samples, noise_image, pack_quiet
 from shardpack.packer import Recipe
 from shardpack.cli import pack_dataset
 from shardpack.packer.scan import scan

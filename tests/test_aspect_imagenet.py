@@ -8,8 +8,7 @@ import pytest
 import torch
 from PIL import Image, ImageOps
 
-from conftest import IMAGENET_SAMPLE, need_shared
-from helpers import pack_quiet
+from helpers import IMAGENET_SAMPLE, need_shared, pack_quiet
 from shardpack.readers import ShardDataset
 from reference import (longer_side, mean_abs_diff, open_rgb, pad, random_resized_crop_params,
                        resize_center_crop, shorter_side, squash)

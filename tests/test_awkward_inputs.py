@@ -11,8 +11,7 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image, ImageFile
 
-from conftest import ODD_IMAGES, need_shared, noise_image
-from helpers import FORMATS, pack_quiet
+from helpers import FORMATS, ODD_IMAGES, need_shared, noise_image, pack_quiet
 from shardpack.cli import pack_dataset
 from shardpack.packer.imaging import Recipe, decode, to_rgb
 from shardpack.packer import PackError

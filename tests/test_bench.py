@@ -17,7 +17,7 @@ from PIL import Image
 
 import shardpack
 import shardpack.readers.bench.grid as bench_grid
-from helpers import pack_quiet
+from helpers import make_tree, noise_image, pack_quiet
 from shardpack.cli import main
 from shardpack.readers import ShardDataset
 from shardpack.readers.bench import JpegFolder, Pass, PilResizeCenterCrop, run_bench, time_pass
@@ -31,7 +31,6 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from conftest import make_tree
     tmp = tmp_path_factory.mktemp("bench")
     src = make_tree(tmp / "src", {"a": 6, "b": 6, "c": 6})
     return src, pack_quiet(src, tmp / "out", "npy", size=24).out
@@ -278,7 +277,6 @@ def test_raw_baseline_lists_the_samples_the_packer_packs(tmp_path):
     """The raw-JPEG baseline lists files with the packer's rule: nested folders walked (a linked
     one followed), hidden files, hidden folders and hidden classes skipped, non-images left out.
     So ``bench OUT --compare SRC`` measures the same samples on both sides."""
-    from conftest import make_tree, noise_image
     src = make_tree(tmp_path / "src", {"a": 3, "b": 2})
     (src / "a" / "nested" / "deeper").mkdir(parents=True)
     noise_image(40, 30, 1).save(src / "a" / "nested" / "n1.jpg")

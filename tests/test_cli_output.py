@@ -5,6 +5,7 @@ that follows tqdm's conventions off a terminal, shell completion."""
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -16,23 +17,18 @@ import numpy as np
 import pytest
 
 import shardpack
-from helpers import pack_quiet
+import helpers
+from helpers import make_tree, run_cli
 from shardpack.readers.progress import LOG_MININTERVAL, bar_settings
 
 
-def cli(*args, cwd=None, env=None, command="shardpack", timeout=300):
-    """Run the command in a fresh interpreter, stdin closed, stderr not a terminal (as in CI)."""
-    prefix = [sys.executable, "-m", "shardpack"] if command == "shardpack" else [
-        sys.executable, "-c", "from shardpack.cli import pack_dataset; pack_dataset()"]
-    return subprocess.run([*prefix, *map(str, args)], capture_output=True, text=True, cwd=cwd,
-                          env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL, timeout=timeout)
+# the command in a fresh interpreter, stdin closed, stderr not a terminal (as in CI)
+cli = functools.partial(run_cli, command="shardpack", fresh=True, timeout=300)
 
 
 @pytest.fixture
 def packed(tree, tmp_path):
-    out = tmp_path / "out.npy"
-    pack_quiet(tree, out, "npy", size=16)
-    return out
+    return helpers.packed("npy", tree, tmp_path / "out.npy")
 
 
 def test_help_and_version():
@@ -90,7 +86,6 @@ def test_json_on_an_unreadable_output_is_still_one_document(packed, command):
 
 
 def test_json_on_a_splits_root_has_one_entry_per_split(tmp_path):
-    from conftest import make_tree
     src = tmp_path / "src"
     make_tree(src / "train", {"a": 3, "b": 3})
     make_tree(src / "val", {"a": 2, "b": 2}, seed=5)

@@ -3,16 +3,11 @@
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from shardpack.cli import pack_dataset
+from helpers import make_tree, noise_image, run_cli
 from shardpack.readers import ShardDataset
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.toml"))
-
-
-def run_cli(*args):
-    return CliRunner().invoke(pack_dataset, [str(a) for a in args])
 
 
 def test_command_line_wins_over_file_wins_over_defaults(tree, tmp_path):
@@ -35,7 +30,6 @@ def test_command_line_wins_over_file_wins_over_defaults(tree, tmp_path):
 
 
 def test_a_file_can_hold_the_labels_table(tmp_path):
-    from conftest import make_tree, noise_image
     src = tmp_path / "ds"
     make_tree(src / "train", {"a": 1, "b": 1})
     (src / "val").mkdir()

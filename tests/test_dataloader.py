@@ -9,7 +9,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from shardpack.readers import ShardDataset
-from helpers import FORMATS, pack_quiet
+import helpers
+from helpers import FORMATS, make_tree
 
 
 def digest_all(loader):
@@ -34,10 +35,9 @@ class WithIndex(torch.utils.data.Dataset):
 
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory):
-    from conftest import make_tree
     tmp = tmp_path_factory.mktemp("dl")
     src = make_tree(tmp / "src", {"a": 10, "b": 10, "c": 10})
-    return {fmt: pack_quiet(src, tmp / fmt, fmt, size=24).out for fmt in FORMATS}
+    return {fmt: helpers.packed(fmt, src, tmp / fmt, size=24) for fmt in FORMATS}
 
 
 @pytest.mark.slow

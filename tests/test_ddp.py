@@ -7,8 +7,7 @@ import multiprocessing as mp
 
 import pytest
 
-from conftest import make_tree
-from helpers import pack_quiet
+from helpers import make_tree, pack_quiet
 
 WORLD = 2
 

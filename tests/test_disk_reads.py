@@ -7,6 +7,7 @@ import errno
 import gc
 import json
 import os
+import shutil
 import sys
 import textwrap
 import warnings
@@ -16,23 +17,21 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import pack_quiet
+import helpers
+from helpers import FORMATS, make_tree, pack_quiet
 from shardpack.readers import ShardDataset, ShardFormatError, diskio, system
-from shardpack.readers import dataset as dataset_module
 from shardpack.readers.formats import open_reader
 from shardpack.readers.loading import make_loader
 from shardpack.readers.manifest import load_manifest
 
-FORMATS = ("npy", "lmdb", "hdf5", "wds")
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory):
-    from conftest import make_tree
     base = tmp_path_factory.mktemp("disk")
     src = make_tree(base / "src", {"a": 9, "b": 8, "c": 7})
-    return {fmt: pack_quiet(src, base / fmt, fmt, size=32) and base / fmt for fmt in FORMATS}
+    return {fmt: helpers.packed(fmt, src, base / fmt, size=32) for fmt in FORMATS}
 
 
 @pytest.fixture
@@ -202,17 +201,17 @@ def test_in_ram_is_never_asked_for_data_that_cannot_fit(packed):
     assert share is not None and share >= diskio.RESIDENT
 
 
-def test_larger_than_ram_warns_once_per_output(packed, monkeypatch):
+def test_larger_than_ram_warns_once_per_output(packed, tmp_path, monkeypatch):
     monkeypatch.setattr(system, "page_cache_bytes", lambda: (1000, "cgroup limit"))
-    monkeypatch.setattr(dataset_module, "_warned", set())
-    size = system.data_bytes(open_reader(packed["npy"], load_manifest(packed["npy"])).data_paths())
+    out = shutil.copytree(packed["npy"], tmp_path / "npy")  # an output this process never warned about
+    size = system.data_bytes(open_reader(out, load_manifest(out)).data_paths())
     with pytest.warns(RuntimeWarning, match=r"larger than the memory the page cache may hold .*cgroup limit.*"
                                             r"shardpack bench"):
-        ShardDataset(packed["npy"])
-    assert size == os.stat(packed["npy"] / "images.npy").st_size
+        ShardDataset(out)
+    assert size == os.stat(out / "images.npy").st_size
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
-        ShardDataset(packed["npy"])  # the same output again: no second warning
+        ShardDataset(out)  # the same output again: no second warning
     monkeypatch.setattr(system, "page_cache_bytes", lambda: (1 << 40, "MemAvailable"))
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
@@ -246,7 +245,7 @@ CHILD = textwrap.dedent("""
 
 
 def _cgroup_or_skip(limit, where):
-    from shardpack.readers.memlimit import Cgroup, CgroupUnavailable
+    from memlimit import Cgroup, CgroupUnavailable  # scripts/ (on sys.path through helpers)
     try:
         return Cgroup(limit, where)
     except CgroupUnavailable as err:
@@ -256,7 +255,6 @@ def _cgroup_or_skip(limit, where):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_reads_under_a_64_mib_cgroup_fetch_only_the_samples_bytes(fmt, tmp_path_factory):
     import hashlib
-    from conftest import make_tree
     base = tmp_path_factory.mktemp("cgroup")
     group = _cgroup_or_skip(64 << 20, base)
     with group:

@@ -17,8 +17,7 @@ import torch
 import xxhash
 from click.testing import CliRunner
 
-from conftest import IMAGENET_SAMPLE, make_tree, need_shared
-from helpers import FORMATS, pack_quiet
+from helpers import FORMATS, IMAGENET_SAMPLE, make_tree, need_shared, pack_quiet
 from shardpack.cli import main as shardpack
 from shardpack.packer.imaging import Recipe
 from shardpack.readers import ShardDataset, ShardFormatError

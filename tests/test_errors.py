@@ -14,63 +14,53 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_tree
-from helpers import pack_quiet
-from test_resume import big_tree, done_fraction, same_content  # noqa: F401 -- big_tree is a fixture
+from helpers import PACK_SCRIPT, done_fraction, make_tree, pack_quiet, run_cli, same_content
 from shardpack.packer.lock import OutputLock
 from shardpack.packer.scan import scan
 from shardpack.readers import ShardDataset
 from shardpack.readers.manifest import partial_dir
 
 ROOT = Path(__file__).resolve().parents[1]
-CLI = "from shardpack.cli import pack_dataset; pack_dataset()"
 
-# seams: the real command line with one write failing the way a full disk makes it fail
+# seams: the real command line with one write failing the way a full disk makes it fail (the
+# writers' public methods; 18 small samples fit one LMDB transaction, so flush is every commit)
 LMDB_EIO = """
 import lmdb
-from shardpack.packer.writers.lmdb import LmdbWriter
-real, calls = LmdbWriter._commit, []
-def commit(self):
+from shardpack.packer.writers.lmdb import LmdbWriter, os_errors
+real, calls = LmdbWriter.flush, []
+@os_errors
+def flush(self):
     calls.append(1)
     if len(calls) >= 2:  # what LMDB says when a page write comes up short on a full disk
         raise lmdb.Error("mdb_txn_commit: Input/output error")
     return real(self)
-LmdbWriter._commit = commit
-""" + CLI
+LmdbWriter.flush = flush
+""" + PACK_SCRIPT
 WDS_FULL = """
 import errno
 from shardpack.packer.writers.wds import WdsWriter
-real, calls = WdsWriter._add, []
-def add(self, *args):
+real, calls = WdsWriter.write, []
+def write(self, *args):
     calls.append(1)
-    if len(calls) > 9:
+    if len(calls) > 4:  # the fifth sample: its first member would not fit
         raise OSError(errno.ENOSPC, "No space left on device")
     return real(self, *args)
 def close(self):  # and again from close(), in a finally, as a buffered file's flush would
     self.file = None
     raise OSError(errno.ENOSPC, "No space left on device")
-WdsWriter._add, WdsWriter.close = add, close
-""" + CLI
+WdsWriter.write, WdsWriter.close = write, close
+""" + PACK_SCRIPT
 HDF5_FULL = """
 from shardpack.packer.writers.hdf5 import Hdf5Writer
 def finish(self, kept):  # h5py's way: an OSError whose errno is only in its text
     raise OSError("Unable to synchronously create dataset (file write failed: time = Mon, filename = "
                   "'images.h5', file descriptor = 5, errno = 28, error message = 'No space left on device')")
 Hdf5Writer.finish = finish
-""" + CLI
+""" + PACK_SCRIPT
 
 
 def env():
     return dict(os.environ, PYTHONPATH=str(ROOT))
-
-
-def run_cli(*args, script=CLI, namespace=None, timeout=120):
-    """The command line in a subprocess; ``namespace``: shell commands run first in a mount
-    namespace of its own (a read-only bind mount, a small tmpfs), then the command."""
-    cmd = [sys.executable, "-c", script, *map(str, args)]
-    if namespace:
-        cmd = ["unshare", "-m", "sh", "-c", f'{namespace} && exec "$0" "$@"', *cmd]
-    return subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -95,12 +85,12 @@ def photos(tmp_path_factory):
 def interrupted(src, out, fmt="npy"):
     """A run stopped by Ctrl-C after its first files (progress saved, OUT not made)."""
     script = ("import shardpack.packer.run as run\n"
-              "real = run.Decoding._maybe_checkpoint\n"
+              "real = run.Decoding.maybe_checkpoint\n"
               "def stop(self):\n"
               "    if self.done >= 4:\n"
               "        raise KeyboardInterrupt\n"
               "    return real(self)\n"
-              "run.Decoding._maybe_checkpoint = stop\n" + CLI)
+              "run.Decoding.maybe_checkpoint = stop\n" + PACK_SCRIPT)
     r = run_cli(src, "--format", fmt, "--size", 16, "-o", out, "--quiet", "--workers", 1, script=script)
     assert r.returncode == 130 and partial_dir(out).is_dir(), r.stderr
 
@@ -110,7 +100,7 @@ class Case:
     args: list
     code: int
     message: str  # a regex the one line must match
-    script: str = CLI
+    script: str = PACK_SCRIPT
     namespace: str | None = None
     resumable: bool = False  # a rerun with --resume (no seam) completes it
     needs_mount: bool = False
@@ -236,7 +226,7 @@ def test_every_error_is_one_line_with_its_exit_code(name, tree, photos, tmp_path
     if case.resumable:
         out = Path(case.args[case.args.index("-o") + 1])
         assert not out.exists() and partial_dir(out).is_dir()
-        again = run_cli(*case.args, "--resume")
+        again = run_cli(*case.args, "--resume", fresh=True)
         assert again.returncode == 0, again.stderr
         fmt = case.args[case.args.index("--format") + 1]
         same_content(pack_quiet(tree, tmp_path / "ref", fmt, size=24).out, out, fmt)
@@ -251,8 +241,8 @@ def test_a_full_disk_is_resumable_once_there_is_room(photos, tmp_path, can_mount
     full.mkdir()
     args = [photos, "--format", fmt, "--size", 64, "--resize", "shorter-side", "-o", full / "out", "--quiet",
             "--workers", workers]
-    first = " ".join(map(str, [sys.executable, "-c", f'"{CLI}"', *args, "--no-space-check"]))
-    then = " ".join(map(str, [sys.executable, "-c", f'"{CLI}"', *args, "--resume"]))
+    first = " ".join(map(str, [sys.executable, "-c", f'"{PACK_SCRIPT}"', *args, "--no-space-check"]))
+    then = " ".join(map(str, [sys.executable, "-c", f'"{PACK_SCRIPT}"', *args, "--resume"]))
     script = (f"mount -t tmpfs -o size=400k tmpfs {full} && {{ {first} 2>{tmp_path}/err1; echo $? > {tmp_path}/rc1; "
               f"mount -o remount,size=64m {full} && {then} 2>{tmp_path}/err2 >/dev/null; echo $? > {tmp_path}/rc2; "
               f"cp -a {full}/out {saved}; }}")
@@ -268,7 +258,7 @@ def test_a_full_disk_is_resumable_once_there_is_room(photos, tmp_path, can_mount
 # ---------------------------------------------------------------- signals and exit codes
 
 def start_cli(args, **kw):
-    return subprocess.Popen([sys.executable, "-c", CLI, *map(str, args)], env=env(), stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-c", PACK_SCRIPT, *map(str, args)], env=env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, **kw)
 
 
@@ -292,8 +282,7 @@ def test_sigterm_checkpoints_says_how_to_resume_and_exits_143(big_tree, tmp_path
     assert "Traceback" not in err and "stopped by SIGTERM; the progress is saved" in err and "--resume" in err
     progress = json.loads((partial_dir(out) / "progress.json").read_text())
     assert 0 < progress["done"] < n and not out.exists()
-    resumed = subprocess.run([sys.executable, "-c", CLI, *map(str, args), "--resume"], env=env(),
-                             capture_output=True, text=True, timeout=120)
+    resumed = run_cli(*args, "--resume", fresh=True)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"resumed at file {progress['done']}" in resumed.stdout
     ref = pack_quiet(big_tree, tmp_path / "ref", "wds", size=48).out
@@ -323,10 +312,10 @@ def test_resume_on_a_complete_out_exits_0_saying_so(tree, tmp_path, splits):
         make_tree(src / "train", {"a": 3, "b": 3})
         make_tree(src / "val", {"a": 2, "b": 2}, seed=4)
     args = [src, "--format", "lmdb", "--size", 16, "-o", tmp_path / "out", "--quiet", "--resume"]
-    first = run_cli(*args[:-1])
+    first = run_cli(*args[:-1], fresh=True)
     assert first.returncode == 0, first.stderr
     before = sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "out").rglob("*"))
-    again = run_cli(*args)  # a requeued job reruns its command line as it is
+    again = run_cli(*args, fresh=True)  # a requeued job reruns its command line as it is
     assert again.returncode == 0, again.stderr
     assert "is already complete" in again.stdout and "nothing to resume" in again.stdout
     assert sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "out").rglob("*")) == before

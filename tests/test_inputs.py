@@ -13,14 +13,12 @@ import json
 import shutil
 import unicodedata
 from collections import namedtuple
-from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 from PIL import Image
 
 import shardpack.cli.pack as cli_module
-from conftest import make_tree, noise_image
+from helpers import make_tree, noise_image, run_cli
 from shardpack.packer.imaging import DecodeError, Recipe, decode, unsupported_jpeg
 from shardpack.packer.lock import OutputLock
 from shardpack.packer.sizing import WORKER_BASE_BYTES, worker_bytes, workers_refusal, workers_warning
@@ -28,14 +26,6 @@ from shardpack.readers import ShardDataset
 from shardpack.readers.folder import case_clashes, clash_text, shown_apart
 
 NFC, NFD = "caf\u00e9", "cafe\u0301"  # print alike, differ in bytes
-
-
-def run_cli(*args, **kw):
-    return CliRunner().invoke(pack_dataset_cmd(), [str(a) for a in args], **kw)
-
-
-def pack_dataset_cmd():
-    return cli_module.pack_dataset
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 
 import pytest
 
-from conftest import noise_image
+from helpers import noise_image
 from shardpack.packer.labels import LabelsError, flat_listing, read_classes, read_id_map
 
 CLASSES = ["n01", "n02", "n03"]

@@ -11,7 +11,8 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
 
 import shardpack.readers.loading as loading
-from helpers import FORMATS, pack_quiet
+import helpers
+from helpers import FORMATS, make_tree, pack_quiet
 from shardpack.readers import ShardDataset
 from shardpack.readers.loading import MODES, make_loader, stack_collate
 from shardpack.readers.transforms import CenterCrop, Compose, RandomCrop, RandomHorizontalFlip
@@ -19,10 +20,9 @@ from shardpack.readers.transforms import CenterCrop, Compose, RandomCrop, Random
 
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory):
-    from conftest import make_tree
     tmp = tmp_path_factory.mktemp("load")
     src = make_tree(tmp / "src", {"a": 9, "b": 8, "c": 6})
-    return {fmt: pack_quiet(src, tmp / fmt, fmt, size=20).out for fmt in FORMATS}
+    return {fmt: helpers.packed(fmt, src, tmp / fmt, size=20) for fmt in FORMATS}
 
 
 def digest(img) -> str:
@@ -176,7 +176,6 @@ def test_unknown_mode_is_refused(packed):
 
 @pytest.mark.parametrize("fmt", ["npy", "lmdb"])
 def test_variable_shape_output_goes_per_sample(tmp_path, fmt):
-    from conftest import make_tree
     src = make_tree(tmp_path / "src", {"a": 4, "b": 3})
     ds = ShardDataset(pack_quiet(src, tmp_path / fmt, fmt, size=20, resize="shorter-side").out,
                       transform=Compose([RandomCrop(16), RandomHorizontalFlip()]))

@@ -12,9 +12,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from conftest import make_tree
-from helpers import pack_quiet
-from test_resume import same_content
+from helpers import make_tree, pack_quiet, same_content
 from shardpack.packer import Options, PackError, Recipe
 from shardpack.packer.lock import OutputLock, lock_path
 from shardpack.packer.options import OutputBusy
@@ -217,13 +215,13 @@ def test_the_api_is_refused_while_a_lock_is_held(tree, tmp_path):
 def interrupt_after(monkeypatch, files: int):
     """pack() stops (KeyboardInterrupt, at a checkpoint) once ``files`` files are done."""
     import shardpack.packer.run as run
-    real = run.Decoding._maybe_checkpoint
+    real = run.Decoding.maybe_checkpoint
 
     def stop(self):
         if self.done >= files:
             raise KeyboardInterrupt
         return real(self)
-    monkeypatch.setattr(run.Decoding, "_maybe_checkpoint", stop)
+    monkeypatch.setattr(run.Decoding, "maybe_checkpoint", stop)
 
 
 def gray_copy(src: Path, dst: Path) -> Path:

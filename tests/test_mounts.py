@@ -13,7 +13,7 @@ from shardpack.readers.system import Mount, find_mount, parse_mountinfo
 from shardpack.packer.prefetch import DEFAULT_THREADS, ReadAhead
 from shardpack.packer import PackError
 from shardpack.readers import ShardDataset
-from helpers import all_samples, pack_quiet
+from helpers import FORMATS, all_samples, pack_quiet
 
 # WSL2 (kernel 5.10-rc2-microsoft), `cat /proc/9/mountinfo`, lines copied unchanged from Nathan
 # Chancellor's report of WSL's init failing to parse mountinfo ("UtilFindMount: Invalid mountinfo
@@ -178,7 +178,7 @@ def test_slow_source_turns_on_read_ahead_and_output_is_identical(tree, tmp_path,
     assert np.array_equal(np.stack(ia), np.stack(ib)) and la.tolist() == lb.tolist()
 
 
-@pytest.mark.parametrize("fmt", ["npy", "hdf5", "lmdb", "wds"])
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("workers", [1, 2])
 def test_any_number_of_io_threads_gives_the_same_bytes(tree, tmp_path, fmt, workers):
     outs = [pack_quiet(tree, tmp_path / f"{fmt}-{t}", fmt, workers=workers, io_threads=t).out for t in (0, 3)]

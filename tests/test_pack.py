@@ -13,7 +13,7 @@ from shardpack.packer import PackError
 from shardpack.readers import ShardDataset
 from shardpack.readers.manifest import sample_key
 from shardpack.packer.scan import scan
-from helpers import all_samples, FORMATS, pack_quiet
+from helpers import FORMATS, all_samples, make_tree, pack_quiet
 from reference import mean_abs_diff, open_rgb, resize_center_crop, squash
 
 
@@ -152,7 +152,6 @@ def torch_equal(a, b):
 
 
 def test_draft_stays_within_the_fidelity_bound(tmp_path):
-    from conftest import make_tree
     src = make_tree(tmp_path / "big", {"a": 4}, sizes=[(640, 480), (480, 640), (1000, 300), (333, 999)])
     pack_quiet(src, tmp_path / "d", "npy", size=64, draft=True)
     ds = ShardDataset(tmp_path / "d")

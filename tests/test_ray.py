@@ -15,9 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from conftest import make_tree
-from helpers import FORMATS, pack_quiet
-from test_units import assert_same_output, awkward_tree
+from helpers import FORMATS, assert_same_output, awkward_tree, make_tree, pack_quiet
 from shardpack.packer import PackError
 from shardpack.cli import pack_dataset
 from shardpack.packer.options import StrictError

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import all_samples, FORMATS, pack_quiet
+from helpers import FORMATS, all_samples, pack_quiet
 from shardpack.readers import ShardDataset, ShardFormatError
 from shardpack.readers.formats import lmdb as lmdb_reader
 from shardpack.readers.formats.lmdb_pages import read_pages
@@ -185,7 +185,7 @@ def test_swapped_shapes_raise_where_the_data_records_them(tree, tmp_path, fmt):
         ds[i]
 
 
-@pytest.mark.parametrize("fmt", ["wds", "lmdb", "npy", "hdf5"])
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("recipe_too", [False, True])
 def test_an_edited_manifest_shape_is_refused(tree, tmp_path, fmt, recipe_too):
     """The manifest's shape edited (16x16 -> 8x32, the same byte count, or 20x20): refused at
@@ -400,7 +400,7 @@ print("\n".join(errors))
 """
 
 
-@pytest.mark.parametrize("fmt", ["npy", "hdf5", "lmdb", "wds"])
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_a_data_file_cut_short_while_open_raises_naming_it(tmp_path, tree, fmt):
     import subprocess
     import sys

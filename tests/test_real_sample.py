@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from torch.utils.data import DataLoader
 
-from conftest import IMAGENET_SAMPLE, need_shared
-from helpers import FORMATS, pack_quiet
+import helpers
+from helpers import FORMATS, IMAGENET_SAMPLE, need_shared
 from shardpack.readers import ShardDataset
 from reference import mean_abs_diff, open_rgb, resize_center_crop
 
@@ -18,7 +18,7 @@ from reference import mean_abs_diff, open_rgb, resize_center_crop
 def packed(tmp_path_factory):
     src = need_shared(IMAGENET_SAMPLE)
     tmp = tmp_path_factory.mktemp("real")
-    return src, {fmt: pack_quiet(src, tmp / fmt, fmt, size=256, workers=2).out for fmt in FORMATS}
+    return src, {fmt: helpers.packed(fmt, src, tmp / fmt, size=256, workers=2) for fmt in FORMATS}
 
 
 @pytest.mark.slow

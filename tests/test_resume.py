@@ -15,8 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 import shardpack.packer.runners as decode_module
-from conftest import make_tree
-from helpers import FORMATS, all_samples, pack_quiet
+from helpers import FORMATS, all_samples, done_fraction, make_tree, pack_quiet, same_content
 from shardpack.cli import main as shardpack
 from shardpack.packer import PackError
 from shardpack.packer.scan import scan
@@ -33,13 +32,6 @@ pack(src, out, Recipe(48), Options(fmt=fmt, workers=int(workers), resume=resume 
                                    checkpoint_seconds=0.02, durable_seconds=float(durable),
                                    shard_size=1 << 20))
 """
-
-
-@pytest.fixture(scope="module")
-def big_tree(tmp_path_factory):
-    """400 JPEGs large enough that a pack takes a couple of seconds."""
-    root = tmp_path_factory.mktemp("big") / "src"
-    return make_tree(root, {"a": 140, "b": 130, "c": 130}, sizes=[(480, 360), (360, 480), (500, 375)])
 
 
 @pytest.fixture(scope="module")
@@ -70,27 +62,6 @@ def kill_at(src, out, fmt, workers, fraction, n, resume=False, durable=60.0):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     return done_fraction(out, n)
-
-
-def done_fraction(out, n):
-    status = partial_dir(out) / "run" / "status.npy"
-    try:
-        return np.count_nonzero(np.load(status, mmap_mode="r")) / n
-    except (OSError, ValueError, EOFError):  # not created yet, or created but still empty
-        return 0.0
-
-
-def same_content(a: Path, b: Path, fmt: str):
-    da, db = ShardDataset(a), ShardDataset(b)
-    ia, la = all_samples(da)
-    ib, lb = all_samples(db)
-    assert np.array_equal(la, lb) and len(ia) == len(ib)
-    assert all(np.array_equal(x, y) for x, y in zip(ia, ib))
-    assert np.array_equal(da.index.checksums, db.index.checksums)
-    assert [da.source_path(i) for i in range(len(da))] == [db.source_path(i) for i in range(len(db))]
-    data = {"npy": ["images.npy"], "hdf5": ["images.h5"], "wds": sorted(p.name for p in a.glob("shard-*"))}
-    for name in data.get(fmt, []):
-        assert filecmp.cmp(a / name, b / name, shallow=False), name
 
 
 # every write path: in place by the main process (npy 1) and by workers (hdf5 2); streamed

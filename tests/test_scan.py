@@ -4,7 +4,7 @@ import pytest
 from shardpack.packer.scan import IMG_EXTENSIONS, ScanError, find_classes, scan
 from click.testing import CliRunner
 
-from conftest import noise_image
+from helpers import noise_image
 from shardpack.cli import pack_dataset
 from shardpack.readers import ShardDataset
 

@@ -23,26 +23,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
-from conftest import make_tree, noise_image
-from shardpack.cli import pack_dataset
+from helpers import make_tree, noise_image, run_cli
 from shardpack.packer.prefetch import NOT_REGULAR, NotRegularFile, open_regular, read_bytes
 from shardpack.packer.scan import ScanError, SplitsError, find_classes, scan
 from shardpack.packer.plan import make_plan
 from shardpack.readers import ShardDataset
 
 HANG = 120  # seconds: far beyond what packing these trees takes; a run still going has hung
-
-
-def run_cli(*args):
-    return CliRunner().invoke(pack_dataset, [str(a) for a in args])
-
-
-def run_in_subprocess(*args, timeout=HANG):
-    """``shardpack pack ARGS`` in a fresh interpreter; a hang fails the test (TimeoutExpired)."""
-    return subprocess.run([sys.executable, "-m", "shardpack", "pack", *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout)
 
 
 def imagenet_like(root: Path, stray: dict[str, int] | None = None) -> Path:
@@ -212,8 +200,8 @@ def awkward_tree(root: Path) -> tuple[Path, dict[str, str]]:
 def test_non_regular_files_are_skipped_with_their_kind_and_never_hang(tmp_path, workers, extra):
     src, expected = awkward_tree(tmp_path / "src")
     out = tmp_path / "out"
-    result = run_in_subprocess(src, "--format", "lmdb", "--size", "8", "--quiet", "--workers", workers,
-                               "-o", out, *extra)
+    result = run_cli("pack", src, "--format", "lmdb", "--size", "8", "--quiet", "--workers", workers,
+                     "-o", out, *extra, command="shardpack", fresh=True, timeout=HANG)
     assert result.returncode == 0, result.stdout + result.stderr
     rows = {r["path"]: r for r in json.loads((out / "skipped.json").read_text()) if r["kind"] == NOT_REGULAR}
     assert sorted(rows) == sorted(expected)
@@ -232,8 +220,8 @@ def test_non_regular_files_are_skipped_with_their_kind_and_never_hang(tmp_path, 
 def test_strict_refuses_a_fifo_without_hanging(tmp_path):
     src = make_tree(tmp_path / "src", {"a": 2})
     os.mkfifo(src / "a" / "img000b.jpg")
-    result = run_in_subprocess(src, "--format", "npy", "--size", "8", "--quiet", "--strict", "--workers", "2",
-                               "-o", tmp_path / "out")
+    result = run_cli("pack", src, "--format", "npy", "--size", "8", "--quiet", "--strict", "--workers", "2",
+                     "-o", tmp_path / "out", command="shardpack", fresh=True, timeout=HANG)
     assert result.returncode == 1
     assert "--strict: a/img000b.jpg: a named pipe (FIFO), not a regular file" in result.stderr
     assert "Traceback" not in result.stderr and nothing_written(tmp_path, "out")

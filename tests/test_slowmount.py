@@ -7,9 +7,8 @@ import pytest
 
 from shardpack.packer import PackError
 from shardpack.readers import ShardDataset
-from conftest import make_tree
 from fusemount import MountUnavailable, is_mounted, slow_mount
-from helpers import all_samples, pack_quiet
+from helpers import all_samples, make_tree, pack_quiet
 
 DELAY = 0.002  # seconds per getattr/readdir/open/read
 

@@ -6,20 +6,13 @@ import shutil
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 import shardpack.packer.run as splits_module  # pack_plan calls run.pack
-from conftest import IMAGENET_SAMPLE, make_tree, need_shared, noise_image
-from helpers import all_samples, pack_quiet
+from helpers import IMAGENET_SAMPLE, all_samples, make_tree, need_shared, noise_image, pack_quiet, run_cli
 from shardpack.packer import Options, PackError, Recipe
-from shardpack.cli import pack_dataset
 from shardpack.packer.scan import ScanError
 from shardpack.packer import make_plan, pack_plan
 from shardpack.readers import ShardDataset, ShardFormatError
-
-
-def run_cli(*args):
-    return CliRunner().invoke(pack_dataset, [str(a) for a in args])
 
 
 def flat_val(root, files: dict[str, str], seed=100):
@@ -296,18 +289,16 @@ def test_flat_train_gives_the_class_list_and_labels_without_split_name(tmp_path)
 
 
 def test_info_and_verify_accept_a_splits_root_or_one_split(tmp_path):
-    from shardpack.cli import main
     src = tmp_path / "ds"
     make_tree(src / "train", {"a": 2, "b": 1})
     make_tree(src / "val", {"b": 2}, seed=4)
     out = tmp_path / "o"
     assert run_cli(src, "--format", "npy", "--size", "8", "--quiet", "-o", out).exit_code == 0
-    runner = CliRunner()
-    result = runner.invoke(main, ["info", str(out)])
+    result = run_cli("info", str(out), command="shardpack")
     assert result.exit_code == 0, result.output
     assert f"split train: {out / 'train'}" in result.output and f"split val: {out / 'val'}" in result.output
     assert "samples     2 of 2 files scanned" in result.output
-    result = runner.invoke(main, ["verify", "--quiet", str(out)])
+    result = run_cli("verify", "--quiet", str(out), command="shardpack")
     assert result.exit_code == 0, result.output
     assert f"{out / 'train'}: all 3 samples match" in result.output
     assert f"{out / 'val'}: all 2 samples match" in result.output
@@ -315,8 +306,8 @@ def test_info_and_verify_accept_a_splits_root_or_one_split(tmp_path):
     data = bytearray(images.read_bytes())
     data[-1] ^= 0xFF  # last pixel byte of the last val sample
     images.write_bytes(bytes(data))
-    result = runner.invoke(main, ["verify", "--quiet", str(out)])
+    result = run_cli("verify", "--quiet", str(out), command="shardpack")
     assert result.exit_code == 1
     assert "MISMATCH sample 1 (b/img001.jpg): pixel checksum differs" in result.output
-    result = runner.invoke(main, ["verify", "--quiet", str(out / "train")])
+    result = run_cli("verify", "--quiet", str(out / "train"), command="shardpack")
     assert result.exit_code == 0 and "all 3 samples match" in result.output

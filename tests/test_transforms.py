@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import noise_image
+from helpers import noise_image
 from reference import random_resized_crop_params
 from shardpack.readers.transforms import (CenterCrop, Compose, RandomCrop, RandomHorizontalFlip,
                                 RandomResizedCrop, crop_params, resized_crop_params)

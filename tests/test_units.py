@@ -8,49 +8,14 @@ import sys
 import time
 from pathlib import Path
 
-import lmdb
 import pytest
 
-from conftest import make_tree
-from helpers import FORMATS, pack_quiet
+from helpers import FORMATS, assert_same_output, awkward_tree, make_tree, pack_quiet
 from shardpack.packer import PackError, units
 from shardpack.packer.options import StrictError
 from shardpack.readers.manifest import MANIFEST, partial_dir
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def awkward_tree(root: Path, counts=None) -> Path:
-    """Mixed sizes, grayscale, PNG, and two files that are skipped (not decodable, truncated to nothing)."""
-    make_tree(root, counts or {"a": 14, "b": 13, "c": 12})
-    (root / "b" / "broken.jpg").write_bytes(b"not a jpeg at all")
-    (root / "c" / "empty.jpg").write_bytes(b"")
-    return root
-
-
-def lmdb_items(path: Path) -> list:
-    env = lmdb.open(str(path), readonly=True, lock=False, subdir=True)
-    with env.begin() as txn:
-        items = list(txn.cursor())
-    env.close()
-    return items
-
-
-def assert_same_output(a: Path, b: Path) -> None:
-    """Every file of the two outputs byte-identical (LMDB: the same keys and values, since its
-    transaction boundaries follow the clock); the manifests equal but for how the run went."""
-    names = sorted(str(p.relative_to(a)) for p in a.rglob("*") if p.is_file())
-    assert names == sorted(str(p.relative_to(b)) for p in b.rglob("*") if p.is_file())
-    for name in names:
-        if name == MANIFEST:
-            ma, mb = (json.loads((d / name).read_text()) for d in (a, b))
-            for key in ("run", "settings"):  # how the run went; the command line's options
-                ma.pop(key, None), mb.pop(key, None)
-            assert ma == mb
-        elif name == "data.mdb":
-            assert lmdb_items(a) == lmdb_items(b)
-        elif name != "lock.mdb":
-            assert (a / name).read_bytes() == (b / name).read_bytes(), name
 
 
 @pytest.fixture(scope="module")
@@ -201,17 +166,17 @@ def test_either_engine_resumes_the_others_run(src, tmp_path, monkeypatch, first,
     """The checkpoint is the same (files done, samples written, the writer's state), so a run
     stopped under one engine is finished by the other, with the same output."""
     import shardpack.packer.run as run
-    real = run.Decoding._maybe_checkpoint
+    real = run.Decoding.maybe_checkpoint
 
     def stop(self):
         if self.done >= 13:  # mid-unit for unit_files=5: the resumed unit is cut at the checkpoint
             raise KeyboardInterrupt
         return real(self)
     kw = dict(size=24, workers=2, unit_files=5, resize="shorter-side", shard_size=1 << 20)
-    monkeypatch.setattr(run.Decoding, "_maybe_checkpoint", stop)
+    monkeypatch.setattr(run.Decoding, "maybe_checkpoint", stop)
     with pytest.raises(KeyboardInterrupt):
         pack_quiet(src, tmp_path / "o", "wds", engine=first, **kw)
-    monkeypatch.setattr(run.Decoding, "_maybe_checkpoint", real)
+    monkeypatch.setattr(run.Decoding, "maybe_checkpoint", real)
     assert 13 <= checkpointed(tmp_path / "o") < 41
     r = pack_quiet(src, tmp_path / "o", "wds", engine=then, resume=True, **kw)
     assert r.resumed_at >= 13 and r.count == 39

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from helpers import FORMATS, pack_quiet
+import helpers
+from helpers import FORMATS, make_tree, pack_quiet
 from shardpack.cli import main as shardpack
 from shardpack.readers import ShardDataset, ShardFormatError
 from shardpack.readers.manifest import partial_dir
@@ -24,13 +25,12 @@ from shardpack.readers.verify import verify
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory):
     """One small output per (format, fixed or variable shapes), copied per test."""
-    from conftest import make_tree
     tmp = tmp_path_factory.mktemp("packed")
     src = make_tree(tmp / "src", {"cat": 4, "dog": 4, "emu": 4})
     outs = {}
-    for fmt in ("npy", "hdf5", "lmdb", "wds"):
-        outs[fmt, "fixed"] = pack_quiet(src, tmp / f"{fmt}-fixed", fmt, size=16).out
-        outs[fmt, "variable"] = pack_quiet(src, tmp / f"{fmt}-var", fmt, size=16, resize="shorter-side").out
+    for fmt in FORMATS:
+        outs[fmt, "fixed"] = helpers.packed(fmt, src, tmp / f"{fmt}-fixed")
+        outs[fmt, "variable"] = helpers.packed(fmt, src, tmp / f"{fmt}-var", resize="shorter-side")
     return outs
 
 
@@ -265,7 +265,7 @@ def test_damaged_outputs_give_one_line_never_a_traceback(packed, tmp_path, name,
                 assert "'dog\\nhouse'" in result.stdout, said
 
 
-@pytest.mark.parametrize("fmt", ["npy", "hdf5", "lmdb", "wds"])
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("kind", ["fixed", "variable"])
 def test_intact_outputs_verify_clean(packed, tmp_path, fmt, kind):
     out = copy(packed, tmp_path, fmt, kind)
@@ -307,7 +307,6 @@ def test_each_problem_is_its_own_line(packed, tmp_path):
 def test_a_splits_root_that_disagrees_with_its_splits_is_refused(tmp_path, edit):
     """The root's copy of each split's count and of the classes must match the split's own
     manifest: an edited (or mismatched) root fails verify, info and ShardDataset in one line."""
-    from conftest import make_tree
     from shardpack import ShardDataset, ShardFormatError
     src = tmp_path / "src"
     make_tree(src / "train", {"a": 3, "b": 3})

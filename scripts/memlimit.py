@@ -14,6 +14,9 @@ unlike ``/proc/self/io``, include DataLoader workers). Needs root and a writable
 
 The child is moved in between fork and exec; :meth:`Cgroup.close` (also on leaving a ``with``)
 moves any process left in it back to the caller's cgroup and removes it.
+
+It sits beside the scripts' harness, not in the package (it needs root, and only the tests and
+that script use it): both import it as plain ``import memlimit`` with scripts/ on ``sys.path``.
 """
 
 from __future__ import annotations
