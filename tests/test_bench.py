@@ -227,7 +227,8 @@ def test_passes_hold_their_floors(tiny):
     _, out = tiny
     ds = ShardDataset(out)
     s = PathSetting("threads", 2, 3, None, False)
-    assert bench_grid.warmup_batches(s) == 2 * 3 + 2 and bench_grid.warmup_batches(PathSetting("main", 0, None, None, False)) == 4
+    assert bench_grid.warmup_batches(s) == 2 * 3 + 2
+    assert bench_grid.warmup_batches(PathSetting("main", 0, None, None, False)) == 4
     loader, sampler = bench_grid.open_cell(ds, s, 4)
     p = bench_grid.cell_pass(loader, sampler, s, 4, 0.05, rate=1.0)  # a far too low estimate: re-run longer
     assert p.batches >= bench_grid.MIN_BATCHES and p.samples == 4 * p.batches

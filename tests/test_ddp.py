@@ -25,8 +25,8 @@ def _rank(rank, out, init, results):
         loader = make_loader(ShardDataset(out), 4, mode="processes", num_workers=2, seed=0,
                              multiprocessing_context="fork")
         batches = samples = 0
-        for epoch in range(2):
-            for imgs, labels in loader:
+        for _epoch in range(2):
+            for _imgs, labels in loader:
                 t = torch.tensor([len(labels)])
                 dist.all_reduce(t)  # one collective per batch: a starved rank would hang here
                 batches += 1

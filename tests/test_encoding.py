@@ -106,7 +106,8 @@ def test_stock_webdataset_decodes_our_members_to_the_same_pixels(src, tmp_path):
 def test_one_and_two_workers_write_identical_bytes(src, tmp_path, fmt):
     a = pack_quiet(src, tmp_path / "a", fmt, size=64, workers=1, encoding="jpeg").out
     b = pack_quiet(src, tmp_path / "b", fmt, size=64, workers=2, encoding="jpeg").out
-    names = {"npy": ["images.npy", "offsets.npy"], "hdf5": ["images.h5"], "wds": ["shard-000000.tar", "wds_offsets.npy"],
+    names = {"npy": ["images.npy", "offsets.npy"], "hdf5": ["images.h5"],
+                 "wds": ["shard-000000.tar", "wds_offsets.npy"],
              "lmdb": []}[fmt] + ["index/checksums.npy"]
     for name in names:
         assert filecmp.cmp(a / name, b / name, shallow=False), name
@@ -173,7 +174,8 @@ def test_verify_and_reads_catch_a_damaged_jpeg_record(src, tmp_path, fmt):
         f.write(bytes([f.read(1)[0] ^ 0x55]))
     result = verify(out)  # whether the decoder notices or not, the record's checksum does
     assert [m.index for m in result.mismatches] == [4], result.mismatches
-    assert "record checksum differs" in result.mismatches[0].problem or "cannot be decoded" in result.mismatches[0].problem
+    problem = result.mismatches[0].problem
+    assert "record checksum differs" in problem or "cannot be decoded" in problem
     with open(out / data_file, "r+b") as f:
         f.seek(base)
         f.write(b"\0\0\0\0")

@@ -337,11 +337,12 @@ def test_the_space_check_counts_the_runs_own_files(tree, tmp_path, monkeypatch):
         assert scratch > 1 << 20
         if resize == "shorter-side":
             assert scratch > estimate.total_bytes  # the copy into images.h5
-        monkeypatch.setattr(staging.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(0, 0, output + 4096))
+        monkeypatch.setattr(staging.shutil, "disk_usage",
+                            lambda p, output=output: shutil._ntuple_diskusage(0, 0, output + 4096))
         with pytest.raises(Exception, match=r"GB needed for 18 samples but only"):
             pack_quiet(tree, tmp_path / f"{fmt}-out", fmt, size=64, workers=workers, resize=resize)
         monkeypatch.setattr(staging.shutil, "disk_usage",
-                            lambda p: shutil._ntuple_diskusage(0, 0, output + scratch + 4096))
+                            lambda p, room=output + scratch + 4096: shutil._ntuple_diskusage(0, 0, room))
         assert pack_quiet(tree, tmp_path / f"{fmt}-out", fmt, size=64, workers=workers, resize=resize).count == 18
         monkeypatch.undo()
         assert len(ShardDataset(tmp_path / f"{fmt}-out")) == 18

@@ -200,7 +200,8 @@ def test_sdist_carries_what_its_tests_need_and_they_run(tmp_path):
     for need in ("LICENSE", "CHANGELOG.md", "README.md", "pyproject.toml", "MANIFEST.in", ".ci/run",
                  ".ci/min-versions.txt", "docs/README.md", "docs/interop.md",
                  "scripts/setup.sh", "scripts/quickstart.sh", "configs/__init__.py",
-                 "configs/imagenet-256-lmdb.toml", "shardpack/__init__.py", "shardpack/cli/__init__.py", "readers/dataset.py",
+                 "configs/imagenet-256-lmdb.toml", "shardpack/__init__.py", "shardpack/cli/__init__.py",
+                 "readers/dataset.py",
                  *(f"tests/{p.name}" for p in (ROOT / "tests").glob("*.py"))):
         assert need in names, need
     top = next((tmp_path / "x").iterdir())

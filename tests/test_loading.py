@@ -45,7 +45,8 @@ def test_read_batch_and_getitems_keep_the_order_asked(packed, fmt):
     again, _ = ds.read_batch(order, out=out)
     assert torch.equal(again, imgs) and again.data_ptr() == out.ctypes.data
     items = ds.__getitems__(order)
-    assert [torch.equal(img, ds[i][0]) and label == ds.targets[i] for (img, label), i in zip(items, order)] == [True] * 5
+    same = [torch.equal(img, ds[i][0]) and label == ds.targets[i] for (img, label), i in zip(items, order)]
+    assert same == [True] * 5
     assert len({img.untyped_storage().data_ptr() for img, _ in items}) == 1  # views of one buffer
     with pytest.raises(IndexError, match="out of range"):
         ds.read_batch([0, 23])

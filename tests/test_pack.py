@@ -167,7 +167,8 @@ def test_two_workers_from_a_script_on_stdin(tree, tmp_path):
     import sys
     from pathlib import Path
     code = (f"from shardpack import Options, Recipe, pack\n"
-            f"r = pack({str(tree)!r}, {str(tmp_path / 'o')!r}, Recipe(16), Options(fmt='lmdb', workers=2, progress=False))\n"
+            f"r = pack({str(tree)!r}, {str(tmp_path / 'o')!r}, Recipe(16), "
+                "Options(fmt='lmdb', workers=2, progress=False))\n"
             f"print(r.count)\n")
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-"], input=code, capture_output=True, text=True, cwd=tmp_path,

@@ -53,7 +53,7 @@ def test_four_formats_are_identical(packed):
         assert np.array_equal(ds.index.checksums, ref.index.checksums)
         for start in range(0, 785, 64):
             batch = ds.__getitems__(list(range(start, min(785, start + 64))))
-            for k, (img, label) in enumerate(batch):
+            for k, (img, _label) in enumerate(batch):
                 assert np.array_equal(img.permute(1, 2, 0).numpy(), ref_pixels[start + k]), (fmt, start + k)
 
 
@@ -70,6 +70,6 @@ def test_dataloader_workers_read_the_same_bytes(packed, method):
         loader = DataLoader(ds, batch_size=16, num_workers=2, multiprocessing_context=method,
                             sampler=subset)
         got = []
-        for imgs, labels in loader:
+        for imgs, _labels in loader:
             got += [hashlib.sha256(img.permute(1, 2, 0).contiguous().numpy().tobytes()).hexdigest() for img in imgs]
         assert got == [want[i] for i in subset], fmt

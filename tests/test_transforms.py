@@ -108,7 +108,8 @@ def test_random_crop_takes_the_drawn_box_and_pads_with_fill():
     out = RandomCrop((20, 25))(img, generator=torch.Generator().manual_seed(9))
     t, l = (int(v[0]) for v in crop_params([40], [30], (20, 25), torch.Generator().manual_seed(9)))
     assert torch.equal(out, img[:, t:t + 20, l:l + 25])
-    padded = RandomCrop(38, padding=4, fill=7)(img[:, :30, :30].contiguous(), generator=torch.Generator().manual_seed(1))
+    padded = RandomCrop(38, padding=4, fill=7)(img[:, :30, :30].contiguous(),
+                                                   generator=torch.Generator().manual_seed(1))
     assert padded.shape == (3, 38, 38)
     full = torch.full((3, 38, 38), 7, dtype=torch.uint8)
     full[:, 4:34, 4:34] = img[:, :30, :30]

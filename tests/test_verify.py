@@ -312,7 +312,8 @@ def test_a_splits_root_that_disagrees_with_its_splits_is_refused(tmp_path, edit)
     make_tree(src / "train", {"a": 3, "b": 3})
     make_tree(src / "val", {"a": 2, "b": 1}, seed=5)
     out = tmp_path / "out"
-    res = CliRunner().invoke(shardpack, ["pack", str(src), "--format", "npy", "--size", "16", "-o", str(out), "--quiet"])
+    res = CliRunner().invoke(shardpack, ["pack", str(src), "--format", "npy", "--size", "16", "-o", str(out),
+                                            "--quiet"])
     assert res.exit_code == 0, res.output
     assert CliRunner().invoke(shardpack, ["verify", str(out)]).exit_code == 0
     top = json.loads((out / "manifest.json").read_text())
@@ -327,7 +328,8 @@ def test_a_splits_root_that_disagrees_with_its_splits_is_refused(tmp_path, edit)
         res = CliRunner().invoke(shardpack, [command, str(out)])  # output: stdout and stderr (click 8.1 and 8.2)
         assert res.exit_code == 1 and "Traceback" not in res.output
         assert f"split 'val''s {edit} differs" in res.output if edit == "count" else "classes differs" in res.output
-    with pytest.raises(ShardFormatError, match=f"split 'val'.s {edit} differs" if edit == "count" else "classes differs"):
+    expected = f"split 'val'.s {edit} differs" if edit == "count" else "classes differs"
+    with pytest.raises(ShardFormatError, match=expected):
         ShardDataset(out, split="val")
 
 

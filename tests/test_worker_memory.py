@@ -16,7 +16,8 @@ from torch.utils.data import DataLoader
 
 from shardpack.readers import ShardDataset
 from shardpack.readers.loading import make_loader
-from shardpack.readers.manifest import COLUMNS, FORMAT_VERSION, INDEX_DIR, MANIFEST, NPY_IMAGES, NPY_LABELS, PATHS_BLOB, SOURCE_MODES
+from shardpack.readers.manifest import (COLUMNS, FORMAT_VERSION, INDEX_DIR, MANIFEST, NPY_IMAGES, NPY_LABELS,
+                                        PATHS_BLOB, SOURCE_MODES)
 
 COUNT, SIDE, CLASSES = 1_000_000, 8, 1000
 LIMIT = 50 * 2**20
@@ -73,7 +74,7 @@ def epoch_uss_growth(loader, batches: int) -> tuple[dict, int]:
     marks = {0, batches // 10, batches // 2, batches - 2}
     readings, seen = [], 0
     others = {p.pid for p in psutil.Process().children()}  # e.g. other tests' persistent workers
-    for k, (imgs, labels) in enumerate(loader):
+    for k, (_imgs, labels) in enumerate(loader):
         seen += len(labels)
         if k in marks:
             readings.append(worker_uss(others))
