@@ -116,8 +116,8 @@ def load_manifest(root: str | os.PathLike) -> dict:
         raise ShardFormatError(f"{path}: unknown format {manifest.get('format')!r}")
     problems = manifest_problems(manifest) + encoding_problems(manifest)
     if problems:
-        raise ShardFormatError(f"{path}: {problems[0]}"
-                               + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ShardFormatError(f"{path}: {problems[0]}{more}")
     for name, size in manifest["files"].items():
         f = root / name
         if not f.is_file():
@@ -173,8 +173,7 @@ def manifest_problems(m: dict) -> list[str]:
     else:
         need = [*DATA_FILES.get(fmt, ()), f"{INDEX_DIR}/{COLUMNS['labels']}"]
         if shape is None:
-            need.append(f"{INDEX_DIR}/{COLUMNS['shapes']}")
-            need += [NPY_OFFSETS] if fmt == "npy" else []
+            need += [f"{INDEX_DIR}/{COLUMNS['shapes']}"] + ([NPY_OFFSETS] if fmt == "npy" else [])
         missing = [f for f in need if f not in files]
         if missing:
             out.append(f"files lists no {', '.join(missing)}, which a {fmt} output "

@@ -25,7 +25,7 @@ from ..packer.scan import ScanError, SplitsError
 from ..packer.sizing import IMAGENET_1K_TRAIN, workers_refusal, workers_warning
 from ..packer.plan import plan_text
 from ..readers.text import mb, plural
-from ..readers.encoding import DEFAULT_QUALITY, DEFAULT_SUBSAMPLING, ENCODINGS, QUALITY_RANGE, SUBSAMPLINGS
+from ..readers.encoding import DEFAULT_QUALITY, DEFAULT_SUBSAMPLING, ENCODINGS, JPEG, QUALITY_RANGE, RAW, SUBSAMPLINGS
 from ..readers.folder import clash_text
 from ..readers.manifest import FORMATS, partial_dir
 from ..readers.system import usable_cpus
@@ -108,7 +108,7 @@ def pack_options(f):
         click.option("--draft", is_flag=True, help="Let the JPEG decoder downscale (faster, not bit-exact)."),
         click.option("--decoder", type=click.Choice(DECODERS), default="pillow", show_default=True,
                      help="simplejpeg (pip install 'shardpack[fast]'): same pixels, faster JPEG decoding."),
-        click.option("--encoding", type=click.Choice(ENCODINGS), default="raw", show_default=True,
+        click.option("--encoding", type=click.Choice(ENCODINGS), default=RAW, show_default=True,
                      help="raw: uint8 pixels; jpeg: each resized sample stored once as a JPEG (~1/9 the "
                           "size at q90; decoded when read)."),
         click.option("--quality", type=click.IntRange(*QUALITY_RANGE), default=None,
@@ -163,14 +163,14 @@ def check_workers(workers: int | None, usable: int, files: int | None = None) ->
 def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_size, background, draft,
              decoder, allow_truncated, strict, overwrite, resume, no_space_check, quiet, splits,
              no_splits, labels, id_map, classes_from, dry_run, io_threads=None,
-             allow_unsafe_output=False, engine="local", address=None, encoding="raw", quality=None,
+             allow_unsafe_output=False, engine="local", address=None, encoding=RAW, quality=None,
              subsampling=None):
     """Shared body of ``pack-dataset`` and ``shardpack pack``: decide (refusing a bad OUT before
     the possibly long listing), scan, print the plan (with the output size estimate), pack, print
     the summary. What is decided here is handed down, never decided again. Exits 0 (also for
     --resume on a complete OUT), 1 on errors (one line), 130 on Ctrl-C, 143 on SIGTERM."""
     settings = effective_settings(click.get_current_context())
-    if encoding != "jpeg" and (quality is not None or subsampling is not None):
+    if encoding != JPEG and (quality is not None or subsampling is not None):
         raise click.UsageError(f"--{'quality' if quality is not None else 'subsampling'} needs --encoding jpeg")
     setup, on_term = None, stop_on_sigterm()
     try:
