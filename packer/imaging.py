@@ -33,7 +33,7 @@ RESIZE_MODES = ("center-crop", "squash", "shorter-side", "longer-side", "pad")
 VARIABLE_MODES = ("shorter-side", "longer-side")  # samples differ in shape
 SHORTER_SIDE_BOUND = 4  # default max_pixels of shorter-side: 4 N^2 keeps up to 4:1 pictures whole
 # simplejpeg (libjpeg-turbo, optional extra): decodes RGB and grayscale JPEGs bit-identically to
-# Pillow on the ImageNet sample, and faster (README, "Packing speed"); every other file still goes
+# Pillow on the ImageNet sample, and faster (docs/measurements.md, "Packing speed"); every other file still goes
 # through Pillow.
 DECODERS = ("pillow", "simplejpeg")
 _TRANSPOSE = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180,

@@ -127,7 +127,7 @@ def prepare(src: str | Path, out: str | Path | None, recipe: Recipe, opts: Optio
 
 def pack(src: str | Path, out: str | Path | None, recipe: Recipe, opts: Options,
          listing: Listing | None = None, extra: dict | None = None, *, setup: Setup | None = None) -> Report:
-    """Pack the ImageFolder tree ``src`` into ``out`` (see the README for the layout).
+    """Pack the ImageFolder tree ``src`` into ``out`` (the layout: docs/formats.md).
 
     Returns a Report. Raises ScanError for an unusable SRC and PackError when another run is
     writing OUT (OutputBusy), OUT exists (without ``overwrite``), an interrupted run exists

@@ -1,8 +1,8 @@
 """``make_loader``: a DataLoader over a ShardDataset with defaults chosen from measurements.
 
 Why the defaults (measured with ``scripts/bench_read.py`` and ``shardpack bench`` on 2 cores; the
-numbers are in the README, "Measured: packed reads vs the ImageFolder way" and "Is the loader the
-bottleneck?"):
+numbers are in docs/measurements.md, "Packed reads vs the ImageFolder way" and "shardpack bench on
+the real sample"):
 
 - Packed samples cost a memory copy, not a decode, so worker *processes* mostly add cost: every
   batch is copied into shared memory and handed between processes, which compete with the
@@ -249,7 +249,7 @@ def _identity(batch):
 
 
 def auto_mode(ds, batch_transform=None) -> str:
-    """``make_loader``'s choice when ``mode="auto"``, from the measurements on 2 cores (README):
+    """``make_loader``'s choice when ``mode="auto"``, from the measurements on 2 cores (docs/measurements.md):
 
     - plain uint8 batches (no transform at all, e.g. for ``BatchAugment`` on the GPU): "main",
       a copy in this process (a hand-off to a thread or a process costs more than the copy);

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""Storage vs speed of ``--encoding jpeg``, measured in one run on the real sample (README,
-"Storage vs speed"):
+"""Storage vs speed of ``--encoding jpeg``, measured in one run on the real sample (docs/measurements.md,
+"--encoding jpeg: size, fidelity and decode speed"):
 
     .venv/bin/python scripts/bench_encoding.py [--src ../shared/data/imagenet-sample/train] [--sizes 256,128]
 

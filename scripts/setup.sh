@@ -12,6 +12,6 @@ python3 -m venv .venv
 .venv/bin/pip install -q --upgrade pip >/dev/null 2>&1 || true
 .venv/bin/pip install -q torch==2.13.0
 # test: pytest and what the tests use (torch, webdataset, simplejpeg, mfusepy, matplotlib, lightning);
-# interop: webdataset and Hugging Face datasets, for the README's "Use with other tools" snippets;
+# interop: webdataset and Hugging Face datasets, for the snippets of docs/interop.md;
 # ray: --engine ray and its 2-node tests (tests/test_ray.py)
 .venv/bin/pip install -q -e '.[test,interop,ray]'

@@ -93,7 +93,7 @@ def test_lmdb_open_by_the_user_before_during_and_after(tree, tmp_path):
     with lmdb.open(str(out), readonly=True, lock=False) as env:  # before
         want = values(env)
     ds = ShardDataset(out)
-    user = lmdb.open(str(out))  # during: opened before the dataset's first read, read-write as the README's
+    user = lmdb.open(str(out))  # during: opened before the dataset's first read, read-write as docs/interop.md's
     assert [hwc(ds, i).tobytes() for i in range(len(ds))] == want == values(user)
     imgs, _ = ds.read_batch([5, 0, 17])
     assert [imgs[k].permute(1, 2, 0).contiguous().numpy().tobytes() for k in range(3)] == [want[5], want[0], want[17]]

@@ -30,7 +30,7 @@ def main():
     """shardpack: pack image folders into pre-resized uint8 shards, and check them.
 
     Exit status: 0 done, 1 an error, 2 a usage error. Shell completion (bash, zsh, fish):
-    eval "$(_SHARDPACK_COMPLETE=bash_source shardpack)", see the README."""
+    eval "$(_SHARDPACK_COMPLETE=bash_source shardpack)", see docs/cli.md."""
 
 
 @main.command(name="pack")

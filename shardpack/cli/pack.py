@@ -128,7 +128,7 @@ def pack_options(f):
                      help="Write OUT even on a 9p/drvfs/NFS/SMB/FUSE mount (LMDB and memmaps are not safe there)."),
         click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
                      help="Who decodes: this machine's processes, or Ray tasks on a cluster (shardpack[ray]; "
-                          "README \"Packing on a Ray cluster\")."),
+                          "docs/ray.md)."),
         click.option("--address", default=None, metavar="HOST:PORT",
                      help="--engine ray: the cluster to join [default: $RAY_ADDRESS, else a Ray instance "
                           "for the run]."),
