@@ -65,12 +65,17 @@ class RaggedHdf5Writer(RaggedWriter):
             dst.seek(offset)
             shutil.copyfileobj(src, dst, 16 << 20)  # images.raw stays until the commit (a failed finish is redone)
         with h5py.File(self.path, "r+") as f:
-            f.create_dataset("offsets", data=offsets)
-            f.create_dataset("shapes", data=shapes)
-            f.create_dataset("labels", data=self.labels[kept])
+            for name, data in self._columns(offsets, shapes, kept):
+                if name in f:  # a finish redone after a failure
+                    del f[name]
+                f.create_dataset(name, data=data)
             f.attrs["shardpack"] = json.dumps(self.options.get("attrs", {}))
         fsync_path(self.path)
         return {"files": {HDF5_FILE: self.path.stat().st_size}}
+
+    def _columns(self, offsets, shapes, kept):
+        """The datasets written beside ``images``, in order: (name, array)."""
+        return (("offsets", offsets), ("shapes", shapes), ("labels", self.labels[kept]))
 
 
 class Hdf5Writer(InPlaceWriter):
@@ -107,20 +112,8 @@ class EncodedHdf5Writer(RaggedHdf5Writer):
     def write(self, index, record, label):
         super().write(index, as_rows(record), label)
 
-    def finish(self, kept):
-        offsets, _ = self._finish_data(kept)
-        offset = _create(self.path, self.nbytes, ())
-        with open(self.data_path, "rb") as src, open(self.path, "r+b") as dst:
-            dst.seek(offset)
-            shutil.copyfileobj(src, dst, 16 << 20)  # images.raw stays until the commit (a failed finish is redone)
-        with h5py.File(self.path, "r+") as f:
-            for name, data in (("offsets", offsets), ("labels", self.labels[kept])):
-                if name in f:  # a finish redone after a failure
-                    del f[name]
-                f.create_dataset(name, data=data)
-            f.attrs["shardpack"] = json.dumps(self.options.get("attrs", {}))
-        fsync_path(self.path)
-        return {"files": {HDF5_FILE: self.path.stat().st_size}}
+    def _columns(self, offsets, shapes, kept):
+        return (("offsets", offsets), ("labels", self.labels[kept]))
 
 
 # What open_writer builds, by (encoding, samples differ in shape).
