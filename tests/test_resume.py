@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-import shardpack.packer.runners as decode_module
+import shardpack.packer.runners as runners
 from helpers import FORMATS, all_samples, done_fraction, make_tree, pack_quiet, same_content
 from shardpack.cli import main as shardpack
 from shardpack.packer import PackError
@@ -214,10 +214,9 @@ def test_disk_full_mid_run_stops_and_resumes(tree, tmp_path, monkeypatch, fmt, w
     an error that says --resume, no OUT, and the resumed output equals an uninterrupted one."""
     import errno
 
-    import shardpack.packer.runners as decode
     from shardpack.packer.writers import writer_class
     ref = pack_quiet(tree, tmp_path / "ref", fmt, size=24).out
-    target, method = (decode.FileRows, "put") if fmt == "npy" else (writer_class(fmt, False), "write")
+    target, method = (runners.FileRows, "put") if fmt == "npy" else (writer_class(fmt, False), "write")
     original, calls = getattr(target, method), []
 
     def full(self, *args):
@@ -264,7 +263,7 @@ def test_a_kill_while_skipped_rows_are_squeezed_out_is_refused_on_resume(tmp_pat
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_interrupted_variable_run_resumes_to_the_same_bytes(tree, tmp_path, monkeypatch, fmt):
     pack_quiet(tree, tmp_path / "whole", fmt, size=40, resize="shorter-side")
-    real = decode_module.decode
+    real = runners.decode
     calls = []
 
     def flaky(data, recipe, name):
@@ -273,10 +272,10 @@ def test_interrupted_variable_run_resumes_to_the_same_bytes(tree, tmp_path, monk
             raise KeyboardInterrupt
         return real(data, recipe, name)
 
-    monkeypatch.setattr(decode_module, "decode", flaky)
+    monkeypatch.setattr(runners, "decode", flaky)
     with pytest.raises(KeyboardInterrupt):
         pack_quiet(tree, tmp_path / "cut", fmt, size=40, resize="shorter-side")
-    monkeypatch.setattr(decode_module, "decode", real)
+    monkeypatch.setattr(runners, "decode", real)
     pack_quiet(tree, tmp_path / "cut", fmt, size=40, resize="shorter-side", resume=True)
     a, b = ShardDataset(tmp_path / "whole"), ShardDataset(tmp_path / "cut")
     assert b.manifest["run"]["resumed_at"] == 10
