@@ -159,7 +159,9 @@ def assert_same_output(a: Path, b: Path) -> None:
             ma, mb = (json.loads((d / name).read_text()) for d in (a, b))
             for key in ("run", "settings"):  # how the run went; the command line's options
                 ma.pop(key, None), mb.pop(key, None)
-            assert ma == mb
+            for m in (ma, mb):  # data.mdb's size follows its transaction boundaries (compared by records below)
+                m.get("files", {}).pop("data.mdb", None)
+            assert ma == mb, [k for k in ma if ma[k] != mb.get(k)]
         elif name == "data.mdb":
             assert lmdb_items(a) == lmdb_items(b)
         elif name != "lock.mdb":
