@@ -1,0 +1,110 @@
+"""Two checkouts (e.g. before and after a refactor) make identical outputs, every format x encoding x K x shape.
+
+    python scripts/ab_outputs.py A_BIN B_BIN WORKDIR  (A_BIN/B_BIN: the venv bin folders of the two checkouts,
+    e.g. a `git worktree` of the older commit with its own venv)
+Compares as tests/test_units.py::assert_same_output does: files byte for byte, LMDB by records,
+the manifest equal except its run/settings sections.
+"""
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import lmdb
+import numpy as np
+from PIL import Image
+
+A, B, WORK = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+
+
+def image(w, h, k, mode="RGB"):
+    rng = np.random.default_rng(k)
+    arr = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+    arr[: h // 2] //= 2
+    im = Image.fromarray(arr)
+    return im.convert("L") if mode == "L" else im
+
+
+def tree(root, classes, seed=0):
+    sizes = [(96, 64), (64, 96), (50, 50), (120, 40), (33, 77)]
+    k = seed
+    for cls, n in classes.items():
+        d = root / cls
+        d.mkdir(parents=True, exist_ok=True)
+        for i in range(n):
+            w, h = sizes[k % len(sizes)]
+            ext = ".png" if k % 5 == 4 else ".jpg"
+            image(w, h, k, "L" if k % 7 == 3 else "RGB").save(d / f"img{i:03d}{ext}", quality=90)
+            k += 1
+    return root
+
+
+def items(path):
+    env = lmdb.open(str(path), readonly=True, lock=False, subdir=True)
+    with env.begin() as txn:
+        out = list(txn.cursor())
+    env.close()
+    return out
+
+
+def same(a, b):
+    names = sorted(str(p.relative_to(a)) for p in a.rglob("*") if p.is_file())
+    other = sorted(str(p.relative_to(b)) for p in b.rglob("*") if p.is_file())
+    if names != other:
+        return f"file lists differ: {set(names) ^ set(other)}"
+    for name in names:
+        if name.endswith("manifest.json"):
+            ma, mb = (json.loads((d / name).read_text()) for d in (a, b))
+            for key in ("run", "settings"):
+                ma.pop(key, None), mb.pop(key, None)
+            if ma != mb:
+                return f"{name} differs"
+        elif name.endswith("data.mdb"):
+            if items(a / Path(name).parent) != items(b / Path(name).parent):
+                return f"{name} records differ"
+        elif not name.endswith("lock.mdb") and (a / name).read_bytes() != (b / name).read_bytes():
+            return f"{name} differs"
+    return None
+
+
+def normalised(text, side):
+    """The printed lines but for what differs between any two runs: OUT's name, rates, free space."""
+    text = re.sub(r"[0-9.]+ GB free|free space: [0-9.]+ GB|free at OUT [0-9.]+ GB|RAM [0-9.]+ GB", "N GB",
+                  text.replace(f"{WORK}/out/{side}", "OUT"))
+    return [ln.rstrip() for ln in text.splitlines() if "images/s" not in ln]
+
+
+def pack(bin_, src, out, *args):
+    r = subprocess.run([str(bin_ / "pack-dataset"), str(src), "-o", str(out), "--quiet", *args],
+                       capture_output=True, text=True, cwd=WORK)
+    return r.returncode, r.stdout + r.stderr
+
+
+WORK.mkdir(parents=True, exist_ok=True)
+single = tree(WORK / "single", {"a": 14, "b": 13, "c": 12})
+(single / "b" / "broken.jpg").write_bytes(b"not a jpeg at all")
+(single / "c" / "empty.jpg").write_bytes(b"")
+splits = WORK / "splits"
+tree(splits / "train", {"a": 8, "b": 7}, seed=1)
+tree(splits / "val", {"a": 3, "b": 4}, seed=2)
+cases = [(src, fmt, enc, k, resize) for src in ("single", "splits") for fmt in ("lmdb", "wds", "npy", "hdf5")
+         for enc in ("raw", "jpeg") for k in (1, 2) for resize in ("center-crop", "shorter-side")]
+bad = 0
+for src, fmt, enc, k, resize in cases:
+    name = f"{src}-{fmt}-{enc}-k{k}-{resize}"
+    args = ["--format", fmt, "--size", "24", "--workers", str(k), "--encoding", enc, "--resize", resize,
+            "--shard-size", str(1 << 20)]
+    ra, ta = pack(A, WORK / src, WORK / "out" / "a" / name, *args)
+    rb, tb = pack(B, WORK / src, WORK / "out" / "b" / name, *args)
+    diff = None if ra == rb == 0 else f"exit {ra} / {rb}: {ta[-300:]} | {tb[-300:]}"
+    diff = diff or same(WORK / "out" / "a" / name, WORK / "out" / "b" / name)
+    ta_lines, tb_lines = (normalised(t, side) for t, side in ((ta, "a"), (tb, "b")))
+    if ta_lines != tb_lines:
+        print("   A:", [x for x in ta_lines if x not in tb_lines][:3])
+        print("   B:", [x for x in tb_lines if x not in ta_lines][:3])
+    bad += diff is not None
+    print(f"{'SAME' if diff is None else 'DIFF'} {name}" + (f": {diff}" if diff else "")
+          + ("" if ta_lines == tb_lines else "  (printed text differs)"))
+print(f"{len(cases) - bad} of {len(cases)} identical")
+sys.exit(1 if bad else 0)
