@@ -145,8 +145,8 @@ def scratch_bytes(listing: Listing, recipe: Recipe, fmt: str, workers: int, esti
     writer = writer_class(fmt, not fixed, recipe.encoding)
     total = n * 26 + (1 << 20)  # status, checksum, size, mode, shape per file; logs, checkpoints
     if engine != "local":  # unit parts decoded ahead of the commit (units.py; a cluster's CPUs are not known here)
-        from .units import unit_files
-        total += (2 * workers + 2) * unit_files(recipe) * int(estimate.sample_bytes)
+        from .units import unit_files, units_ahead
+        total += units_ahead(workers) * unit_files(recipe) * int(estimate.sample_bytes)
     elif workers > 1 and not writer.in_place:  # streamed samples pass through the ring
         total += ring_bytes(n, workers, recipe)
     total += writer.scratch_bytes(n, fixed, estimate)  # the writer's own state and copies

@@ -45,6 +45,11 @@ UNITS_DIR = "units"
 SEEN = "shared.json"  # written by the driver; every task checks it can read it (OUT is shared)
 
 
+def units_ahead(slots: int) -> int:
+    """Units decoded ahead of the commit with ``slots`` tasks in flight (their parts on disk, bounded)."""
+    return 2 * slots + 2
+
+
 def unit_files(recipe: Recipe, override: int | None = None) -> int:
     """Files per unit: UNIT_BYTES of samples of the recipe's shape (N x N x 3 for variable
     shapes), 16 to 4096. Depends on the recipe only: the same on every cluster."""
@@ -233,7 +238,7 @@ class UnitRunner:
         inflight: set[int] = set()
         submitted = inflight.copy()  # every unit handed out by this run (the queue may hold one already sent)
         ready: dict[int, dict] = {}  # decoded by this run, not yet committed (reused ones are read in turn)
-        window = 2 * self.executor.slots + 2  # units decoded ahead of the commit: parts on disk, bounded
+        window = units_ahead(self.executor.slots)
         for u in range(first, len(self.ranges)):
             while u not in ready and u not in reused:
                 if u not in inflight:  # the unit the commit waits for goes first, whatever the window

@@ -11,41 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import lmdb
-import numpy as np
-from PIL import Image
+import harness
+
+harness.use_checkout(tests=True)
+
+from helpers import awkward_tree, lmdb_items, make_tree  # noqa: E402  (the tests' fixture trees)
 
 A, B, WORK = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
-
-
-def image(w, h, k, mode="RGB"):
-    rng = np.random.default_rng(k)
-    arr = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
-    arr[: h // 2] //= 2
-    im = Image.fromarray(arr)
-    return im.convert("L") if mode == "L" else im
-
-
-def tree(root, classes, seed=0):
-    sizes = [(96, 64), (64, 96), (50, 50), (120, 40), (33, 77)]
-    k = seed
-    for cls, n in classes.items():
-        d = root / cls
-        d.mkdir(parents=True, exist_ok=True)
-        for i in range(n):
-            w, h = sizes[k % len(sizes)]
-            ext = ".png" if k % 5 == 4 else ".jpg"
-            image(w, h, k, "L" if k % 7 == 3 else "RGB").save(d / f"img{i:03d}{ext}", quality=90)
-            k += 1
-    return root
-
-
-def items(path):
-    env = lmdb.open(str(path), readonly=True, lock=False, subdir=True)
-    with env.begin() as txn:
-        out = list(txn.cursor())
-    env.close()
-    return out
 
 
 def same(a, b):
@@ -61,7 +33,7 @@ def same(a, b):
             if ma != mb:
                 return f"{name} differs"
         elif name.endswith("data.mdb"):
-            if items(a / Path(name).parent) != items(b / Path(name).parent):
+            if lmdb_items(a / Path(name).parent) != lmdb_items(b / Path(name).parent):
                 return f"{name} records differ"
         elif not name.endswith("lock.mdb") and (a / name).read_bytes() != (b / name).read_bytes():
             return f"{name} differs"
@@ -82,12 +54,10 @@ def pack(bin_, src, out, *args):
 
 
 WORK.mkdir(parents=True, exist_ok=True)
-single = tree(WORK / "single", {"a": 14, "b": 13, "c": 12})
-(single / "b" / "broken.jpg").write_bytes(b"not a jpeg at all")
-(single / "c" / "empty.jpg").write_bytes(b"")
+awkward_tree(WORK / "single")  # mixed sizes, grayscale, PNG, two files that are skipped
 splits = WORK / "splits"
-tree(splits / "train", {"a": 8, "b": 7}, seed=1)
-tree(splits / "val", {"a": 3, "b": 4}, seed=2)
+make_tree(splits / "train", {"a": 8, "b": 7}, seed=1)
+make_tree(splits / "val", {"a": 3, "b": 4}, seed=2)
 cases = [(src, fmt, enc, k, resize) for src in ("single", "splits") for fmt in ("lmdb", "wds", "npy", "hdf5")
          for enc in ("raw", "jpeg") for k in (1, 2) for resize in ("center-crop", "shorter-side")]
 bad = 0

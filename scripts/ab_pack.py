@@ -11,19 +11,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import harness
+from bench_pack import repeated_tree  # the sample repeated as symlinks to --min-images
+
 A, B, WORK = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
 MIN = int(sys.argv[sys.argv.index("--min-images") + 1]) if "--min-images" in sys.argv else 1600
 REPEAT = int(sys.argv[sys.argv.index("--repeat") + 1]) if "--repeat" in sys.argv else 3
-SRC = Path(__file__).resolve().parents[2] / "shared" / "data" / "imagenet-sample" / "train"
+SRC = harness.DEFAULT_SAMPLE
 
 src = WORK / "src"
 if not src.exists():
-    files = [(c, f) for c in sorted(os.listdir(SRC)) for f in sorted(os.listdir(SRC / c))]
-    reps = -(-MIN // len(files))
-    for c, f in files:
-        (src / c).mkdir(parents=True, exist_ok=True)
-        for r in range(reps):
-            os.symlink(SRC / c / f, src / c / f"{r}_{f}")
+    repeated_tree(SRC, src, MIN)
 
 
 def rate(bin_, fmt, k):
