@@ -6,12 +6,13 @@ import operator
 import os
 import warnings
 from collections.abc import Sequence
+from contextlib import contextmanager
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from . import system
+from . import diskio, system
 from .formats import open_reader
 from .formats.base import check_out
 from .manifest import Index, load_manifest, split_root
@@ -30,6 +31,18 @@ def warn_if_larger_than_ram(root, reader) -> None:
     warnings.warn(f"{root}: its data ({size / 2**30:.1f} GiB) is larger than the memory the page cache may "
                   f"hold ({room / 2**30:.1f} GiB, {source}), so samples will be read from disk every epoch; "
                   f"`shardpack bench {root}` measures the rate", RuntimeWarning, stacklevel=3)
+
+
+@contextmanager
+def naming_sources(index: Index):
+    """Re-raise a :class:`diskio.CutShort` (a data file ending before a sample) naming that
+    sample's source path from ``index`` too."""
+    try:
+        yield
+    except diskio.CutShort as err:
+        if err.source is not None:
+            raise
+        raise err.naming(index.path(err.sample)) from None
 
 
 def as_index(i) -> int:
@@ -122,7 +135,8 @@ class ShardDataset(Dataset):
     def __getitem__(self, i):
         i = self._check(i)
         hwc = torch.empty(self.index.shape(i), dtype=torch.uint8)
-        self.reader.read_into(i, hwc.numpy())
+        with naming_sources(self.index):
+            self.reader.read_into(i, hwc.numpy())
         return self._finish(hwc.permute(2, 0, 1), self.index.label(i))
 
     def _indices(self, indices) -> np.ndarray:
@@ -143,7 +157,8 @@ class ShardDataset(Dataset):
         order = np.argsort(idx, kind="stable")
         rows = np.empty_like(order)
         rows[order] = np.arange(len(idx))
-        return self.reader.read_batch(idx[order]), rows
+        with naming_sources(self.index):
+            return self.reader.read_batch(idx[order]), rows
 
     def read_batch(self, indices, out: np.ndarray | None = None):
         """Samples ``indices`` stacked, without ``transform``: ``(imgs, labels)`` with ``imgs`` a
@@ -173,7 +188,8 @@ class ShardDataset(Dataset):
         else:
             check_out(out, len(idx), self.reader.shape)
         labels = torch.from_numpy(self.index.labels_at(idx))
-        return BatchRead(self.reader.start_batch(idx, out), out, labels)
+        with naming_sources(self.index):
+            return BatchRead(self.reader.start_batch(idx, out), out, labels, self.index)
 
     def __getitems__(self, indices):
         """Read a batch at once (the DataLoader calls this with a whole batch of indices) and
@@ -202,15 +218,16 @@ class ShardDataset(Dataset):
 class BatchRead:
     """A batch being read (:meth:`ShardDataset.start_batch`); ``wait()`` returns ``(imgs, labels)``."""
 
-    def __init__(self, pending, out: np.ndarray, labels: torch.Tensor):
-        self._pending, self.out, self.labels = pending, out, labels
+    def __init__(self, pending, out: np.ndarray, labels: torch.Tensor, index: Index):
+        self._pending, self.out, self.labels, self._index = pending, out, labels, index
 
     def done(self) -> bool:
         """Whether every read of the batch has finished (``wait()`` will not block)."""
         return self._pending.done()
 
     def wait(self):
-        self._pending.wait()
+        with naming_sources(self._index):
+            self._pending.wait()
         return torch.from_numpy(self.out).permute(0, 3, 1, 2), self.labels
 
 

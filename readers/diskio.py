@@ -85,27 +85,51 @@ class DataFile:
         except (OSError, AttributeError):
             pass
 
-    def read(self, offset: int, buffers, sample: int) -> None:
+    def read(self, offset: int, buffers, sample) -> None:
         """Fill ``buffers`` (writeable buffers, e.g. rows of the batch) from byte ``offset`` on.
-        Raises OSError (naming the file and sample) on an I/O error, ShardFormatError when the
-        file ends before the buffers are full."""
+        ``sample``: the sample index they hold, or for a merged read a list of ``(byte, sample)``
+        (where in the buffers each sample starts, ascending from 0), so that an error names the
+        first sample not read. Raises OSError (naming the file and that sample) on an I/O error,
+        :class:`CutShort` when the file ends before the buffers are full."""
         want = sum(memoryview(b).nbytes for b in buffers)
-        try:
-            got = os.preadv(self.fd, buffers, offset)
-        except OSError as err:
-            raise OSError(err.errno, f"reading sample {sample} ({want} bytes at byte {offset}): "
-                                     f"{err.strerror}", str(self.path)) from None
+        marks = [(0, sample)] if isinstance(sample, int) else sample
+        got = 0
         while got < want:  # a short read: go on from where it stopped, until the file ends
-            rest = _after(buffers, got)
             try:
-                more = os.preadv(self.fd, rest, offset + got)
+                more = os.preadv(self.fd, _after(buffers, got) if got else buffers, offset + got)
             except OSError as err:
-                raise OSError(err.errno, f"reading sample {sample} at byte {offset + got}: {err.strerror}",
-                              str(self.path)) from None
+                i, start, size = _sample_at(marks, got, want)
+                raise OSError(err.errno, f"reading sample {i} ({size} bytes at byte {offset + start}): "
+                                         f"{err.strerror}", str(self.path)) from None
             if more <= 0:
-                raise ShardFormatError(f"{self.path}: sample {sample}: the file ends at byte {offset + got}, "
-                                       f"{want} bytes were due from byte {offset} (cut short?)")
+                i, start, size = _sample_at(marks, got, want)
+                raise CutShort(self.path, i, offset + got, size, offset + start)
             got += more
+
+
+class CutShort(ShardFormatError):
+    """A data file that ends before a sample's bytes: ``path``, ``sample`` (its index), ``end``
+    (the file's size in bytes), ``size`` bytes due from byte ``start``; ``source`` (the sample's
+    source path, when the caller knows it) is named too. ``naming(source)`` returns it with one."""
+
+    def __init__(self, path, sample: int, end: int, size: int, start: int, source: str | None = None):
+        self.path, self.sample, self.end, self.size, self.start = path, sample, end, size, start
+        self.source = source
+        named = f"sample {sample}" + (f" ({source})" if source else "")
+        super().__init__(f"{path}: {named}: the file ends at byte {end}, {size} bytes were due "
+                         f"from byte {start} (cut short?)")
+
+    def naming(self, source: str) -> "CutShort":
+        return CutShort(self.path, self.sample, self.end, self.size, self.start, source)
+
+
+def _sample_at(marks, got: int, want: int) -> tuple[int, int, int]:
+    """The sample of ``marks`` (``[(byte, sample), ...]``) holding byte ``got`` of a read of
+    ``want`` bytes: ``(sample, its first byte, its size in bytes)``, bytes counted in the read."""
+    k = max(j for j, (start, _) in enumerate(marks) if start <= got)
+    start, i = marks[k]
+    end = marks[k + 1][0] if k + 1 < len(marks) else want
+    return i, start, end - start
 
 
 def _after(buffers, skip: int) -> list:
@@ -152,7 +176,8 @@ def submit(jobs: list, then=None) -> Pending:
     """Start reading ``jobs``, each ``(DataFile, offset, [buffers], sample)``, on the pool.
 
     Jobs adjacent in the same file (the next one starts where the previous ends, as sorted
-    samples of npy and HDF5 do) are merged into one ``preadv`` of up to :data:`MERGE_BYTES`;
+    samples of npy and HDF5 do) are merged into one ``preadv`` of up to :data:`MERGE_BYTES`
+(its errors still name the first sample not read);
     the rest are dealt to the threads in order, so each thread walks its part forwards.
     ``then``: see :class:`Pending`."""
     merged = []
@@ -162,9 +187,10 @@ def submit(jobs: list, then=None) -> Pending:
             last = merged[-1]
             if last[0] is file and last[1] + last[4] == offset and last[4] + n <= MERGE_BYTES:
                 last[2].extend(buffers)
+                last[3].append((last[4], sample))  # where this sample starts in the merged read
                 last[4] += n
                 continue
-        merged.append([file, offset, list(buffers), sample, n])
+        merged.append([file, offset, list(buffers), [(0, sample)], n])
     if not merged:
         return Pending([], then)
     parts = min(THREADS, len(merged))

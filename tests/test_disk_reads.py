@@ -7,6 +7,7 @@ import errno
 import gc
 import json
 import os
+import re
 import shutil
 import sys
 import textwrap
@@ -117,10 +118,27 @@ def test_a_file_cut_short_after_opening_names_the_file_and_sample(packed, fmt, t
     last = len(ds) - 1
     end = ds.reader._base + last * 32 * 32 * 3 if fmt != "lmdb" else int(ds.reader._offsets[last])
     os.truncate(data, end + 10)
-    with pytest.raises(ShardFormatError, match=rf"{data.name}: sample {last}: the file ends at byte {end + 10}"):
+    named = re.escape(f"sample {last} ({ds.source_path(last)}): the file ends")
+    with pytest.raises(ShardFormatError, match=rf"{data.name}: {named} at byte {end + 10}"):
         ds.read_batch([0, last])
-    with pytest.raises(ShardFormatError, match=rf"sample {last}: the file ends"):
+    with pytest.raises(ShardFormatError, match=named):
         ds[last]
+
+
+@pytest.mark.parametrize("fmt", ["npy", "hdf5"])
+def test_a_cut_file_read_in_one_merged_read_names_the_first_missing_sample(packed, fmt, tmp_path, from_disk):
+    root = tmp_path / fmt
+    shutil.copytree(packed[fmt], root)
+    ds = ShardDataset(root)
+    ds.read_batch([0])
+    data, size = ds.reader.data_paths()[0], 32 * 32 * 3
+    cut = ds.reader._base + 5 * size + 100  # samples 0-4 whole, 5 cut inside, 6-9 gone
+    os.truncate(data, cut)
+    with pytest.raises(ShardFormatError) as err:
+        ds.read_batch(list(range(2, 10)))  # adjacent: one preadv from sample 2 on
+    start = ds.reader._base + 5 * size
+    assert str(err.value) == (f"{data}: sample 5 ({ds.source_path(5)}): the file ends at byte {cut}, "
+                              f"{size} bytes were due from byte {start} (cut short?)")
 
 
 def test_main_mode_keeps_at_most_prefetch_factor_batches_in_flight(packed, monkeypatch, from_disk):
