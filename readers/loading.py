@@ -32,6 +32,7 @@ the real sample"):
 
 from __future__ import annotations
 
+import operator
 import random
 import shutil
 import threading
@@ -291,6 +292,23 @@ def check_shared_memory(batch_bytes: int, workers: int, prefetch: int) -> str | 
             f"or batch, or give the container more (docker run --shm-size=...)")
 
 
+def positive_int(name: str, value, hint: str = "") -> int:
+    """``value`` of make_loader's argument ``name`` as an int >= 1. Integers of any kind (int,
+    numpy integer) are taken; TypeError for anything else (floats, even 16.0; strings; bools),
+    ValueError below 1 (``hint`` added in brackets), each one line naming the argument and value."""
+    if not isinstance(value, (bool, np.bool_)):
+        try:
+            number = operator.index(value)
+        except TypeError:
+            pass
+        else:
+            if number >= 1:
+                return number
+            raise ValueError(f"make_loader: {name} must be a positive int, got {number}"
+                             + (f" ({hint})" if hint else ""))
+    raise TypeError(f"make_loader: {name} must be a positive int, got {value!r} ({type(value).__name__})")
+
+
 def make_loader(ds, batch_size: int, train: bool = True, *, batch_transform=None, mode: str = "auto",
                 num_workers: int | None = None, prefetch_factor: int = 2,
                 pin_memory: bool | None = None, seed: int | None = None,
@@ -320,11 +338,16 @@ def make_loader(ds, batch_size: int, train: bool = True, *, batch_transform=None
     Before returning a process-based loader it warns (RuntimeWarning) when batch bytes x workers
     x prefetch exceeds the free /dev/shm. Raises ValueError for an unknown ``mode``.
     """
+    batch_size = positive_int("batch_size", batch_size)
+    prefetch_factor = positive_int("prefetch_factor", prefetch_factor)
+    if num_workers is not None:
+        num_workers = positive_int("num_workers", num_workers,
+                                   "None: the usable CPUs; for no workers use mode='main'")
     if mode == "auto":
         mode = auto_mode(ds, batch_transform)
     if mode not in MODES:
         raise ValueError(f"mode {mode!r}: choose one of auto, {', '.join(MODES)}")
-    workers = max(1, num_workers or usable_cpus())
+    workers = num_workers or max(1, usable_cpus())
     pin = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
     drop_last = train if drop_last is None else drop_last
     base = int(torch.randint(0, 2**62, (1,)).item()) if seed is None else int(seed)
@@ -337,6 +360,10 @@ def make_loader(ds, batch_size: int, train: bool = True, *, batch_transform=None
         else:
             sampler = SequentialSampler(ds)
     batches = SortedBatchSampler(sampler, batch_size, drop_last, base)
+    if drop_last and len(batches) == 0 and len(sampler):
+        raise ValueError(f"make_loader: batch_size {batch_size} is larger than the {len(sampler)} samples per "
+                         f"epoch, and a train loader drops the last incomplete batch (drop_last), so it would "
+                         f"yield no batches; pass a batch_size of at most {len(sampler)}, or drop_last=False")
     view = BatchedDataset(ds, batch_transform)
     if mode == "main" and view.whole_batches and hasattr(ds, "start_batch"):
         return DataLoader(PrefetchedBatches(view, batches, prefetch_factor), batch_size=None,

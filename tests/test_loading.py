@@ -127,7 +127,7 @@ def test_shared_memory_warning_names_both_numbers(packed, monkeypatch):
     ds = ShardDataset(packed["npy"])
     monkeypatch.setattr(loading, "shm_free", lambda: 1 << 20)  # a 1 MiB /dev/shm
     with pytest.warns(RuntimeWarning) as record:
-        make_loader(ds, 4096, mode="processes", num_workers=2, prefetch_factor=3)
+        make_loader(ds, 4096, train=False, mode="processes", num_workers=2, prefetch_factor=3)
     msg = str(record[0].message)
     batch = 4096 * (20 * 20 * 3 + 8)  # uint8 pixels and an int64 label per sample
     assert f"{batch * 6 / 2**20:.0f} MiB" in msg and "2 workers x prefetch 3" in msg and "1 MiB free" in msg
@@ -135,7 +135,7 @@ def test_shared_memory_warning_names_both_numbers(packed, monkeypatch):
     monkeypatch.setattr(loading, "shm_free", lambda: 1 << 40)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
-        make_loader(ds, 4096, mode="processes", num_workers=2, prefetch_factor=3)
+        make_loader(ds, 4096, train=False, mode="processes", num_workers=2, prefetch_factor=3)
 
 
 def test_distributed_sampler_and_set_epoch(packed, tmp_path):
@@ -188,3 +188,43 @@ def test_variable_shape_output_goes_per_sample(tmp_path, fmt):
     got = [(imgs, labels) for imgs, labels in loader]
     assert [tuple(imgs.shape) for imgs, _ in got] == [(3, 3, 12, 12), (3, 3, 12, 12), (1, 3, 12, 12)]
     assert torch.cat([labels for _, labels in got]).tolist() == ds.targets.tolist()
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name, value, error, says", [
+    ("batch_size", 2.5, TypeError, "make_loader: batch_size must be a positive int, got 2.5 (float)"),
+    ("batch_size", 16.0, TypeError, "make_loader: batch_size must be a positive int, got 16.0 (float)"),
+    ("batch_size", True, TypeError, "make_loader: batch_size must be a positive int, got True (bool)"),
+    ("batch_size", "4", TypeError, "make_loader: batch_size must be a positive int, got '4' (str)"),
+    ("batch_size", 0, ValueError, "make_loader: batch_size must be a positive int, got 0"),
+    ("num_workers", 1.5, TypeError, "make_loader: num_workers must be a positive int, got 1.5 (float)"),
+    ("num_workers", 0, ValueError, "make_loader: num_workers must be a positive int, got 0 "
+                                   "(None: the usable CPUs; for no workers use mode='main')"),
+    ("prefetch_factor", -1, ValueError, "make_loader: prefetch_factor must be a positive int, got -1"),
+    ("prefetch_factor", False, TypeError, "make_loader: prefetch_factor must be a positive int, got False (bool)"),
+])
+def test_sizes_that_are_not_positive_ints_are_refused_naming_the_argument(packed, mode, name, value, error, says):
+    ds = ShardDataset(packed["npy"])
+    kw = {"batch_size": 4, name: value}
+    with pytest.raises(error) as err:
+        make_loader(ds, kw.pop("batch_size"), mode=mode, **kw)
+    assert str(err.value) == says
+
+
+def test_numpy_integer_sizes_are_taken(packed):
+    ds = ShardDataset(packed["npy"])
+    loader = make_loader(ds, np.int64(5), train=False, mode="threads", num_workers=np.int32(2),
+                         prefetch_factor=np.int8(1))
+    assert [len(labels) for _, labels in loader] == [5, 5, 5, 5, 3]
+
+
+def test_a_train_loader_whose_batch_is_larger_than_the_data_is_refused(packed):
+    ds = ShardDataset(packed["npy"])  # 23 samples
+    with pytest.raises(ValueError) as err:
+        make_loader(ds, 1000, train=True)
+    assert str(err.value) == ("make_loader: batch_size 1000 is larger than the 23 samples per epoch, and a train "
+                              "loader drops the last incomplete batch (drop_last), so it would yield no batches; "
+                              "pass a batch_size of at most 23, or drop_last=False")
+    assert [len(labels) for _, labels in make_loader(ds, 1000, train=True, drop_last=False)] == [23]
+    assert [len(labels) for _, labels in make_loader(ds, 1000, train=False)] == [23]
+    assert [len(labels) for _, labels in make_loader(ds, 23, train=True)] == [23]
