@@ -32,7 +32,6 @@ the real sample"):
 
 from __future__ import annotations
 
-import operator
 import random
 import shutil
 import threading
@@ -45,6 +44,7 @@ import torch
 from torch.utils.data import (DataLoader, Dataset, DistributedSampler, IterableDataset,
                               RandomSampler, Sampler, SequentialSampler)
 
+from .loader_checks import check_batch_shape, positive_int
 from .system import usable_cpus
 
 MODES = ("main", "threads", "processes")
@@ -97,11 +97,17 @@ def stack_collate(samples, pin_memory: bool = False):
     """Stack ``[(img, label), ...]`` into ``(imgs, labels)``: imgs (B, *img.shape) in the images'
     dtype (channels_last memory when the images have it, as ShardDataset's do), labels int64
     (B,). Nothing else: no conversion, no copy beyond the stack, which goes straight into pinned
-    memory when ``pin_memory``. Raises TypeError when an image is not a tensor."""
+    memory when ``pin_memory``. Raises TypeError when an image is not a tensor, ValueError
+    (one line, both shapes) when the images differ in shape."""
     imgs = [s[0] for s in samples]
     if not all(isinstance(im, torch.Tensor) for im in imgs):
         raise TypeError("stack_collate stacks tensors; give the dataset a transform that returns tensors")
     first = imgs[0]
+    other = next((im for im in imgs if im.shape != first.shape), None)
+    if other is not None:
+        raise ValueError(f"stack_collate: the images of a batch have different shapes ({tuple(first.shape)} and "
+                         f"{tuple(other.shape)}); give the dataset a transform that ends in a fixed size, or "
+                         f"make_loader a batch_transform that does (e.g. RandomResizedCrop(224))")
     hwc = first.ndim == 3 and first.stride(0) == 1 and first.shape[0] > 1  # a CHW view of HWC memory
     if hwc:
         imgs = [im.permute(1, 2, 0) for im in imgs]
@@ -117,7 +123,9 @@ class BatchedDataset(Dataset):
 
     Fixed-shape data without a per-sample transform is read with ``ds.read_batch`` (one
     vectorised copy); otherwise samples come from ``ds.__getitems__`` (transform per sample)
-    and are stacked with :func:`stack_collate`.
+    and are stacked with :func:`stack_collate`, except for variable-shape data with a batch
+    transform of shardpack.transforms that fixes the size (:attr:`ragged`): that one is given
+    the list of images, crops each on its own and stacks the crops.
     """
 
     def __init__(self, ds, batch_transform=None):
@@ -144,6 +152,14 @@ class BatchedDataset(Dataset):
         reader = getattr(self.ds, "reader", None)
         return getattr(reader, "shape", None) is not None and self.ds.transform is None
 
+    @property
+    def ragged(self) -> bool:
+        """Variable-shape samples and a batch transform that fixes the size (``out_size``, as
+        shardpack.transforms have): the batch goes to it as a list of (3, H, W) images."""
+        reader = getattr(self.ds, "reader", None)
+        return (reader is not None and reader.shape is None
+                and getattr(self.batch_transform, "out_size", None) is not None)
+
     def __getitems__(self, indices):
         scratch = None
         if self.whole_batches:
@@ -151,12 +167,18 @@ class BatchedDataset(Dataset):
             # thread's reused buffer instead of fresh memory.
             scratch = self._buffer(len(indices)) if self.batch_transform is not None else None
             return self.finish(indices, *self.ds.read_batch(indices, out=scratch), scratch)
-        return self.finish(indices, *stack_collate(self.ds.__getitems__(indices)))
+        samples = self.ds.__getitems__(indices)
+        if self.ragged:
+            labels = torch.as_tensor([label for _, label in samples], dtype=torch.int64)
+            return self.finish(indices, [img for img, _ in samples], labels)
+        return self.finish(indices, *stack_collate(samples))
 
     def finish(self, indices, imgs, labels, scratch=None):
         """``(imgs, labels)`` of the batch ``indices`` read whole, after ``target_transform``
-        and ``batch_transform`` (seeded from ``indices.seed``); ``scratch``: the reused buffer
-        imgs is a view of, which the result must not be."""
+        and ``batch_transform`` (seeded from ``indices.seed``: every random draw of a batch comes
+        from this one generator); ``imgs`` a (B, 3, H, W) batch, or a list of (3, H, W) images
+        when :attr:`ragged`; ``scratch``: the reused buffer imgs is a view of, which the result
+        must not be."""
         if self.whole_batches and self.ds.target_transform is not None:
             labels = torch.as_tensor([self.ds.target_transform(int(v)) for v in labels])
         if self.batch_transform is not None:
@@ -292,23 +314,6 @@ def check_shared_memory(batch_bytes: int, workers: int, prefetch: int) -> str | 
             f"or batch, or give the container more (docker run --shm-size=...)")
 
 
-def positive_int(name: str, value, hint: str = "") -> int:
-    """``value`` of make_loader's argument ``name`` as an int >= 1. Integers of any kind (int,
-    numpy integer) are taken; TypeError for anything else (floats, even 16.0; strings; bools),
-    ValueError below 1 (``hint`` added in brackets), each one line naming the argument and value."""
-    if not isinstance(value, (bool, np.bool_)):
-        try:
-            number = operator.index(value)
-        except TypeError:
-            pass
-        else:
-            if number >= 1:
-                return number
-            raise ValueError(f"make_loader: {name} must be a positive int, got {number}"
-                             + (f" ({hint})" if hint else ""))
-    raise TypeError(f"make_loader: {name} must be a positive int, got {value!r} ({type(value).__name__})")
-
-
 def make_loader(ds, batch_size: int, train: bool = True, *, batch_transform=None, mode: str = "auto",
                 num_workers: int | None = None, prefetch_factor: int = 2,
                 pin_memory: bool | None = None, seed: int | None = None,
@@ -343,6 +348,7 @@ def make_loader(ds, batch_size: int, train: bool = True, *, batch_transform=None
     if num_workers is not None:
         num_workers = positive_int("num_workers", num_workers,
                                    "None: the usable CPUs; for no workers use mode='main'")
+    check_batch_shape(ds, batch_transform)
     if mode == "auto":
         mode = auto_mode(ds, batch_transform)
     if mode not in MODES:

@@ -9,8 +9,15 @@ what torchvision.transforms.v2 runs on uint8 tensors). Any strides work; the HWC
 
 On a batch, every image gets its own random parameters (drawn at once, vectorised); a single image
 is a batch of one. Images of any size (3, H, W) are accepted, so variable-shape outputs work per
-sample. Randomness comes from ``generator`` (a ``torch.Generator``) or torch's global generator,
-which DataLoader seeds per worker, as torchvision does.
+sample. A *list* of uint8 (3, H, W) tensors of different sizes (a batch of a variable-shape
+output, as ``make_loader`` gives it) works too: each image gets its own box drawn from its own
+H, W (the same draws, in the same order, as a batch of those sizes would get), is cropped on its
+own, and a fixed-size step (RandomResizedCrop, RandomCrop, CenterCrop) stacks the results into a
+uint8 (B, 3, h, w) batch; steps that keep the size (RandomHorizontalFlip) return a list.
+``out_size`` tells the size a transform gives (None when it keeps its input's). Randomness comes
+from ``generator`` (a ``torch.Generator``) or torch's global generator, which DataLoader seeds per
+worker, as torchvision does; every transform draws its parameters in one call per batch
+(``resized_crop_params``, ``crop_params``, the flip's coin), from that generator.
 
 The parameter definitions are torchvision's (``RandomResizedCrop.get_params``,
 ``RandomCrop.get_params``, ``CenterCrop``, ``RandomHorizontalFlip``): area fraction uniform in
@@ -94,15 +101,21 @@ def crop_params(height, width, size, generator=None):
 
 class _Transform:
     """Dispatch: numpy HWC / tensor CHW, single image / batch, to ``_batch(x, generator)``
-    which sees a (B, 3, H, W) uint8 tensor and returns one."""
+    which sees a (B, 3, H, W) uint8 tensor and returns one; a list of (3, H, W) tensors of any
+    sizes to ``_images(images, generator)``. ``out_size``: the (h, w) every output has, or None
+    when the output keeps the input's size."""
+
+    out_size: tuple[int, int] | None = None
 
     def __call__(self, img, generator: torch.Generator | None = None):
+        if isinstance(img, (list, tuple)):
+            return self._images(_checked_images(self, img), generator)
         is_numpy = isinstance(img, np.ndarray)
         x = torch.from_numpy(img).movedim(-1, -3) if is_numpy else img
         if not isinstance(x, torch.Tensor) or x.dtype != torch.uint8 or x.ndim not in (3, 4):
-            kind = f"{type(img).__name__} {getattr(img, 'dtype', '')} {tuple(getattr(img, 'shape', ()))}"
-            raise TypeError(f"{type(self).__name__} takes uint8 (3, H, W) / (B, 3, H, W) tensors or "
-                            f"(H, W, 3) / (B, H, W, 3) numpy arrays, got {kind}")
+            raise TypeError(f"{type(self).__name__} takes uint8 (3, H, W) / (B, 3, H, W) tensors, "
+                            f"(H, W, 3) / (B, H, W, 3) numpy arrays or a list of (3, H, W) tensors, "
+                            f"got {_kind(img)}")
         single = x.ndim == 3
         out = self._batch(x[None] if single else x, generator)
         out = out[0] if single else out
@@ -111,16 +124,43 @@ class _Transform:
     def _batch(self, x: torch.Tensor, generator) -> torch.Tensor:
         raise NotImplementedError
 
+    def _images(self, images: list, generator):
+        raise NotImplementedError
+
     def __repr__(self):
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
 
 
-def _empty_like(x: torch.Tensor, h: int, w: int) -> torch.Tensor:
-    """A (B, C, h, w) uint8 tensor in x's memory format (channels_last stays channels_last)."""
-    b, c = x.shape[:2]
+def _kind(img) -> str:
+    return f"{type(img).__name__} {getattr(img, 'dtype', '')} {tuple(getattr(img, 'shape', ()))}"
+
+
+def _checked_images(t, images) -> list:
+    """``images`` (a list of uint8 (3, H, W) tensors) as a list; TypeError naming the first other one."""
+    for k, im in enumerate(images):
+        if not isinstance(im, torch.Tensor) or im.dtype != torch.uint8 or im.ndim != 3:
+            raise TypeError(f"{type(t).__name__} takes a list of uint8 (3, H, W) tensors; image {k} is {_kind(im)}")
+    return list(images)
+
+
+def _sizes(images) -> tuple[torch.Tensor, torch.Tensor]:
+    """Heights and widths (int64 (B,)) of a list of (3, H, W) images."""
+    return (torch.tensor([im.shape[-2] for im in images], dtype=torch.int64),
+            torch.tensor([im.shape[-1] for im in images], dtype=torch.int64))
+
+
+def _empty_like(x: torch.Tensor, h: int, w: int, b: int | None = None) -> torch.Tensor:
+    """A (b, C, h, w) uint8 tensor (b: len(x) by default) in x's memory format (channels_last
+    stays channels_last)."""
+    b, c = len(x) if b is None else b, x.shape[1]
     if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
         return torch.empty((b, h, w, c), dtype=x.dtype, device=x.device).permute(0, 3, 1, 2)
     return torch.empty((b, c, h, w), dtype=x.dtype, device=x.device)
+
+
+def _stacked_like(images: list, h: int, w: int) -> torch.Tensor:
+    """The (B, C, h, w) uint8 batch for crops of ``images`` (a list), in the first one's memory format."""
+    return _empty_like(images[0][None], h, w, len(images))
 
 
 def _crop(x: torch.Tensor, top, left, h: int, w: int) -> torch.Tensor:
@@ -128,9 +168,14 @@ def _crop(x: torch.Tensor, top, left, h: int, w: int) -> torch.Tensor:
     if len(x) == 1:
         t, lf = int(top[0]), int(left[0])
         return x[:, :, t:t + h, lf:lf + w]
-    out = _empty_like(x, h, w)
+    return _crop_into(x, top, left, _empty_like(x, h, w))
+
+
+def _crop_into(images, top, left, out: torch.Tensor) -> torch.Tensor:
+    """Crop (top[k], left[k]) of ``images[k]`` (a batch or a list) into ``out[k]``, of out's size."""
+    h, w = out.shape[-2:]
     for k, (t, lf) in enumerate(zip(top.tolist(), left.tolist())):
-        out[k] = x[k, :, t:t + h, lf:lf + w]
+        out[k] = images[k][:, t:t + h, lf:lf + w]
     return out
 
 
@@ -154,19 +199,26 @@ class RandomResizedCrop(_Transform):
 
     def __init__(self, size, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), interpolation="bilinear",
                  antialias=True):
-        self.size = _pair(size)
+        self.size = self.out_size = _pair(size)
         self.scale, self.ratio = tuple(scale), tuple(ratio)
         self.interpolation, self.antialias = interpolation, antialias
         resized_crop_params([1], [1], self.scale, self.ratio)  # validate now, not in a worker
 
     def _batch(self, x, generator):
         b, _, height, width = x.shape
-        top, left, h, w = resized_crop_params(torch.full((b,), height), torch.full((b,), width),
-                                              self.scale, self.ratio, generator)
-        out = _empty_like(x, *self.size)
+        box = resized_crop_params(torch.full((b,), height), torch.full((b,), width),
+                                  self.scale, self.ratio, generator)
+        return self._resized(x, *box, _empty_like(x, *self.size))
+
+    def _images(self, images, generator):
+        box = resized_crop_params(*_sizes(images), self.scale, self.ratio, generator)
+        return self._resized(images, *box, _stacked_like(images, *self.size))
+
+    def _resized(self, images, top, left, h, w, out):
+        """Box k of ``images[k]`` (a batch or a list) resized into ``out[k]``; returns ``out``."""
         rows = zip(top.tolist(), left.tolist(), h.tolist(), w.tolist())
         for k, (t, lf, hh, ww) in enumerate(rows):
-            box = x[k:k + 1, :, t:t + hh, lf:lf + ww]
+            box = images[k][None, :, t:t + hh, lf:lf + ww]
             if (hh, ww) == self.size:
                 out[k] = box[0]
             else:
@@ -185,7 +237,7 @@ class RandomCrop(_Transform):
     """
 
     def __init__(self, size, padding=None, pad_if_needed=False, fill=0, padding_mode="constant"):
-        self.size = _pair(size)
+        self.size = self.out_size = _pair(size)
         if padding is None:
             padding = 0
         if isinstance(padding, int):
@@ -195,15 +247,25 @@ class RandomCrop(_Transform):
         self.padding = tuple(int(p) for p in padding)
         self.pad_if_needed, self.fill, self.padding_mode = pad_if_needed, fill, padding_mode
 
-    def _batch(self, x, generator):
+    def _padded(self, x):
+        """x (B, 3, H, W) with ``padding``, then padded up to ``size`` when ``pad_if_needed``."""
         x = _pad(x, self.padding, self.fill, self.padding_mode)
         th, tw = self.size
         if self.pad_if_needed and (x.shape[-1] < tw or x.shape[-2] < th):
             dw, dh = max(0, tw - x.shape[-1]), max(0, th - x.shape[-2])
             x = _pad(x, (dw, dh, dw, dh), self.fill, self.padding_mode)
+        return x
+
+    def _batch(self, x, generator):
+        x = self._padded(x)
         b, _, height, width = x.shape
         top, left = crop_params(torch.full((b,), height), torch.full((b,), width), self.size, generator)
-        return _crop(x, top, left, th, tw)
+        return _crop(x, top, left, *self.size)
+
+    def _images(self, images, generator):
+        images = [self._padded(im[None])[0] for im in images]
+        top, left = crop_params(*_sizes(images), self.size, generator)
+        return _crop_into(images, top, left, _stacked_like(images, *self.size))
 
 
 class CenterCrop(_Transform):
@@ -212,7 +274,7 @@ class CenterCrop(_Transform):
     of the input when no padding is needed."""
 
     def __init__(self, size):
-        self.size = _pair(size)
+        self.size = self.out_size = _pair(size)
 
     def _batch(self, x, generator):
         th, tw = self.size
@@ -224,6 +286,12 @@ class CenterCrop(_Transform):
         top, left = int(round((height - th) / 2.0)), int(round((width - tw) / 2.0))
         return x[:, :, top:top + th, left:left + tw]
 
+    def _images(self, images, generator):
+        out = _stacked_like(images, *self.size)
+        for k, im in enumerate(images):
+            out[k] = self._batch(im[None], generator)[0]
+        return out
+
 
 class RandomHorizontalFlip(_Transform):
     """torchvision's ``RandomHorizontalFlip(p)``: each image mirrored left-right with probability
@@ -234,8 +302,11 @@ class RandomHorizontalFlip(_Transform):
     def __init__(self, p=0.5, inplace=False):
         self.p, self.inplace = float(p), bool(inplace)
 
+    def _coins(self, n: int, generator) -> list[bool]:
+        return (torch.rand(n, generator=generator) < self.p).tolist()
+
     def _batch(self, x, generator):
-        flip = (torch.rand(len(x), generator=generator) < self.p).tolist()
+        flip = self._coins(len(x), generator)
         if len(x) == 1 and not self.inplace:
             return x.flip(-1) if flip[0] else x
         out = x if self.inplace else x.clone()
@@ -243,12 +314,31 @@ class RandomHorizontalFlip(_Transform):
             out[k] = x[k].flip(-1)
         return out
 
+    def _images(self, images, generator):
+        return [im.flip(-1) if f else im for im, f in zip(images, self._coins(len(images), generator))]
+
 
 class Compose:
-    """Apply transforms in order, passing ``generator`` on (like torchvision's Compose)."""
+    """Apply transforms in order, passing ``generator`` on (like torchvision's Compose).
+
+    ``out_size``: the (h, w) of the last step here that fixes the size, or None when none does,
+    or when a step from elsewhere (no ``out_size``) comes before the first that does (it would be
+    given a list of images of different sizes). Steps from elsewhere after it are taken to keep
+    the size (e.g. a normalisation)."""
 
     def __init__(self, transforms):
         self.transforms = list(transforms)
+
+    @property
+    def out_size(self) -> tuple[int, int] | None:
+        size = None
+        for t in self.transforms:
+            if not hasattr(t, "out_size"):
+                if size is None:
+                    return None
+                continue
+            size = t.out_size or size
+        return size
 
     def __call__(self, img, generator=None):
         for t in self.transforms:
