@@ -1,12 +1,16 @@
-"""make_loader's checks of its arguments, made before anything is built: sizes that must be
-positive ints, and whether a batch of a variable-shape output can be stacked at all. Each
-failure is one line (ValueError or TypeError) naming the argument and its value."""
+"""make_loader's checks, made before anything is built: sizes that must be positive ints, whether
+a batch of a variable-shape output can be stacked at all (each failure one line, ValueError or
+TypeError, naming the argument and its value), and whether worker processes' batches fit in
+/dev/shm (a warning)."""
 
 from __future__ import annotations
 
 import operator
+import shutil
 
 import numpy as np
+
+SHM = "/dev/shm"
 
 
 def positive_int(name: str, value, hint: str = "") -> int:
@@ -56,3 +60,28 @@ def check_batch_shape(ds, batch_transform) -> None:
 def _resize_mode(ds) -> str:
     mode = (ds.manifest.get("pixels") or {}).get("resize")
     return mode if isinstance(mode, str) else "shorter-side or longer-side"
+
+
+def shm_free() -> int | None:
+    """Free bytes in /dev/shm, or None where there is none."""
+    try:
+        return shutil.disk_usage(SHM).free
+    except OSError:
+        return None
+
+
+def check_shared_memory(batch_bytes: int, workers: int, prefetch: int) -> str | None:
+    """The warning for worker processes whose batches would not fit in /dev/shm, or None.
+
+    Workers hand every batch over through /dev/shm, and up to ``workers * prefetch`` batches are
+    in flight; when that exceeds the free space, workers die with a bus error (the Docker
+    default is 64 MB). The message names both numbers and the fixes.
+    """
+    need, free = batch_bytes * workers * prefetch, shm_free()
+    if free is None or need <= free:
+        return None
+    return (f"DataLoader worker processes will need about {need / 2**20:.0f} MiB of shared memory "
+            f"({batch_bytes / 2**20:.1f} MiB per batch x {workers} workers x prefetch {prefetch}) "
+            f"but {SHM} has {free / 2**20:.0f} MiB free: workers would die with a bus error. "
+            f"Use mode='threads' (no shared memory), fewer workers or a smaller prefetch_factor "
+            f"or batch, or give the container more (docker run --shm-size=...)")

@@ -33,7 +33,6 @@ the real sample"):
 from __future__ import annotations
 
 import random
-import shutil
 import threading
 import warnings
 from collections import deque
@@ -44,11 +43,10 @@ import torch
 from torch.utils.data import (DataLoader, Dataset, DistributedSampler, IterableDataset,
                               RandomSampler, Sampler, SequentialSampler)
 
-from .loader_checks import check_batch_shape, positive_int
+from .loader_checks import check_batch_shape, check_shared_memory, positive_int
 from .system import usable_cpus
 
 MODES = ("main", "threads", "processes")
-SHM = "/dev/shm"
 
 
 class Batch(list):
@@ -278,40 +276,22 @@ def auto_mode(ds, batch_transform=None) -> str:
       a copy in this process (a hand-off to a thread or a process costs more than the copy);
     - CPU augmentation of whole batches, or JPEG-encoded data: "threads" (the crops, resizes
       and decodes run with the GIL released), or "main" on a single CPU;
-    - a per-sample Python ``transform`` or variable shapes (work per sample, GIL held):
+    - variable shapes cropped per image by a batch transform that fixes the size
+      (:attr:`BatchedDataset.ragged`): "threads" (the crops and resizes release the GIL; 785
+      images at 256 through RandomResizedCrop(224) + flip: threads 2,780, processes 2,400, main
+      2,140 samples/s);
+    - a per-sample Python ``transform`` or other variable shapes (work per sample, GIL held):
       "processes", or "main" on a single CPU.
     """
     if usable_cpus() < 2:
         return "main"
-    if not BatchedDataset(ds).whole_batches:
+    view = BatchedDataset(ds, batch_transform)
+    if view.ragged and ds.transform is None:
+        return "threads"
+    if not view.whole_batches:
         return "processes"
     encoded = getattr(getattr(ds, "reader", None), "decoder", None)  # JPEG records: decoding, GIL released
     return "main" if batch_transform is None and not encoded else "threads"
-
-
-def shm_free() -> int | None:
-    """Free bytes in /dev/shm, or None where there is none."""
-    try:
-        return shutil.disk_usage(SHM).free
-    except OSError:
-        return None
-
-
-def check_shared_memory(batch_bytes: int, workers: int, prefetch: int) -> str | None:
-    """The warning for worker processes whose batches would not fit in /dev/shm, or None.
-
-    Workers hand every batch over through /dev/shm, and up to ``workers * prefetch`` batches are
-    in flight; when that exceeds the free space, workers die with a bus error (the Docker
-    default is 64 MB). The message names both numbers and the fixes.
-    """
-    need, free = batch_bytes * workers * prefetch, shm_free()
-    if free is None or need <= free:
-        return None
-    return (f"DataLoader worker processes will need about {need / 2**20:.0f} MiB of shared memory "
-            f"({batch_bytes / 2**20:.1f} MiB per batch x {workers} workers x prefetch {prefetch}) "
-            f"but {SHM} has {free / 2**20:.0f} MiB free: workers would die with a bus error. "
-            f"Use mode='threads' (no shared memory), fewer workers or a smaller prefetch_factor "
-            f"or batch, or give the container more (docker run --shm-size=...)")
 
 
 def make_loader(ds, batch_size: int, train: bool = True, *, batch_transform=None, mode: str = "auto",
@@ -340,8 +320,18 @@ def make_loader(ds, batch_size: int, train: bool = True, *, batch_transform=None
       on every rank.
     - ``sampler``: replaces the default sampler (e.g. ``RandomSampler(ds, num_samples=N)``).
 
+    - Variable-shape outputs (``--resize shorter-side`` / ``longer-side``) need a batch transform
+      that ends in a fixed size (RandomResizedCrop, RandomCrop, CenterCrop of shardpack.transforms,
+      or a Compose ending in one): it is given each batch as a list of (3, H, W) images, draws
+      every image's box from its own H, W, crops each on its own and stacks the crops.
+
     Before returning a process-based loader it warns (RuntimeWarning) when batch bytes x workers
-    x prefetch exceeds the free /dev/shm. Raises ValueError for an unknown ``mode``.
+    x prefetch exceeds the free /dev/shm. Raises, each in one line naming the argument:
+    ValueError for an unknown ``mode``; TypeError for a ``batch_size``, ``num_workers`` or
+    ``prefetch_factor`` that is not an int (floats, bools, strings), ValueError when one is
+    below 1; ValueError when ``drop_last`` (a train loader) would leave no batch at all (a
+    batch larger than the samples of an epoch), and for a variable-shape output whose batches
+    cannot be brought to one size (no such batch transform).
     """
     batch_size = positive_int("batch_size", batch_size)
     prefetch_factor = positive_int("prefetch_factor", prefetch_factor)

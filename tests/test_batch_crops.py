@@ -10,7 +10,8 @@ from PIL import Image
 import helpers
 from helpers import make_tree, noise_image
 from shardpack.readers import ShardDataset
-from shardpack.readers.loading import MODES, make_loader, stack_collate
+from shardpack.readers.loading import MODES, auto_mode, make_loader, stack_collate
+from shardpack.readers.system import usable_cpus
 from shardpack.readers.transforms import (CenterCrop, Compose, RandomCrop, RandomHorizontalFlip,
                                           RandomResizedCrop, crop_params, resized_crop_params)
 
@@ -75,6 +76,7 @@ def test_the_readmes_batch_transform_on_a_shorter_side_output_gives_fixed_batche
     assert len(runs["main"]) == 13 // 4  # train: the last incomplete batch dropped
     for mode in MODES:  # the same draws whichever mode
         assert all(torch.equal(a, b) and torch.equal(la, lb) for (a, la), (b, lb) in zip(runs["main"], runs[mode]))
+    assert auto_mode(ds, readme_aug()) == ("threads" if usable_cpus() > 1 else "main")  # crops release the GIL
     again = [imgs for imgs, _ in make_loader(ds, 4, seed=3, mode="main", batch_transform=readme_aug())]
     other = [imgs for imgs, _ in make_loader(ds, 4, seed=4, mode="main", batch_transform=readme_aug())]
     assert all(torch.equal(a, b) for a, b in zip(again, (imgs for imgs, _ in runs["main"])))

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
 
+import shardpack.readers.loader_checks as loader_checks
 import shardpack.readers.loading as loading
 import helpers
 from helpers import FORMATS, make_tree, pack_quiet
@@ -125,14 +126,14 @@ def test_per_sample_transform_route_and_stack_collate(packed):
 
 def test_shared_memory_warning_names_both_numbers(packed, monkeypatch):
     ds = ShardDataset(packed["npy"])
-    monkeypatch.setattr(loading, "shm_free", lambda: 1 << 20)  # a 1 MiB /dev/shm
+    monkeypatch.setattr(loader_checks, "shm_free", lambda: 1 << 20)  # a 1 MiB /dev/shm
     with pytest.warns(RuntimeWarning) as record:
         make_loader(ds, 4096, train=False, mode="processes", num_workers=2, prefetch_factor=3)
     msg = str(record[0].message)
     batch = 4096 * (20 * 20 * 3 + 8)  # uint8 pixels and an int64 label per sample
     assert f"{batch * 6 / 2**20:.0f} MiB" in msg and "2 workers x prefetch 3" in msg and "1 MiB free" in msg
     assert "/dev/shm" in msg and "--shm-size" in msg and "threads" in msg
-    monkeypatch.setattr(loading, "shm_free", lambda: 1 << 40)
+    monkeypatch.setattr(loader_checks, "shm_free", lambda: 1 << 40)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         make_loader(ds, 4096, train=False, mode="processes", num_workers=2, prefetch_factor=3)
