@@ -92,7 +92,7 @@ class DataFile:
         first sample not read. Raises OSError (naming the file and that sample) on an I/O error,
         :class:`CutShort` when the file ends before the buffers are full."""
         want = sum(memoryview(b).nbytes for b in buffers)
-        marks = [(0, sample)] if isinstance(sample, int) else sample
+        marks = sample if isinstance(sample, list) else [(0, sample)]
         got = 0
         while got < want:  # a short read: go on from where it stopped, until the file ends
             try:
@@ -177,7 +177,7 @@ def submit(jobs: list, then=None) -> Pending:
 
     Jobs adjacent in the same file (the next one starts where the previous ends, as sorted
     samples of npy and HDF5 do) are merged into one ``preadv`` of up to :data:`MERGE_BYTES`
-(its errors still name the first sample not read);
+    (its errors still name the first sample not read);
     the rest are dealt to the threads in order, so each thread walks its part forwards.
     ``then``: see :class:`Pending`."""
     merged = []

@@ -39,14 +39,8 @@ def check_batch_shape(ds, batch_transform) -> None:
     reader = getattr(ds, "reader", None)
     if reader is None or reader.shape is not None:
         return
-    if ds.transform is not None and not hasattr(ds.transform, "out_size"):
-        return
-    size = getattr(ds.transform, "out_size", None)
-    if hasattr(batch_transform, "out_size"):
-        size = batch_transform.out_size or size
-    elif batch_transform is not None and size is not None:
-        return  # one of one's own, given a stacked batch of one size
-    if size is not None:
+    own = ds.transform is not None and not hasattr(ds.transform, "out_size")  # cannot be told
+    if own or getattr(ds.transform, "out_size", None) or getattr(batch_transform, "out_size", None):
         return
     what = ("no batch_transform" if batch_transform is None else
             f"batch_transform {batch_transform!r}, which does not fix the size")

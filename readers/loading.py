@@ -101,16 +101,19 @@ def stack_collate(samples, pin_memory: bool = False):
     if not all(isinstance(im, torch.Tensor) for im in imgs):
         raise TypeError("stack_collate stacks tensors; give the dataset a transform that returns tensors")
     first = imgs[0]
-    other = next((im for im in imgs if im.shape != first.shape), None)
-    if other is not None:
-        raise ValueError(f"stack_collate: the images of a batch have different shapes ({tuple(first.shape)} and "
-                         f"{tuple(other.shape)}); give the dataset a transform that ends in a fixed size, or "
-                         f"make_loader a batch_transform that does (e.g. RandomResizedCrop(224))")
     hwc = first.ndim == 3 and first.stride(0) == 1 and first.shape[0] > 1  # a CHW view of HWC memory
     if hwc:
         imgs = [im.permute(1, 2, 0) for im in imgs]
     out = torch.empty((len(imgs), *imgs[0].shape), dtype=first.dtype, pin_memory=pin_memory)
-    torch.stack(imgs, out=out)
+    try:
+        torch.stack(imgs, out=out)
+    except RuntimeError:  # looked into only when the stack fails: nothing added to a batch that stacks
+        other = next((s[0] for s in samples if s[0].shape != first.shape), None)
+        if other is None:
+            raise
+        raise ValueError(f"stack_collate: the images of a batch have different shapes ({tuple(first.shape)} and "
+                         f"{tuple(other.shape)}); give the dataset a transform that ends in a fixed size, or "
+                         f"make_loader a batch_transform that does (e.g. RandomResizedCrop(224))") from None
     labels = torch.as_tensor([s[1] for s in samples], dtype=torch.int64)
     return (out.permute(0, 3, 1, 2) if hwc else out), labels
 
