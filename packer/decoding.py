@@ -11,6 +11,7 @@ import signal
 import threading
 import time
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 
 from .imaging import Recipe
 from .ledger import Ledger
@@ -35,7 +36,14 @@ class Decoding:
     record each in the ledger, hand each sample to the writer, checkpoint every few seconds.
     Ctrl-C and SIGTERM (taken between chunks, never inside a write) stop at a checkpoint that
     --resume continues from (Stopped); so do a killed worker and a source that vanished (the
-    streak re-read); a failed write (a full disk) leaves the last checkpoint (see pack)."""
+    streak re-read); a failed write (a full disk) leaves the last checkpoint (see pack).
+
+    A signal that lands once every file is decoded does not stop the run: what is left is
+    finishing the output (the index, the manifest, the rename: usually seconds, well inside a
+    scheduler's grace period before SIGKILL), and a user should not be told to resume a run with
+    nothing left to decode. A note says so; ``late`` keeps the signal (pack_plan stops before
+    the next split); a second signal stops at once (Stopped), resumable as ever. The handlers
+    are those of :meth:`taking_signals`, held from decoding to the commit."""
 
     def __init__(self, listing: Listing, recipe: Recipe, opts: Options, writer, ledger: Ledger,
                  staging: Staging, workers: int):
@@ -45,7 +53,22 @@ class Decoding:
         self.written = int(staging.start["written"])
         self.interrupted = 0  # the signal received, taken at the next chunk
         self.finished = False  # every file decoded and written, the last checkpoint taken
+        self.late = 0  # a signal that landed once every file was decoded: the output is finished anyway
         self.runner = None
+
+    @contextmanager
+    def taking_signals(self):
+        """SIGINT and SIGTERM recorded (taken at the next chunk, see the class) from here until
+        the output is committed (in the main thread; elsewhere none can be installed)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield self
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     def run(self) -> None:
         n = len(self.listing)
@@ -57,9 +80,6 @@ class Decoding:
                                       self.opts, self.staging)
         self.runner = runner
         bar = _progress_bar(n, self.start, self.opts.progress, getattr(runner, "desc", "packing"))
-        previous = {}
-        if threading.current_thread() is threading.main_thread():  # SIGTERM as Ctrl-C: stop at a checkpoint
-            previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         self.last_checkpoint = self.last_durable = time.monotonic()
         finished = False
         try:
@@ -81,8 +101,6 @@ class Decoding:
             raise PackError(f"a decode process died (killed, or out of memory?) after {self.done} of {n} "
                             f"files; rerun with --resume to continue from {self.staging.tmp}") from None
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
             cleanup = (lambda fn, *args: fn(*args)) if finished else _quietly
             cleanup(bar.close)
             cleanup(self.ledger.close_log)
@@ -100,7 +118,17 @@ class Decoding:
             say(f"stopped after {self.done} of {len(self.listing)} files; the progress is in {self.staging.tmp}")
 
     def _on_signal(self, signum, _frame) -> None:
+        if self.late:  # the second signal while finishing: stop now
+            raise Stopped(signum)
         self.interrupted = signum
+        if self.done >= len(self.listing):
+            self._finish_anyway()
+
+    def _finish_anyway(self) -> None:
+        """A signal landed with every file decoded: say that the output is finished first."""
+        self.late = self.interrupted
+        say(f"{signal.Signals(self.late).name} received after the last of {len(self.listing)} files was decoded: "
+            f"finishing the output first (seconds; a second signal stops at once)")
 
     def _take(self, results) -> None:
         """Record one chunk's results in scan order; each sample is stored at the next position."""
@@ -120,8 +148,10 @@ class Decoding:
         """After each chunk taken (``self.done`` files done): raise Stopped for a signal received,
         checkpoint when one is due. The one point a run stops between chunks: public as the seam
         the tests wrap to stop a run once N files are done (they raise KeyboardInterrupt there)."""
-        if self.interrupted:
-            raise Stopped(self.interrupted)
+        if self.interrupted and not self.late:
+            if self.done < len(self.listing):
+                raise Stopped(self.interrupted)
+            self._finish_anyway()
         if time.monotonic() - self.last_checkpoint > self.opts.checkpoint_seconds and not self.ledger.in_streak:
             self._checkpoint(self.done, durable=time.monotonic() - self.last_durable > self.opts.durable_seconds)
             self.last_checkpoint = time.monotonic()

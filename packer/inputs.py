@@ -41,4 +41,4 @@ def dry_run_after_scan(plan: Plan, out: Path, recipe: Recipe, opts: Options, wor
     check: the real run's own Staging.check with the real run's fingerprint. Writes nothing."""
     Staging.check(out, plan.fingerprint(recipe, opts), opts,
                   need=lambda: plan_run_bytes(plan, recipe, opts.fmt, workers),
-                  count=sum(len(p.listing) for p in plan.parts), previous=read_record(out))
+                  count=sum(len(p.listing) for p in plan.parts), previous=read_record(out), listings=plan.listings())

@@ -19,6 +19,7 @@ or ``class`` column (like ``classes.tsv``: index, wnid, name) picks that column.
 from __future__ import annotations
 
 import csv
+import hashlib
 import os
 import re
 import unicodedata
@@ -50,9 +51,11 @@ class LabelsReport:
     found: bool = False  # True when found beside SRC rather than given with --labels
     missing: list[str] = field(default_factory=list)  # listed in the file, not in the folder
     unlisted: list[str] = field(default_factory=list)  # in the folder, not in the file (not packed)
+    sha256: str = ""  # of the file's bytes as read: a --resume compares it (packer/sameness.py)
 
     def as_manifest(self) -> dict:
-        return {"file": self.file, "format": self.format, "missing": self.missing, "unlisted": self.unlisted}
+        return {"file": self.file, "format": self.format, "missing": self.missing, "unlisted": self.unlisted,
+                "sha256": self.sha256}
 
 
 def flat_images(folder: Path) -> tuple[list[str], list[str]]:
@@ -153,12 +156,19 @@ def flat_listing(folder: str | os.PathLike, labels_file: str | os.PathLike, clas
     raw = [labelled[p] for p in paths]
     classes, labels = _to_indices(labels_file, raw, paths, classes, origin)
     report = LabelsReport(str(labels_file.absolute()), fmt, missing=missing,
-                          unlisted=[p for p in images if p not in labelled])
+                          unlisted=[p for p in images if p not in labelled], sha256=_sha256(labels_file))
     listing = Listing(folder, classes, {c: i for i, c in enumerate(classes)}, paths, labels, other)
     return listing, report
 
 
 # ---------------------------------------------------------------- parsing
+
+def _sha256(path: Path) -> str:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError as err:
+        raise LabelsError(f"{path}: cannot read ({err})") from None
+
 
 def _lines(path: Path) -> list[str]:
     try:

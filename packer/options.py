@@ -29,6 +29,14 @@ class OutputBusy(PackError):
         self.holder = holder or {}
 
 
+class ConflictingOptions(PackError):
+    """Options that cannot go together (a usage error on the command line: exit 2)."""
+
+
+RESUME_AND_OVERWRITE = ("--resume and --overwrite cannot go together: --resume continues the interrupted run, "
+                        "--overwrite discards it (and any complete OUT) and starts over; pass one")
+
+
 class AlreadyComplete(PackError):
     """``--resume`` on an OUT that is complete and was made the same way: nothing to do (the
     command line exits 0, so a requeued job can rerun its command as it is)."""
@@ -146,6 +154,7 @@ class Report:
     notes: list = field(default_factory=list)  # what was said on stderr at the start
     case_clashes: list = field(default_factory=list)  # see scan.Listing.case_clashes
     resumed_at: int = 0  # files already done by the interrupted run this one resumed
+    late_signal: int = 0  # a signal that landed once every file was decoded (the output was finished)
 
     @property
     def images_per_s(self) -> float:

@@ -34,7 +34,8 @@ from .mounts import MountTable
 from .options import Options
 from .scan import SPLIT_NAMES, Listing, ScanError, SplitsError, find_classes, loose_images, scan
 from .sizing import SizeEstimate, estimate_size, plan_output_bytes, storage_lines
-from .staging import dataset_fingerprint, fingerprint, nearest_existing, source_identity
+from .sameness import dataset_fingerprint, splits_fingerprint
+from .staging import nearest_existing
 
 
 @dataclass
@@ -75,11 +76,14 @@ class Plan:
 
     def fingerprint(self, recipe: Recipe, opts: Options) -> dict:
         """What the run records and a --resume must match (staging.py): one dataset's, or the
-        splits root's (the split sizes, the classes and the source)."""
+        splits root's (sameness.splits_fingerprint)."""
         if not self.is_splits:
-            return dataset_fingerprint(recipe, opts, self.parts[0].listing)
-        return fingerprint(recipe, opts, splits={p.split: len(p.listing) for p in self.parts},
-                           classes=self.classes, source=source_identity(self.src, [p.listing for p in self.parts]))
+            return dataset_fingerprint(recipe, opts, self.parts[0].listing, self.parts[0].labels)
+        return splits_fingerprint(recipe, opts, self)
+
+    def listings(self) -> dict[str, Listing]:
+        """Each part's listing by its key in the fingerprint ("" for one dataset, else the split)."""
+        return {p.split or "": p.listing for p in self.parts}
 
 
 def find_splits(src: str | os.PathLike) -> tuple[list[str], list[str]]:

@@ -34,15 +34,15 @@ from .imaging import Recipe
 from .ledger import Ledger, skipped_json, split_skipped_json
 from .lock import OutputLock
 from .mounts import MountTable, UnsafeOutput, check_output, source_note
-from .options import (DISK_FULL, ENGINES, Options, PackError, Report, StrictError, default_out, errno_of,
-                      say)
+from .options import (DISK_FULL, ENGINES, RESUME_AND_OVERWRITE, ConflictingOptions, Options, PackError, Report,
+                      Stopped, StrictError, default_out, errno_of, say)
 from .plan import Plan
 from .prefetch import DEFAULT_THREADS
 from .runners import keep_freed_memory, start_forkserver
 from .scan import Listing, scan
 from .sizing import SizeEstimate, estimate_size, output_bytes, plan_run_bytes, scratch_bytes
-from .staging import (COMPACTING, Staging, check_complete, check_existing, check_place,
-                      dataset_fingerprint)
+from .sameness import dataset_fingerprint
+from .staging import COMPACTING, Staging, check_complete, check_existing, check_place
 from .writers import open_writer
 from .writers.manifest import dataset_manifest, run_info, splits_manifest, write_index
 
@@ -83,7 +83,9 @@ def prepare(src: str | Path, out: str | Path | None, recipe: Recipe, opts: Optio
     before the scan, so a slow SRC does not delay the refusal; then, under the lock, answers
     ``--resume`` on a complete OUT (AlreadyComplete) and refuses an existing OUT as check_existing
     does; starts the forkserver for K > 1, so it boots while SRC is listed. The caller
-    releases the lock: ``setup.release()``."""
+    releases the lock: ``setup.release()``. ``--resume`` with ``--overwrite``: ConflictingOptions."""
+    if opts.resume and opts.overwrite:
+        raise ConflictingOptions(RESUME_AND_OVERWRITE)
     if opts.fmt not in FORMATS:
         raise PackError(f"unknown format {opts.fmt!r}; choose one of {', '.join(FORMATS)}")
     if opts.engine not in ENGINES:
@@ -126,7 +128,8 @@ def prepare(src: str | Path, out: str | Path | None, recipe: Recipe, opts: Optio
 
 
 def pack(src: str | Path, out: str | Path | None, recipe: Recipe, opts: Options,
-         listing: Listing | None = None, extra: dict | None = None, *, setup: Setup | None = None) -> Report:
+         listing: Listing | None = None, extra: dict | None = None, *, setup: Setup | None = None,
+         labels=None) -> Report:
     """Pack the ImageFolder tree ``src`` into ``out`` (the layout: docs/formats.md).
 
     Returns a Report. Raises ScanError for an unusable SRC and PackError when another run is
@@ -138,20 +141,21 @@ def pack(src: str | Path, out: str | Path | None, recipe: Recipe, opts: Options,
     everything is written to a hidden partial directory that is renamed into place last.
     ``listing`` replaces the scan of ``src`` (plan.make_plan builds it); ``extra`` adds top-level
     manifest keys (e.g. "split", "settings"); ``setup``: what prepare() decided, when the caller
-    already did (``out`` is then ``setup.out``, and the caller releases its lock).
+    already did (``out`` is then ``setup.out``, and the caller releases its lock); ``labels``: the
+    plan's LabelsReport of a flat folder's labels file (a --resume checks it is unchanged).
     """
     t0 = time.perf_counter()
     own = setup is None
     setup = setup or prepare(src, out, recipe, opts)  # 1. prepare: decide once, lock OUT
     try:
-        return _pack(src, recipe, opts, listing, extra, setup, t0)
+        return _pack(src, recipe, opts, listing, extra, setup, t0, labels)
     finally:
         if own:
             setup.release()
 
 
 def _pack(src, recipe: Recipe, opts: Options, listing: Listing | None, extra: dict | None, setup: Setup,
-          t0: float) -> Report:
+          t0: float, labels=None) -> Report:
     opts, notes = _read_source(src, opts, setup)
     listing = listing or scan(src, mounts=setup.mounts)
     notes += _case_clash_notes(listing)
@@ -162,8 +166,8 @@ def _pack(src, recipe: Recipe, opts: Options, listing: Listing | None, extra: di
         return (output_bytes(listing, recipe, estimate)
                 + scratch_bytes(listing, recipe, opts.fmt, setup.workers, estimate, opts.engine))
     # 2. the partial directory: fresh, resumed, replaced or refused
-    staging = Staging.open(setup.out, dataset_fingerprint(recipe, opts, listing), opts, count=n, need=need,
-                           previous=setup.lock.previous if setup.lock else None)
+    staging = Staging.open(setup.out, dataset_fingerprint(recipe, opts, listing, labels), opts, count=n, need=need,
+                           previous=setup.lock.previous if setup.lock else None, listings={"": listing})
     notes += [say(note) for note in staging.notes]
     if setup.lock is not None:
         setup.lock.writing_begins()
@@ -175,16 +179,18 @@ def _pack(src, recipe: Recipe, opts: Options, listing: Listing | None, extra: di
         ledger = Ledger(staging.run_dir, n, opts.strict, opts.max_io_errors)
         # 4. decode all
         decoding = Decoding(listing, recipe, opts, writer, ledger, staging, setup.workers)
-        decoding.run()
-        # 5. finish: squeeze out the skipped, write the index and skipped.json
-        kept, skips, written = _squeeze(staging, listing, writer, ledger)
-        seconds = time.perf_counter() - t0
-        index = write_index(staging.tmp, listing, ledger, kept, variable=recipe.shape() is None)
-        write_json_atomic(staging.tmp / SKIPPED, skipped_json(skips, listing.ignored))
-        # 6. commit: the manifest last, then the rename to OUT
-        run = {**run_info(listing.root, seconds, setup.workers, start), **decoding.engine_info()}
-        extra = {**encoding_manifest(recipe), **(extra or {})}  # jpeg: format version 2, "encoding"
-        staging.commit(dataset_manifest(opts.fmt, recipe, listing, len(kept), len(skips), written, index, run, extra))
+        with decoding.taking_signals():  # a signal once every file is decoded: finished all the same
+            decoding.run()
+            # 5. finish: squeeze out the skipped, write the index and skipped.json
+            kept, skips, written = _squeeze(staging, listing, writer, ledger)
+            seconds = time.perf_counter() - t0
+            index = write_index(staging.tmp, listing, ledger, kept, variable=recipe.shape() is None)
+            write_json_atomic(staging.tmp / SKIPPED, skipped_json(skips, listing.ignored))
+            # 6. commit: the manifest last, then the rename to OUT
+            run = {**run_info(listing.root, seconds, setup.workers, start), **decoding.engine_info()}
+            extra = {**encoding_manifest(recipe), **(extra or {})}  # jpeg: format version 2, "encoding"
+            staging.commit(dataset_manifest(opts.fmt, recipe, listing, len(kept), len(skips), written, index, run,
+                                            extra))
     except BaseException as err:
         if writer is not None:
             _quietly(writer.close)  # the error that stopped the run is the one to report
@@ -196,7 +202,8 @@ def _pack(src, recipe: Recipe, opts: Options, listing: Listing | None, extra: di
         raise
     total = bytes_on_disk(setup.out)
     return Report(setup.out, int(len(kept)), n, skips, listing.ignored, len(listing.classes), total,
-                  seconds, setup.workers, notes=notes, case_clashes=listing.case_clashes, resumed_at=start)
+                  seconds, setup.workers, notes=notes, case_clashes=listing.case_clashes, resumed_at=start,
+                  late_signal=decoding.late)
 
 
 def write_failure(err: OSError, staging: Staging, n: int, finishing: bool = False) -> str:
@@ -299,11 +306,12 @@ def _pack_plan(plan: Plan, recipe: Recipe, opts: Options, extra: dict, setup: Se
         part = plan.parts[0]
         more = {"labels": part.labels.as_manifest()} if part.labels else {}
         return [pack(plan.src, setup.out, recipe, opts, listing=part.listing, extra={**extra, **more},
-                     setup=replace(setup, estimate=lambda: plan.estimates(recipe)[0]))]
+                     setup=replace(setup, estimate=lambda: plan.estimates(recipe)[0]), labels=part.labels)]
     splits = {p.split: len(p.listing) for p in plan.parts}
     staging = Staging.open(setup.out, plan.fingerprint(recipe, opts), opts,
                            need=lambda: plan_run_bytes(plan, recipe, opts.fmt, setup.workers),
-                           count=sum(splits.values()), previous=setup.lock.previous if setup.lock else None)
+                           count=sum(splits.values()), previous=setup.lock.previous if setup.lock else None,
+                           listings=plan.listings())
     notes = [say(note) for note in (*setup.notes, *staging.notes)]
     if setup.lock is not None:
         setup.lock.writing_begins()
@@ -317,9 +325,11 @@ def _pack_plan(plan: Plan, recipe: Recipe, opts: Options, extra: dict, setup: Se
             continue
         sub = replace(opts, overwrite=False, resume=partial_dir(d).exists(), space_check=False)
         report = pack(plan.src / part.split, d, recipe, sub, listing=part.listing, extra={**extra, **more},
-                      setup=replace(setup, out=d, named=d, notes=()))
+                      setup=replace(setup, out=d, named=d, notes=()), labels=part.labels)
         report.notes[:0] = notes
         reports.append(report)
+        if report.late_signal and part is not plan.parts[-1]:  # this split is finished; stop before the next
+            raise Stopped(report.late_signal)
     run = run_info(plan.src, time.perf_counter() - t0)
     staging.commit(splits_manifest(opts.fmt, recipe, plan, reports, run, {**encoding_manifest(recipe), **extra}))
     for r in reports:

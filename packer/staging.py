@@ -8,9 +8,10 @@ splits are each such a dataset inside it):
 
 - every step runs under OUT's lock (lock.py, taken by run.prepare before anything here), so a
   partial directory found is an interrupted run's, never one being written;
-- ``plan.json`` holds the run's *fingerprint* (format, pixel recipe, shard size, what is being
-  packed and the source's identity: source_identity); ``--resume`` refuses, naming each
-  difference, when the fingerprint changed;
+- ``plan.json`` holds the run's *fingerprint* (sameness.py: format, pixel recipe, shard size,
+  what is being packed, the labels files read and the source's identity); ``--resume`` refuses,
+  naming each difference, when the fingerprint changed (``run/listings/`` keeps the listings, to
+  name the files added, removed or labelled differently);
 - ``progress.json`` is the last checkpoint (survives a killed process: the page cache outlives
   it), ``durable.json`` the last fsynced one (survives a crash of the machine); a resume on
   another kernel boot id starts from the durable one;
@@ -29,8 +30,6 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
-
 from ..readers.encoding import RAW
 from ..readers.manifest import MANIFEST, partial_dir, write_json_atomic
 from ..readers.text import gb
@@ -38,14 +37,19 @@ from ..readers.text import gb
 from .imaging import Recipe
 from .lock import holder_text
 from .options import AlreadyComplete, Options, PackError
+from .sameness import (dataset_fingerprint, differences, fingerprint, save_listings, source_difference,
+                       source_identity)
 from .scan import Listing
+
+__all__ = ["Staging", "check_place", "check_existing", "check_complete", "nearest_existing", "boot_id",
+           "dataset_fingerprint", "fingerprint", "source_identity", "FINGERPRINT", "PROGRESS", "DURABLE",
+           "COMPACTING", "RUN_DIR", "FRESH"]
 
 FINGERPRINT = "plan.json"  # the run's fingerprint (the file name predates the word)
 PROGRESS, DURABLE = "progress.json", "durable.json"
 COMPACTING = "compacting.json"  # present while skipped rows are squeezed out
 RUN_DIR = "run"  # per-file state of a dataset run (ledger.py) and the ring (runners.py)
 FRESH = {"done": 0, "written": 0, "writer": {}}  # the checkpoint of a run that has not begun
-SOURCE_SAMPLE = 64  # files per listing whose size and mtime identify the source
 
 
 def check_place(src: str | os.PathLike, out: Path) -> None:
@@ -64,14 +68,17 @@ def check_place(src: str | os.PathLike, out: Path) -> None:
 
 
 def check_existing(out: Path, opts: Options) -> None:
-    """Refuse an existing OUT without --overwrite, and one that is not a shardpack output even
-    with it (run with the lock held, so the answer cannot change under the run)."""
-    if out.exists() and not opts.resume:
-        if not (out.is_dir() and (out / MANIFEST).is_file()):
-            raise PackError(f"{out} exists and is not a shardpack output (no {MANIFEST}); "
-                            "refusing to replace it, even with --overwrite")
-        if not opts.overwrite:
-            raise PackError(f"{out} already exists; pass --overwrite to replace it")
+    """Refuse an existing OUT that is not a shardpack output (even with --overwrite or --resume),
+    and one that is without --overwrite (--resume on it: check_complete, called first, decides;
+    with an interrupted run it replaces OUT as that run would have). Run with the lock held, so
+    the answer cannot change under the run."""
+    if not out.exists():
+        return
+    if not (out.is_dir() and (out / MANIFEST).is_file()):
+        raise PackError(f"{out} exists and is not a shardpack output (no {MANIFEST}); "
+                        f"refusing to replace it{'' if opts.resume else ', even with --overwrite'}")
+    if not opts.overwrite and not opts.resume:
+        raise PackError(f"{out} already exists; pass --overwrite to replace it")
 
 
 def check_complete(src: str | os.PathLike, out: Path, recipe: Recipe, opts: Options) -> None:
@@ -92,25 +99,30 @@ def check_complete(src: str | os.PathLike, out: Path, recipe: Recipe, opts: Opti
     if was["source"] and Path(was["source"]).resolve() == Path(now["source"]).resolve():
         was["source"] = now["source"]
     diffs = [f"{k}: {was[k]!r} -> {v!r}" for k, v in now.items() if was.get(k) != v]
+    diffs += [f"its labels file {f} changed since it was packed" for f in changed_labels_files(made)]
     if diffs:
         raise PackError(f"--resume: {out} is complete but was made differently ({'; '.join(diffs)}); "
                         "nothing to resume: pass --overwrite to pack it again")
     raise AlreadyComplete(f"{out} is already complete ({made.get('count', '?')} samples); nothing to resume")
 
 
-def fingerprint(recipe: Recipe, opts: Options, **what) -> dict:
-    """What a resumed run must share with the interrupted one: format, pixel recipe, shard size,
-    and ``what`` is packed (see listing_what; a splits root: its split sizes and classes)."""
-    return {"format": opts.fmt, "recipe": recipe.as_manifest(), "shard_size": opts.shard_size, **what}
-
-
-def listing_what(listing: Listing) -> dict:
-    """The fingerprint keys of one dataset: its file count and a digest of paths and labels."""
-    h = hashlib.sha256()
-    for p in listing.paths:
-        h.update(os.fsencode(p) + b"\0")
-    h.update(listing.labels.tobytes())
-    return {"files": len(listing), "listing_sha256": h.hexdigest()}
+def changed_labels_files(made: dict) -> list[str]:
+    """The labels files a complete output's manifest ``made`` records (a dataset's, or each
+    split's of a splits root) whose content differs now from the digest recorded; one that cannot
+    be read now is not compared (the output stays as it was made)."""
+    records = [made.get("labels")] + [s.get("labels") for s in (made.get("splits") or {}).values()
+                                      if isinstance(s, dict)]
+    changed = []
+    for r in records:
+        if not isinstance(r, dict) or not r.get("sha256"):
+            continue
+        try:
+            digest = hashlib.sha256(Path(r["file"]).read_bytes()).hexdigest()
+        except OSError:
+            continue
+        if digest != r["sha256"]:
+            changed.append(r["file"])
+    return changed
 
 
 def nearest_existing(path: Path) -> Path:
@@ -119,76 +131,6 @@ def nearest_existing(path: Path) -> Path:
     while not path.exists() and path != path.parent:
         path = path.parent
     return path
-
-
-def dataset_fingerprint(recipe: Recipe, opts: Options, listing: Listing) -> dict:
-    """The fingerprint of a run packing one dataset (``listing``): settings, listing and source."""
-    return fingerprint(recipe, opts, **listing_what(listing), source=source_identity(listing.root, [listing]))
-
-
-def source_identity(root: str | os.PathLike, listings: list[Listing]) -> dict:
-    """What says a resumed run reads the same source: SRC's resolved path and the sizes and
-    modification times of up to SOURCE_SAMPLE files of each listing, spread evenly (those that
-    can be stat'ed), as [listing, file, size, mtime_ns]; device and inode only as a hint (a
-    shared SRC has other numbers on another machine)."""
-    files = []
-    for k, listing in enumerate(listings):
-        n = len(listing)
-        for i in np.unique(np.linspace(0, n - 1, min(n, SOURCE_SAMPLE)).round().astype(int)) if n else ():
-            try:
-                st = os.stat(os.path.join(listing.root, listing.paths[i]))
-            except OSError:  # gone for now (a vanished mount): compared only where both runs saw it
-                continue
-            files.append([k, int(i), st.st_size, st.st_mtime_ns])
-    st = os.stat(root)
-    return {"path": str(Path(root).resolve()), "files": files, "device": st.st_dev, "inode": st.st_ino}
-
-
-def _source_difference(old: dict | None, new: dict) -> tuple[str | None, str | None]:
-    """(refusal, note) for the source identities of an interrupted run and this one: refused
-    when sampled files both runs could see differ, naming both sources; a note when only the
-    path moved."""
-    if not old or "files" not in old:  # a partial directory from before the source was recorded
-        return None, None
-    was = {(k, i): (size, mtime) for k, i, size, mtime in old["files"]}
-    now = {(k, i): (size, mtime) for k, i, size, mtime in new["files"]}
-    both = [key for key in now if key in was]
-    changed = sum(was[key] != now[key] for key in both)
-    if changed:
-        share = f"{changed} of {len(both)} sampled files differ in size or modification time"
-        where = (f"{new['path']}: {share}" if old.get("path") == new["path"] else
-                 f"the interrupted run read {old.get('path')}, this one {new['path']}; {share}")
-        if old.get("device") != new["device"] or old.get("inode") != new["inode"]:
-            where += " (and it is another folder or filesystem)"
-        return f"the source ({where})", None
-    if old.get("path") != new["path"]:
-        return None, (f"--resume: SRC is {new['path']} now, the interrupted run read {old.get('path')}; "
-                      f"its {len(both)} sampled files have the same sizes and modification times, so it is "
-                      "taken as the same source")
-    return None, None
-
-
-def differences(old: dict, new: dict) -> list[str]:
-    """Each fingerprint key that changed, in words: the recipe's changed keys with their values,
-    the listing as such, the source naming both, other keys with both values when they are short."""
-    diffs = []
-    for key, value in new.items():
-        if old.get(key) == value:
-            continue
-        if key == "recipe":
-            was = old.get(key) or {}
-            changed = [f"{k}: {was.get(k)!r} -> {v!r}" for k, v in value.items() if was.get(k) != v]
-            diffs.append(f"recipe ({', '.join(changed)})")
-        elif key == "listing_sha256":
-            diffs.append("the source listing (files added, removed or renamed)")
-        elif key == "source":
-            refusal = _source_difference(old.get(key), value)[0]
-            if refusal:
-                diffs.append(refusal)
-        else:
-            both = f"{old.get(key)!r} -> {value!r}"
-            diffs.append(f"{key} ({both})" if len(both) <= 80 else key)
-    return diffs
 
 
 def boot_id() -> str | None:
@@ -218,19 +160,21 @@ class Staging:
 
     @classmethod
     def check(cls, out: Path, fingerprint: dict, opts: Options, need: Callable[[], int] | None = None,
-              count: int = 0, previous: dict | None = None) -> Staging:
+              count: int = 0, previous: dict | None = None, listings: dict[str, Listing] | None = None) -> Staging:
         """Decide how the partial directory of ``out`` would open for a run with ``fingerprint``,
         writing nothing (``--dry-run`` calls this alone): resumed (``opts.resume``: refused when
         the fingerprint changed or compaction was under way), to be replaced (``opts.overwrite``),
-        fresh, or refused (an interrupted run, neither flag: PackError; --resume on a complete
-        OUT: AlreadyComplete). A fresh or replaced one checks the free space for ``need()`` bytes
-        of ``count`` samples (``opts.space_check``). ``previous``: the record the interrupted run
-        left in OUT's lock file (its pid), for the messages."""
+        fresh (also for --resume where no run began: a job script may always pass it; a note says
+        so), or refused (an interrupted run, neither flag: PackError; --resume on a complete OUT:
+        AlreadyComplete). A fresh or replaced one checks the free space for ``need()`` bytes of
+        ``count`` samples (``opts.space_check``). ``previous``: the record the interrupted run left
+        in OUT's lock file (its pid), for the messages; ``listings``: what this run packs (key ""
+        for a dataset, else the split), for the words of a refusal."""
         staging = cls(out)
         tmp = staging.tmp
         if tmp.exists():
             if opts.resume:
-                staging.start = staging._resumable(fingerprint)
+                staging.start = staging._resumable(fingerprint, listings)
             elif not opts.overwrite:
                 by = f" ({holder_text(previous)}, no longer running)" if previous and previous.get("pid") else ""
                 raise PackError(f"an interrupted run{by} left {tmp}; pass --resume to continue it "
@@ -238,7 +182,7 @@ class Staging:
         elif opts.resume:
             if (out / MANIFEST).is_file():
                 raise AlreadyComplete(f"{out} is already complete; nothing to resume")
-            raise PackError(f"--resume: no interrupted run at {tmp}")
+            staging.notes.append(f"--resume: no interrupted run at {tmp} (nothing was begun): starting a fresh run")
         staging.done = int(staging.start["done"])
         if opts.space_check and need is not None and not (tmp.exists() and opts.resume):
             staging._check_space(need(), count)
@@ -246,16 +190,17 @@ class Staging:
 
     @classmethod
     def open(cls, out: Path, fingerprint: dict, opts: Options, need: Callable[[], int] | None = None,
-             count: int = 0, previous: dict | None = None) -> Staging:
+             count: int = 0, previous: dict | None = None, listings: dict[str, Listing] | None = None) -> Staging:
         """Open the partial directory of ``out`` as :meth:`check` decides: resume it, replace it
-        (``opts.overwrite``) or begin a fresh one, recording ``fingerprint``.
+        (``opts.overwrite``) or begin a fresh one, recording ``fingerprint`` (and a fresh one's
+        ``listings``, for the words of a later refusal: sameness.save_listings).
 
         The caller holds OUT's lock (lock.py; a split: its root's), so no other process is
         writing here and a partial directory is an interrupted run's."""
         tmp = partial_dir(Path(out))
         replace = tmp.exists() and opts.overwrite and not opts.resume
         # a replaced run's space is checked once its partial directory is gone
-        staging = cls.check(out, fingerprint, opts, None if replace else need, count, previous)
+        staging = cls.check(out, fingerprint, opts, None if replace else need, count, previous, listings)
         if replace:
             shutil.rmtree(tmp)
             if opts.space_check and need is not None:
@@ -264,6 +209,8 @@ class Staging:
         try:
             tmp.mkdir(parents=True, exist_ok=True)
             write_json_atomic(tmp / FINGERPRINT, fingerprint)
+            if fresh and listings:
+                save_listings(staging.run_dir, listings)
         except OSError as err:
             if fresh:  # nothing begun: leave nothing that asks for --resume
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -271,7 +218,7 @@ class Staging:
                             "another -o") from None
         return staging
 
-    def _resumable(self, fingerprint: dict) -> dict:
+    def _resumable(self, fingerprint: dict, listings: dict[str, Listing] | None = None) -> dict:
         """The checkpoint to resume from; refuse, naming the difference, if anything changed."""
         tmp = self.tmp
         if (tmp / COMPACTING).exists():
@@ -283,11 +230,12 @@ class Staging:
         except (OSError, ValueError) as err:
             raise PackError(f"{tmp}: cannot resume, its state is unreadable ({err}); "
                             "start over with --overwrite") from None
-        diffs = differences(old, fingerprint)
+        diffs = differences(old, fingerprint, self.run_dir, listings)
         if diffs:
-            raise PackError(f"--resume refused: {'; '.join(diffs)} changed since the interrupted run in {tmp}")
+            raise PackError(f"--resume refused: {'; '.join(diffs)} changed since the interrupted run in {tmp}; "
+                            "pass --overwrite instead to start over (or undo the change to continue)")
         if "source" in fingerprint:
-            note = _source_difference(old.get("source"), fingerprint["source"])[1]
+            note = source_difference(old.get("source"), fingerprint["source"])[1]
             self.notes += [note] if note else []
         return progress
 

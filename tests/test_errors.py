@@ -173,9 +173,10 @@ def make_case(name, tree, photos, tmp):
         pack_quiet(tree, out, "npy", size=16)
         return Case([tree, "--format", "npy", "--size", 24, "-o", out, "--resume", *base], 1,
                     r"is complete but was made differently \(size: 16 -> 24[;)].*nothing to resume")
-    if name == "resume-with-nothing-to-resume":
-        return Case([tree, "--format", "npy", "--size", 16, "-o", out, "--resume", *base], 1,
-                    r"--resume: no interrupted run at")
+    if name == "resume-and-overwrite-together":
+        pack_quiet(tree, out, "npy", size=16)
+        return Case([tree, "--format", "npy", "--size", 24, "-o", out, "--resume", "--overwrite", *base], 2,
+                    r"--resume and --overwrite cannot go together.*pass one")
     if name == "an-interrupted-run-and-no-flag":
         interrupted(tree, out)
         return Case([tree, "--format", "npy", "--size", 16, "-o", out, *base], 1,
@@ -204,7 +205,7 @@ CASES = ["lmdb-disk-full", "wds-disk-full", "hdf5-disk-full", "npy-disk-full",
          "overwrite-symlink-to-a-folder-not-an-output", "overwrite-symlink-to-a-file",
          "config-table-for-size", "config-number-for-out", "config-boolean-for-size",
          "config-string-for-a-flag", "config-not-toml", "resume-on-a-complete-out-made-otherwise",
-         "resume-with-nothing-to-resume", "an-interrupted-run-and-no-flag", "resume-from-another-source",
+         "resume-and-overwrite-together", "an-interrupted-run-and-no-flag", "resume-from-another-source",
          "another-run-holds-the-lock", "out-exists", "out-is-src"]
 
 

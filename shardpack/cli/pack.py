@@ -18,7 +18,8 @@ from .. import __version__
 from ..packer import make_plan, pack_plan
 from ..packer.imaging import DECODERS, RESIZE_MODES, Recipe
 from ..packer.inputs import dry_run_after_scan, dry_run_before_scan
-from ..packer.options import AlreadyComplete, Options, PackError, os_error_text, say, stop_on_sigterm, stopped_text
+from ..packer.options import (AlreadyComplete, ConflictingOptions, Options, PackError, os_error_text, say,
+                              stop_on_sigterm, stopped_text)
 from ..packer.prefetch import DEFAULT_THREADS
 from ..packer.run import prepare
 from ..packer.scan import ScanError, SplitsError
@@ -152,6 +153,13 @@ def pack_options(f):
     return f
 
 
+class OneLineUsageError(click.UsageError):
+    """A usage error (exit 2) shown as its one ``Error:`` line, without click's usage text."""
+
+    def show(self, file=None) -> None:
+        click.echo(f"Error: {self.format_message()}", file=file, err=file is None)
+
+
 def check_workers(workers: int | None, usable: int, files: int | None = None) -> None:
     """``--workers K`` above 4x the ``usable`` CPUs, or (``files`` known) above the files to
     pack: click.UsageError (exit 2). None (not given) passes."""
@@ -203,6 +211,8 @@ def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_siz
     except AlreadyComplete as err:
         click.echo(str(err))
         return []
+    except ConflictingOptions as err:  # a usage error (exit 2), in one line
+        raise OneLineUsageError(str(err)) from None
     except SplitsError as err:  # SRC's folders leave the reading open: the user picks with a flag
         raise click.UsageError(str(err)) from None
     except (ScanError, PackError, ValueError, ImportError) as err:
