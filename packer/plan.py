@@ -266,11 +266,12 @@ def plan_text(plan: Plan, out: Path, recipe: Recipe, opts: Options, workers: int
             lines.append(f"  not packed: {plural(len(names), 'image')} directly in {root}, outside the class "
                          f"folders: {', '.join(shown_apart(names)[:5])}" + (" ..." if len(names) > 5 else ""))
     shape = "x".join(map(str, recipe.shape())) + " uint8" if recipe.shape() else "variable-shape uint8"
-    lines.append(f"  output: about {size_text(plan_output_bytes(plan, recipe))} for {total} images "
+    lines.append(f"  output: about {size_text(plan_output_bytes(plan, recipe, opts.fmt))} for {total} images "
                  f"({opts.fmt}, {shape}, {recipe.resize})")
     lines.append("  per image: " + plan.estimates(recipe)[0].per_image_text(recipe))
     free_at = nearest_existing(out)
     lines.append(f"  free space: {size_text(shutil.disk_usage(free_at).free)} at {free_at}")
-    lines += storage_lines([p.listing for p in plan.parts], recipe, shutil.disk_usage(free_at).free)
+    lines += storage_lines([p.listing for p in plan.parts], recipe, shutil.disk_usage(free_at).free, opts.fmt,
+                           workers)
     lines.append(f"  workers: {workers}")
     return "\n".join(lines)
