@@ -22,7 +22,7 @@ from PIL import Image
 
 from ..readers.encoding import JPEG, RAW
 from ..readers.system import ram_bytes
-from ..readers.text import gb, mb, memory_text, size_text
+from ..readers.text import mb, memory_text, size_text
 
 from .encode import encode
 from .imaging import DecodeError, Recipe, decode
@@ -31,6 +31,7 @@ from .runners import chunking
 from .scan import Listing
 
 IMAGENET_1K_TRAIN = 1_281_167  # images in ILSVRC-2012 train
+IMAGENET_1K = {"train": IMAGENET_1K_TRAIN, "val": 50_000, "test": 100_000}  # images in each ILSVRC-2012 split
 HEADERS = 256  # files whose headers are read for a variable-shape estimate
 ESTIMATE_FILES = 16  # files encoded to estimate the JPEG size of a run (the plan's estimate)
 RECORD_SLACK = 64 << 10  # a ring slot's bytes beyond the pixels' (headers, a JPEG larger than raw)
@@ -68,12 +69,24 @@ class SizeEstimate:
         """The same mean sample size times ImageNet-1k's 1,281,167 training images."""
         return int(round(self.sample_bytes * IMAGENET_1K_TRAIN))
 
-    def per_image_text(self, recipe: Recipe) -> str:
+    def per_image_text(self, recipe: Recipe, split: str | None = None) -> str:
+        """The plan's per-image line for the part ``split`` (None: one dataset)."""
         how = "exact" if not self.measured else f"from {self.measured} {self.how}"
         what = "pixels" if recipe.encoding == RAW else f"JPEG q{recipe.quality} {recipe.subsampling}"
         return (f"{recipe.resize} {recipe.size}: about {mb(self.total_bytes)} of {what} for "
                 f"{self.files} images ({self.sample_bytes / 1e3:.1f} KB each, {how}); "
-                f"ImageNet-1k would take about {gb(self.imagenet_bytes, 0)}")
+                + imagenet_text(self.sample_bytes, split))
+
+
+def imagenet_text(sample_bytes: float, split: str | None) -> str:
+    """'ImageNet-1k val (50,000 images) would take about 9.8 GB': ``sample_bytes`` a sample
+    times the images of the ImageNet-1k split matching ``split`` (val, valid, validation: val's
+    50,000; test: 100,000; train, any other name or one dataset: train's 1,281,167). The plan's
+    and the pack summary's one extrapolation."""
+    name = (split or "train").lower()
+    name = "val" if name.startswith("val") else "test" if name == "test" else "train"
+    n = IMAGENET_1K[name]
+    return f"ImageNet-1k {name} ({n:,} images) would take about {size_text(sample_bytes * n)}"
 
 
 def estimate_size(listing: Listing, recipe: Recipe, headers: int = HEADERS) -> SizeEstimate:

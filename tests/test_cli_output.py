@@ -281,3 +281,24 @@ def test_the_plans_fit_advice_is_what_its_own_space_check_accepts(can_mount, tin
         assert res.returncode == 0 and "needed for" not in res.stderr, (extra, res.stdout + res.stderr)
     res = on_tmpfs("4m", disk, *args[:4], int(size) + 8, *args[5:])
     assert res.returncode == 1 and "needed for 12 samples" in res.stderr  # the largest size that fits
+
+
+def test_the_plan_and_summary_say_jpeg_per_split_extrapolation_and_only_the_skips_that_occurred(tmp_path):
+    """A JPEG run's output line says the pixels are decoded from JPEG, a val split is extrapolated
+    to ImageNet-1k's val (50,000), train to train, only the kinds of skipped entries that occurred
+    are named, counted, and "1 of the classes has none"."""
+    src = tmp_path / "src"
+    make_tree(src / "train", {"a": 3, "b": 3})
+    make_tree(src / "val", {"a": 2}, seed=4)
+    (src / "train" / "a" / "notes.txt").write_text("not an image")
+    res = run_cli(src, "--format", "npy", "--size", 16, "--encoding", "jpeg", "-o", tmp_path / "out", "--quiet")
+    assert res.exit_code == 0, res.output
+    out = res.output
+    assert "(npy, JPEG q90, decoded to 16x16x3 uint8, center-crop)" in out
+    assert "  val: 2 images in 1 class (1 of the classes has none)" in out
+    assert "ImageNet-1k train (1,281,167 images) would take about" in out.split("packed ")[0]  # the plan
+    train, val = out.split("packed ")[1:]
+    assert "ImageNet-1k train (1,281,167 images) would take about" in train
+    assert "ImageNet-1k val (50,000 images) would take about" in val and "1,281,167" not in val
+    assert "  skipped 1 entry that is not an image; see" in train and "symlink" not in out
+    assert "skipped" not in val
