@@ -302,3 +302,28 @@ def test_the_plan_and_summary_say_jpeg_per_split_extrapolation_and_only_the_skip
     assert "ImageNet-1k val (50,000 images) would take about" in val and "1,281,167" not in val
     assert "  skipped 1 entry that is not an image; see" in train and "symlink" not in out
     assert "skipped" not in val
+
+
+def test_devkit_ground_truth_packs_with_map_clsloc_and_meta_mat_is_refused_saying_how(tmp_path):
+    """--id-map takes the 2014+ devkits' map_clsloc.txt (wnid ID name) as it is; the 2012 devkit's
+    meta.mat (MATLAB, which would need scipy) is refused in one line giving the command that makes
+    the table from it."""
+    from helpers import noise_image
+    from shardpack.readers import ShardDataset
+    src = tmp_path / "src"
+    make_tree(src / "train", {"n02100735": 2, "n02119789": 2})
+    (src / "val").mkdir()
+    for k in range(3):
+        noise_image(40, 30, k).save(src / "val" / f"ILSVRC2012_val_{k + 1:08d}.JPEG")
+    (tmp_path / "gt.txt").write_text("2\n1\n2\n")  # devkit IDs: 1 kit fox (n02119789), 2 English setter (n02100735)
+    (tmp_path / "map_clsloc.txt").write_text("n02119789 1 kit_fox\nn02100735 2 English_setter\n")
+    args = [src, "--format", "npy", "--size", 16, "--labels", f"val={tmp_path / 'gt.txt'}", "--quiet"]
+    res = run_cli(*args, "--id-map", tmp_path / "map_clsloc.txt", "-o", tmp_path / "out")
+    assert res.exit_code == 0, res.output
+    val = ShardDataset(tmp_path / "out" / "val")
+    assert [val.classes[val[i][1]] for i in range(3)] == ["n02100735", "n02119789", "n02100735"]
+    (tmp_path / "meta.mat").write_bytes(b"MATLAB 5.0 MAT-file, Platform: GLNXA64" + bytes(200))
+    res = run_cli(*args, "--id-map", tmp_path / "meta.mat", "-o", tmp_path / "out2", fresh=True)
+    assert res.returncode == 1 and "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert "meta.mat" in res.stderr and "map_clsloc.txt" in res.stderr and "scipy.io.loadmat(" in res.stderr
+    assert not (tmp_path / "out2").exists()
