@@ -1,7 +1,7 @@
 """How many bytes a run takes, answered in one place: before packing, for the plan and the free-space check.
 
-The output (per sample, for the run, and extrapolated to ImageNet-1k's training set, 1,281,167
-images, so the resize modes can be compared), what a run writes besides it (scratch_bytes: the
+The output (per sample, for the run with each format's own bytes, and extrapolated to the matching
+ImageNet-1k split, so the resize modes can be compared), what a run writes besides it (scratch_bytes: the
 ledger, the ring of K > 1 runs, unit parts, a format's own overhead), a ring slot's bytes, the
 raw-vs-JPEG lines of the plan, and the memory K decode processes take with the bounds on K
 (``workers_refusal``). The machine's RAM is readers/system.py's.
@@ -63,11 +63,6 @@ class SizeEstimate:
     def total_bytes(self) -> int:
         """Pixel bytes of the whole run (formats add a little: tar headers, LMDB pages)."""
         return int(round(self.sample_bytes * self.files))
-
-    @property
-    def imagenet_bytes(self) -> int:
-        """The same mean sample size times ImageNet-1k's 1,281,167 training images."""
-        return int(round(self.sample_bytes * IMAGENET_1K_TRAIN))
 
     def per_image_text(self, recipe: Recipe, split: str | None = None) -> str:
         """The plan's per-image line for the part ``split`` (None: one dataset)."""
