@@ -9,7 +9,8 @@ A labels file is either
 - the ILSVRC2012 devkit ground truth (``ILSVRC2012_validation_ground_truth.txt``): one number per
   line, line i for the i-th file in sorted order (``ILSVRC2012_val_%08d.JPEG``). The numbers are
   the devkit's 1-based ILSVRC2012_IDs (meta.mat order), not indices into the sorted wnids, so it
-  needs an id map: lines ``ID wnid`` as extracted from the devkit's ``data/meta.mat``.
+  needs an id map: lines ``ID wnid`` (or ``wnid ID name``, the 2014+ devkits' ``map_clsloc.txt``), as
+  in the devkit's ``data/meta.mat`` (read_id_map says how to extract them with scipy).
 
 Class lists (``--classes-from``) come from a shardpack output (a dataset or a splits root) or a
 text file with one class per line, file order giving the index; a header line with a ``wnid``
@@ -79,15 +80,29 @@ def is_flat(folder: Path) -> bool:
     return any(e.name.lower().endswith(IMG_EXTENSIONS) for e in entries)
 
 
+# The devkit's data/meta.mat is a MATLAB file; scipy (not a dependency) reads it. The ID -> wnid table from it:
+META_MAT_COMMAND = ("python -c \"import scipy.io; m = scipy.io.loadmat('data/meta.mat', squeeze_me=True)['synsets']; "
+                    "print(chr(10).join(f'{s[0]} {s[1]}' for s in m if s[4] == 0))\" > id_map.txt")
+
+
 def read_id_map(path: str | os.PathLike) -> dict[int, str]:
-    """``{ILSVRC2012_ID: wnid}`` from lines ``ID wnid [anything]`` (space, tab or comma separated;
-    blank lines, ``#`` comments and a header line are skipped). Raises LabelsError naming the line."""
+    """``{ILSVRC2012_ID: wnid}`` from lines ``ID wnid [anything]`` or ``wnid ID [anything]`` (the
+    ILSVRC 2014+ devkits' ``data/map_clsloc.txt``: ``n02119789 1 kit_fox``), space, tab or comma
+    separated; blank lines, ``#`` comments and a header line are skipped. Raises LabelsError naming
+    the line, or, for the devkit's ``meta.mat``, saying how to make the table from it."""
     path = Path(path)
+    with open(path, "rb") as f:
+        if f.read(6) == b"MATLAB":
+            raise LabelsError(f"{path}: a MATLAB file (the devkit's meta.mat), which shardpack does not read; "
+                              f"give --id-map the 2014+ devkits' data/map_clsloc.txt, or make 'ID wnid' lines "
+                              f"with scipy: {META_MAT_COMMAND}")
     out: dict[int, str] = {}
     for no, line in enumerate(_lines(path), 1):
         tokens = re.split(r"[\s,]+", line.strip())
         if not line.strip() or line.lstrip().startswith("#"):
             continue
+        if len(tokens) >= 2 and re.fullmatch(r"n\d{8}", tokens[0]) and tokens[1].isdigit():
+            tokens[:2] = tokens[1], tokens[0]  # map_clsloc.txt: wnid first
         if len(tokens) < 2 or not tokens[0].isdigit():
             if no == 1:
                 continue  # header
@@ -144,7 +159,7 @@ def flat_listing(folder: str | os.PathLike, labels_file: str | os.PathLike, clas
             raise LabelsError(
                 f"{labels_file} looks like the ILSVRC2012 devkit ground truth (one number per line): "
                 "those are 1-based ILSVRC2012_IDs, not class indices; pass --id-map FILE with lines "
-                "'ID wnid' (from the devkit's data/meta.mat)")
+                "'ID wnid' (from the devkit's data/meta.mat) or the 2014+ devkits' data/map_clsloc.txt")
         fmt, rows = "ilsvrc2012-devkit", _devkit_rows(labels_file, lines, images, read_id_map(id_map))
     else:
         fmt, rows = _table_rows(labels_file, lines)

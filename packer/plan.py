@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..readers.encoding import RAW
 from ..readers.folder import shown_apart
 from ..readers.text import plural, size_text
 
@@ -257,7 +258,8 @@ def plan_text(plan: Plan, out: Path, recipe: Recipe, opts: Options, workers: int
         total += n
         present = len(np.unique(part.listing.labels))
         lines.append(f"  {part.split or 'images'}: {plural(n, 'image')} in {plural(present, 'class', 'classes')}"
-                     + (f" ({len(cls) - present} of the classes have none)" if present < len(cls) else ""))
+                     + (f" ({len(cls) - present} of the classes {'has' if len(cls) - present == 1 else 'have'} none)"
+                        if present < len(cls) else ""))
         if part.labels:
             r = part.labels
             lines.append(f"    labels: {r.file} ({r.format}{', found beside SRC' if r.found else ''})")
@@ -270,11 +272,14 @@ def plan_text(plan: Plan, out: Path, recipe: Recipe, opts: Options, workers: int
             lines.append(f"  not packed: {plural(len(names), 'image')} directly in {root}, outside the class "
                          f"folders: {', '.join(shown_apart(names)[:5])}" + (" ..." if len(names) > 5 else ""))
     shape = "x".join(map(str, recipe.shape())) + " uint8" if recipe.shape() else "variable-shape uint8"
-    lines.append(f"  output: about {size_text(plan_output_bytes(plan, recipe))} for {total} images "
+    if recipe.encoding != RAW:  # stored as JPEG, decoded when read: the size is the JPEG's, not the pixels'
+        shape = f"JPEG q{recipe.quality}, decoded to {shape}"
+    lines.append(f"  output: about {size_text(plan_output_bytes(plan, recipe, opts.fmt))} for {total} images "
                  f"({opts.fmt}, {shape}, {recipe.resize})")
-    lines.append("  per image: " + plan.estimates(recipe)[0].per_image_text(recipe))
+    lines.append("  per image: " + plan.estimates(recipe)[0].per_image_text(recipe, plan.parts[0].split))
     free_at = nearest_existing(out)
     lines.append(f"  free space: {size_text(shutil.disk_usage(free_at).free)} at {free_at}")
-    lines += storage_lines([p.listing for p in plan.parts], recipe, shutil.disk_usage(free_at).free)
+    lines += storage_lines([p.listing for p in plan.parts], recipe, shutil.disk_usage(free_at).free, opts.fmt,
+                           workers)
     lines.append(f"  workers: {workers}")
     return "\n".join(lines)

@@ -163,7 +163,7 @@ def _pack(src, recipe: Recipe, opts: Options, listing: Listing | None, extra: di
 
     def need() -> int:
         estimate = setup.estimate() if setup.estimate else estimate_size(listing, recipe)
-        return (output_bytes(listing, recipe, estimate)
+        return (output_bytes(listing, recipe, opts.fmt, estimate)
                 + scratch_bytes(listing, recipe, opts.fmt, setup.workers, estimate, opts.engine))
     # 2. the partial directory: fresh, resumed, replaced or refused
     staging = Staging.open(setup.out, dataset_fingerprint(recipe, opts, listing, labels), opts, count=n, need=need,

@@ -1,7 +1,7 @@
 """How many bytes a run takes, answered in one place: before packing, for the plan and the free-space check.
 
-The output (per sample, for the run, and extrapolated to ImageNet-1k's training set, 1,281,167
-images, so the resize modes can be compared), what a run writes besides it (scratch_bytes: the
+The output (per sample, for the run with each format's own bytes, and extrapolated to the matching
+ImageNet-1k split, so the resize modes can be compared), what a run writes besides it (scratch_bytes: the
 ledger, the ring of K > 1 runs, unit parts, a format's own overhead), a ring slot's bytes, the
 raw-vs-JPEG lines of the plan, and the memory K decode processes take with the bounds on K
 (``workers_refusal``). The machine's RAM is readers/system.py's.
@@ -22,7 +22,7 @@ from PIL import Image
 
 from ..readers.encoding import JPEG, RAW
 from ..readers.system import ram_bytes
-from ..readers.text import gb, mb, memory_text, size_text
+from ..readers.text import mb, memory_text, size_text
 
 from .encode import encode
 from .imaging import DecodeError, Recipe, decode
@@ -31,6 +31,7 @@ from .runners import chunking
 from .scan import Listing
 
 IMAGENET_1K_TRAIN = 1_281_167  # images in ILSVRC-2012 train
+IMAGENET_1K = {"train": IMAGENET_1K_TRAIN, "val": 50_000, "test": 100_000}  # images in each ILSVRC-2012 split
 HEADERS = 256  # files whose headers are read for a variable-shape estimate
 ESTIMATE_FILES = 16  # files encoded to estimate the JPEG size of a run (the plan's estimate)
 RECORD_SLACK = 64 << 10  # a ring slot's bytes beyond the pixels' (headers, a JPEG larger than raw)
@@ -41,6 +42,11 @@ RECORD_SLACK = 64 << 10  # a ring slot's bytes beyond the pixels' (headers, a JP
 WORKER_BASE_BYTES = 20_000_000
 WORKER_SAMPLES = 6
 MAX_WORKERS_PER_CPU = 4  # --workers above this many per usable CPU is refused
+# index/: checksum, label, path offset and source size (8 bytes each), shape (12), source mode (1), and a few
+# spare for the paths' own table; the path's bytes are added (index_bytes)
+INDEX_COLUMN_BYTES = 48
+FILES_BYTES = 64 << 10  # manifest.json, skipped.json, index/ and the format's small files: a few KB each, whole blocks
+OUTPUT_MARGIN = 1.03  # over the output's modelled bytes (an estimate of JPEG sizes from 16 files is within ~5%)
 
 
 @dataclass(frozen=True)
@@ -58,17 +64,24 @@ class SizeEstimate:
         """Pixel bytes of the whole run (formats add a little: tar headers, LMDB pages)."""
         return int(round(self.sample_bytes * self.files))
 
-    @property
-    def imagenet_bytes(self) -> int:
-        """The same mean sample size times ImageNet-1k's 1,281,167 training images."""
-        return int(round(self.sample_bytes * IMAGENET_1K_TRAIN))
-
-    def per_image_text(self, recipe: Recipe) -> str:
+    def per_image_text(self, recipe: Recipe, split: str | None = None) -> str:
+        """The plan's per-image line for the part ``split`` (None: one dataset)."""
         how = "exact" if not self.measured else f"from {self.measured} {self.how}"
         what = "pixels" if recipe.encoding == RAW else f"JPEG q{recipe.quality} {recipe.subsampling}"
         return (f"{recipe.resize} {recipe.size}: about {mb(self.total_bytes)} of {what} for "
                 f"{self.files} images ({self.sample_bytes / 1e3:.1f} KB each, {how}); "
-                f"ImageNet-1k would take about {gb(self.imagenet_bytes, 0)}")
+                + imagenet_text(self.sample_bytes, split))
+
+
+def imagenet_text(sample_bytes: float, split: str | None) -> str:
+    """'ImageNet-1k val (50,000 images) would take about 9.8 GB': ``sample_bytes`` a sample
+    times the images of the ImageNet-1k split matching ``split`` (val, valid, validation: val's
+    50,000; test: 100,000; train, any other name or one dataset: train's 1,281,167). The plan's
+    and the pack summary's one extrapolation."""
+    name = (split or "train").lower()
+    name = "val" if name.startswith("val") else "test" if name == "test" else "train"
+    n = IMAGENET_1K[name]
+    return f"ImageNet-1k {name} ({n:,} images) would take about {size_text(sample_bytes * n)}"
 
 
 def estimate_size(listing: Listing, recipe: Recipe, headers: int = HEADERS) -> SizeEstimate:
@@ -127,11 +140,27 @@ def estimate_record_bytes(root, paths, recipe, files: int = ESTIMATE_FILES) -> t
     return float(np.mean(raw)), float(np.mean(enc)), len(enc)
 
 
-def output_bytes(listing: Listing, recipe: Recipe, estimate: SizeEstimate | None = None) -> int:
-    """Bytes of OUT for ``listing``, for the free-space check; ``estimate``: estimate_size's
-    result when already taken (it may open HEADERS files)."""
-    per_sample = (estimate or estimate_size(listing, recipe)).sample_bytes
-    return int(len(listing) * (per_sample + 4096))  # overhead: tar headers, LMDB pages, index columns
+def index_bytes(listing: Listing) -> int:
+    """Bytes of index/, manifest.json and the small files beside them for ``listing``: per
+    sample INDEX_COLUMN_BYTES and its path (the mean UTF-8 length of up to 1,000 paths spread
+    over the listing), and FILES_BYTES, with the class names, for the files themselves."""
+    n = len(listing)
+    picks = np.unique(np.linspace(0, n - 1, min(n, 1000)).round().astype(int)) if n else []
+    path = float(np.mean([len(listing.paths[i].encode("utf-8", "surrogateescape")) for i in picks])) if n else 0.0
+    return int(n * (INDEX_COLUMN_BYTES + path) + FILES_BYTES + 2 * sum(len(c) + 8 for c in listing.classes))
+
+
+def output_bytes(listing: Listing, recipe: Recipe, fmt: str, estimate: SizeEstimate | None = None) -> int:
+    """Bytes of OUT for ``listing`` packed as ``fmt``, for the free-space check: the format's
+    files (its writer's ``stored_bytes``: LMDB's pages, tar's headers), the index and
+    OUTPUT_MARGIN; ``estimate``: estimate_size's result when already taken (it may open HEADERS
+    files). Measured against ``du`` of outputs: 1.0-1.3x for 16 px and 256 px samples of every
+    format (tests/test_cli_output.py). Raises ValueError for an unknown format."""
+    from .writers import writer_class
+    estimate = estimate or estimate_size(listing, recipe)
+    fixed = recipe.shape() is not None
+    stored = writer_class(fmt, not fixed, recipe.encoding).stored_bytes(len(listing), fixed, estimate)
+    return int((stored + index_bytes(listing)) * OUTPUT_MARGIN)
 
 
 def scratch_bytes(listing: Listing, recipe: Recipe, fmt: str, workers: int, estimate: SizeEstimate,
@@ -175,41 +204,66 @@ def ring_bytes(files: int, workers: int, recipe: Recipe) -> int:
     return chunk * window * max_record_bytes(recipe)
 
 
-def plan_output_bytes(plan, recipe: Recipe) -> int:
-    """Bytes of the whole output of ``plan`` (plan.Plan: every part), for the free-space check."""
-    return sum(output_bytes(p.listing, recipe, e) for p, e in zip(plan.parts, plan.estimates(recipe)))
+def plan_output_bytes(plan, recipe: Recipe, fmt: str) -> int:
+    """Bytes of the whole output of ``plan`` (plan.Plan: every part) as ``fmt``, for the free-space check."""
+    return sum(output_bytes(p.listing, recipe, fmt, e) for p, e in zip(plan.parts, plan.estimates(recipe)))
+
+
+def run_bytes(listings, recipe: Recipe, fmt: str, workers: int, estimates) -> int:
+    """Bytes a run of ``listings`` (the parts, packed one at a time) as ``fmt`` needs free, with
+    their ``estimates``: every part's output and the largest part's own files."""
+    return (sum(output_bytes(lst, recipe, fmt, e) for lst, e in zip(listings, estimates))
+            + max(scratch_bytes(lst, recipe, fmt, workers, e) for lst, e in zip(listings, estimates)))
 
 
 def plan_run_bytes(plan, recipe: Recipe, fmt: str, workers: int) -> int:
-    """Bytes a run of ``plan`` needs free: every part's output and the largest part's own files
-    (the parts are packed one at a time)."""
-    return plan_output_bytes(plan, recipe) + max(scratch_bytes(p.listing, recipe, fmt, workers, e)
-                                                 for p, e in zip(plan.parts, plan.estimates(recipe)))
+    """Bytes a run of ``plan`` needs free (run_bytes): what the free-space check asks."""
+    return run_bytes([p.listing for p in plan.parts], recipe, fmt, workers, plan.estimates(recipe))
 
 
-def storage_lines(listings, recipe, free: int) -> list[str]:
+def storage_lines(listings, recipe, free: int, fmt: str, workers: int) -> list[str]:
     """The plan's raw-vs-JPEG lines for ``listings`` (one per split) packed with ``recipe``
-    (either encoding), with ``free`` bytes free at OUT: both sizes, the RAM, and when raw would
-    not fit in RAM (every epoch would read from disk) or on the disk, what --encoding jpeg or a
-    smaller --size would take instead."""
+    (either encoding) as ``fmt`` by ``workers`` processes, with ``free`` bytes free at OUT: both
+    sizes, the RAM, and when raw would not fit in RAM (every epoch would read from disk) or on the
+    disk (the free-space check's own sum, run_bytes), what --encoding jpeg or a smaller --size
+    would take instead: only those that would fit, as the check would count them."""
     raw_recipe = replace(recipe, encoding=RAW, quality=None, subsampling=None)
     jpeg_recipe = recipe if recipe.encoding == JPEG else replace(recipe, encoding=JPEG)
-    raw = sum(estimate_size(lst, raw_recipe).total_bytes for lst in listings)
-    jpeg = sum(estimate_size(lst, jpeg_recipe).total_bytes for lst in listings)
+    raw_est = [estimate_size(lst, raw_recipe) for lst in listings]
+    jpeg_est = [estimate_size(lst, jpeg_recipe) for lst in listings]
+    raw, jpeg = (sum(e.total_bytes for e in est) for est in (raw_est, jpeg_est))
     ram = ram_bytes()
     lines = [f"  raw vs jpeg: raw would take {size_text(raw)}, "
              f"JPEG q{jpeg_recipe.quality} {jpeg_recipe.subsampling} about "
              f"{size_text(jpeg)} ({raw / max(1, jpeg):.1f}x smaller, from files encoded); "
              f"RAM {size_text(ram) if ram else 'unknown'}, "
              f"free at OUT {size_text(free)}"]
-    short = [what for what, room in (("in RAM (the page cache: every epoch would read from disk)", ram),
-                                     ("on the disk at OUT", free)) if room and raw > room]
-    if short and recipe.encoding == RAW:
-        room = min(r for r in (ram, free) if r)
-        smaller = int(recipe.size * (room / raw) ** 0.5) // 8 * 8
-        lines.append(f"  raw does not fit {' nor '.join(short)}: --encoding jpeg would take about {size_text(jpeg)}"
-                     + (f"; raw at --size {smaller} about {size_text(raw * (smaller / recipe.size) ** 2)}"
-                        if smaller >= 8 else ""))
+    if recipe.encoding != RAW:
+        return lines
+
+    def fits(r, estimates) -> bool:  # the page cache holds the samples; the disk, what the space check asks
+        return ((not ram or sum(e.total_bytes for e in estimates) <= ram)
+                and (not free or run_bytes(listings, r, fmt, workers, estimates) <= free))
+
+    short = [what for what, out in (("in RAM (the page cache: every epoch would read from disk)", ram and raw > ram),
+                                    ("on the disk at OUT", free and run_bytes(listings, raw_recipe, fmt, workers,
+                                                                              raw_est) > free)) if out]
+    if not short:
+        return lines
+    advice = [f"--encoding jpeg would take about {size_text(jpeg)}"] if fits(jpeg_recipe, jpeg_est) else []
+    room = min(r for r in (ram, free) if r)
+    smaller = min(recipe.size - 8, int(recipe.size * (room / max(1, raw)) ** 0.5) // 8 * 8)
+    while smaller >= 8:  # down in steps of 8 to the first size the check would accept
+        r = replace(raw_recipe, size=smaller)
+        scale = (smaller / recipe.size) ** 2  # variable shapes: the measured mean, scaled (no files reread)
+        est = [estimate_size(lst, r) if r.shape() else replace(e, sample_bytes=e.sample_bytes * scale)
+               for lst, e in zip(listings, raw_est)]
+        if fits(r, est):
+            advice.append(f"raw at --size {smaller} about {size_text(sum(e.total_bytes for e in est))}")
+            break
+        smaller -= 8
+    lines.append(f"  raw does not fit {' nor '.join(short)}: "
+                 + ("; ".join(advice) if advice else "neither --encoding jpeg nor a smaller --size would fit"))
     return lines
 
 

@@ -32,7 +32,7 @@ from typing import Callable
 
 from ..readers.encoding import RAW
 from ..readers.manifest import MANIFEST, partial_dir, write_json_atomic
-from ..readers.text import gb
+from ..readers.text import sizes_apart
 
 from .imaging import Recipe
 from .lock import holder_text
@@ -259,8 +259,9 @@ class Staging:
         parent = self.out.parent
         free = shutil.disk_usage(nearest_existing(parent)).free  # writes nothing: a dry run checks too
         if need > free:
-            raise PackError(f"{parent}: about {gb(need, 2)} needed for {count} samples but only "
-                            f"{gb(free, 2)} free; free space or pass --no-space-check")
+            need_text, free_text = sizes_apart(need, free)
+            raise PackError(f"{parent}: about {need_text} needed for {count} samples but only "
+                            f"{free_text} free; free space or pass --no-space-check")
 
     @property
     def run_dir(self) -> Path:

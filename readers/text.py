@@ -25,9 +25,20 @@ def gb(n: float, digits: int = 1) -> str:
     return f"{n / 1e9:.{digits}f} GB"
 
 
-def size_text(n: float) -> str:
-    """A data size as the plan prints it: GB from 0.1 GB up ('0.3 GB'), else MB ('12.3 MB')."""
-    return gb(n) if n >= 1e8 else mb(n)
+def size_text(n: float, digits: int = 1) -> str:
+    """A data size as the plan and the space check print it: GB from 1 GB up ('1.3 GB'), else MB
+    ('123.4 MB', '0.2 MB'), with ``digits`` decimals."""
+    return gb(n, digits) if n >= 1e9 else mb(n, digits)
+
+
+def sizes_apart(a: float, b: float) -> tuple[str, str]:
+    """``a`` and ``b`` as size_text prints them, with the decimals it takes (up to 6) for two
+    different sizes to read differently: '30.2 MB needed but only 30.1 MB free', never the same."""
+    for digits in range(1, 7):
+        texts = size_text(a, digits), size_text(b, digits)
+        if texts[0] != texts[1] or a == b:
+            break
+    return texts
 
 
 def memory_text(n: float) -> str:

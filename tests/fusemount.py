@@ -43,6 +43,9 @@ def slow_mount(src: str | os.PathLike, mountpoint: str | os.PathLike, delay: flo
     """
     if not os.path.exists("/dev/fuse"):
         raise MountUnavailable("/dev/fuse is absent (no FUSE in this kernel or container)")
+    if not shutil.which("fusermount3"):  # the system package fuse3 (libfuse 3): .ci/run installs it
+        raise MountUnavailable("fusermount3 is not on PATH: the system package fuse3 (libfuse 3) is not "
+                               "installed (apt-get install fuse3; .ci/run installs it)")
     mountpoint = Path(mountpoint)
     mountpoint.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, str(SLOWFS), str(src), str(mountpoint), "--delay", str(delay),

@@ -15,7 +15,7 @@ from helpers import FORMATS, all_samples, noise_image, pack_quiet
 from shardpack.packer import Recipe
 from shardpack.cli import pack_dataset
 from shardpack.packer.scan import scan
-from shardpack.packer.sizing import estimate_size
+from shardpack.packer.sizing import estimate_size, imagenet_text
 from shardpack.readers import ShardDataset
 from shardpack.readers.manifest import sample_key
 from reference import longer_side, mean_abs_diff, open_rgb, pad, shorter_side
@@ -148,7 +148,8 @@ def test_size_estimate_per_mode(tree):
     sizes = [Image.open(tree / p).size for p in listing.paths]
     assert est["shorter-side"].total_bytes == sum(shorter_side(Image.new("RGB", s), 48).nbytes for s in sizes)
     assert est["longer-side"].total_bytes < est["center-crop"].total_bytes < est["shorter-side"].total_bytes
-    assert est["shorter-side"].imagenet_bytes == round(est["shorter-side"].sample_bytes * 1_281_167)
+    assert imagenet_text(est["shorter-side"].sample_bytes, None).endswith(
+        f"(1,281,167 images) would take about {est['shorter-side'].sample_bytes * 1_281_167 / 1e9:.1f} GB")
 
 
 def test_lmdb_grows_for_varied_records(tmp_path):

@@ -64,3 +64,16 @@ def test_the_readme_is_a_pitch_not_a_manual():
     quick = text[text.index("## Quick start\n"):text.index("\n## ", text.index("## Quick start\n") + 1)]
     commands = [ln.split("#")[0].strip() for ln in quick.splitlines()[1:] if ln.strip() and not ln.startswith("```")]
     assert commands == ["bash scripts/quickstart.sh", ".venv/bin/python -m pytest -q"]
+
+
+def test_every_extra_is_in_the_install_table_and_the_install_page():
+    """pyproject.toml's extras, each named in the README's table and on docs/install.md."""
+    try:
+        import tomllib
+    except ImportError:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    table = set(re.findall(r"^\| `(\w+)` \|", (ROOT / "README.md").read_text(), re.M))
+    install = (ROOT / "docs" / "install.md").read_text()
+    assert set(extras) <= table, set(extras) - table
+    assert [e for e in extras if f"`{e}`" not in install] == []

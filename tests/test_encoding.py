@@ -332,11 +332,11 @@ def test_the_plan_says_when_raw_would_not_fit_and_what_jpeg_would_take(src, monk
     from shardpack.packer.scan import scan
     listing = scan(src)
     monkeypatch.setattr(encode, "ram_bytes", lambda: 100_000)  # 14 raw 64 px samples take 172 KB
-    lines = encode.storage_lines([listing], Recipe(64), free=10 ** 12)
+    lines = encode.storage_lines([listing], Recipe(64), 10 ** 12, "npy", 1)
     assert "raw would take 0.2 MB" in lines[0] and "RAM 0.1 MB" in lines[0]
     assert lines[1].startswith("  raw does not fit in RAM") and "--encoding jpeg would take about" in lines[1]
     assert "raw at --size 48" in lines[1]  # 64 * sqrt(100000 / 172032) = 48.8, rounded down to 8s
-    assert len(encode.storage_lines([listing], Recipe(64, encoding="jpeg"), free=10 ** 12)) == 1  # no advice
+    assert len(encode.storage_lines([listing], Recipe(64, encoding="jpeg"), 10 ** 12, "npy", 1)) == 1  # no advice
 
 
 @pytest.mark.parametrize("fmt", ["wds", "npy"])

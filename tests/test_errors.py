@@ -333,14 +333,14 @@ def test_the_space_check_counts_the_runs_own_files(tree, tmp_path, monkeypatch):
     for fmt, workers, resize in (("lmdb", 2, "center-crop"), ("hdf5", 1, "shorter-side"), ("npy", 1, "center-crop")):
         recipe = Recipe(size=64, resize=resize)
         estimate = estimate_size(listing, recipe)
-        output = output_bytes(listing, recipe, estimate)
+        output = output_bytes(listing, recipe, fmt, estimate)
         scratch = scratch_bytes(listing, recipe, fmt, workers, estimate)
         assert scratch > 1 << 20
         if resize == "shorter-side":
             assert scratch > estimate.total_bytes  # the copy into images.h5
         monkeypatch.setattr(staging.shutil, "disk_usage",
                             lambda p, output=output: shutil._ntuple_diskusage(0, 0, output + 4096))
-        with pytest.raises(Exception, match=r"GB needed for 18 samples but only"):
+        with pytest.raises(Exception, match=r"B needed for 18 samples but only"):
             pack_quiet(tree, tmp_path / f"{fmt}-out", fmt, size=64, workers=workers, resize=resize)
         monkeypatch.setattr(staging.shutil, "disk_usage",
                             lambda p, room=output + scratch + 4096: shutil._ntuple_diskusage(0, 0, room))

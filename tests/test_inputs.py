@@ -164,7 +164,7 @@ def test_dry_run_checks_the_space_as_the_real_run_does(tree, tmp_path, monkeypat
     out = tmp_path / "new" / "deeper" / "o"
     dry, real = both(tree, out)
     same_refusal(dry, real)
-    assert "GB needed for 18 samples but only" in last_line(dry) and "--no-space-check" in last_line(dry)
+    assert "MB needed for 18 samples but only" in last_line(dry) and "--no-space-check" in last_line(dry)
     dry, real = both(tree, out, "--no-space-check")
     assert dry.exit_code == real.exit_code == 0
 

@@ -217,3 +217,34 @@ def test_version_is_one_number():
     assert re.fullmatch(r"\d+\.\d+\.\d+(\.dev\d+|rc\d+)?", shardpack.__version__)
     assert version("shardpack") == shardpack.__version__
     assert f"## {shardpack.__version__.split('.dev')[0]}" in (ROOT / "CHANGELOG.md").read_text()
+
+
+def test_quick_start_installs_into_the_venv_only_and_says_what_it_installs():
+    """scripts/quickstart.sh (through scripts/setup.sh) touches no system package (fuse3, a test-only
+    system library, is .ci/run's), and the line it prints and the README's Quick start name the
+    extras it installs, Ray included."""
+    setup, quick = ((ROOT / "scripts" / f).read_text() for f in ("setup.sh", "quickstart.sh"))
+    code = [ln.split("#")[0] for ln in (setup + quick).splitlines()]
+    assert not [ln for ln in code if re.search(r"\b(apt-get|apt|dnf|yum|sudo|brew)\b", ln)]
+    assert "apt-get install -y -q fuse3" in (ROOT / ".ci" / "run").read_text()
+    extras = re.findall(r"-e '\.\[([\w,]+)\]'", setup)[0].split(",")
+    echo = re.search(r'^echo (".*?)\n(?!\s)', setup, re.M | re.S).group(1)
+    said = subprocess.run(["bash", "-c", f"echo {echo}"], capture_output=True, text=True).stdout
+    assert said.startswith("setup: installing into .venv") and "no system packages" in said
+    readme = (ROOT / "README.md").read_text()
+    quick_start = readme[readme.index("## Quick start"):readme.index("## A five-minute tour")]
+    for extra in extras:
+        assert extra in said and extra in quick_start, extra
+    assert "Ray" in said and "no system packages" in quick_start
+
+
+def test_fuse_tests_skip_naming_fuse3_where_it_is_missing(tmp_path):
+    """Without fusermount3 on PATH (no fuse3 package) the slow-mount helper refuses with a reason
+    that names fuse3, which tests/test_slowmount.py's skip prints."""
+    script = ("import sys; sys.path.insert(0, 'tests')\n"
+              "from fusemount import MountUnavailable, slow_mount\n"
+              f"try:\n    slow_mount('tests', {str(tmp_path / 'mnt')!r}).__enter__()\n"
+              "except MountUnavailable as err:\n    print('unavailable:', err)\n")
+    env = {**os.environ, "PATH": str(tmp_path)}  # a folder without fusermount3
+    res = run(["-c", script], env, ROOT, timeout=60)
+    assert res.returncode == 0 and "unavailable:" in res.stdout and "fuse3" in res.stdout, res.stdout + res.stderr

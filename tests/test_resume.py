@@ -178,7 +178,7 @@ def test_a_single_missing_file_is_only_skipped(tree, tmp_path):
 def test_space_check_names_both_numbers(tree, tmp_path, monkeypatch):
     import shardpack.packer.staging as staging
     monkeypatch.setattr(staging.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10, 10, 1000))
-    with pytest.raises(PackError, match=r"about 0\.\d+ GB needed for 18 samples but only 0\.00 GB free"):
+    with pytest.raises(PackError, match=r"about \d+\.\d MB needed for 18 samples but only 0\.0 MB free"):
         pack_quiet(tree, tmp_path / "o", "lmdb", size=64)
     assert not (tmp_path / "o").exists()
     pack_quiet(tree, tmp_path / "o", "lmdb", size=64, space_check=False)

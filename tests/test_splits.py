@@ -2,6 +2,7 @@
 the plan printed before packing, and resuming an interrupted splits run."""
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -31,7 +32,7 @@ def test_split_tree_packs_each_split_with_trains_class_index(tmp_path):
     result = run_cli(src, "--format", "npy", "--size", "16", "--quiet", "--workers", "1", "-o", out)
     assert result.exit_code == 0, result.output
     assert "splits: train, val" in result.output
-    assert "val: 5 images in 2 classes (1 of the classes have none)" in result.output
+    assert "val: 5 images in 2 classes (1 of the classes has none)" in result.output
 
     top = json.loads((out / "manifest.json").read_text())
     assert top["kind"] == "splits" and list(top["splits"]) == ["train", "val"]
@@ -186,9 +187,10 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path):
     assert "  splits: train, test" in lines
     assert "  classes: 2 from train/ class folders: a, b" in lines
     assert "  train: 5 images in 2 classes" in lines
-    assert "  test: 1 image in 1 class (1 of the classes have none)" in lines
-    est = 6 * (32 * 32 * 3 + 4096) / 1e6
-    assert f"  output: about {est:.1f} MB for 6 images (hdf5, 32x32x3 uint8, center-crop)" in lines
+    assert "  test: 1 image in 1 class (1 of the classes has none)" in lines
+    # the bytes: tests/test_cli_output.py::test_the_output_estimate_is_within_1_0_to_1_3x_of_its_size_on_disk
+    assert any(re.fullmatch(r"  output: about \d+\.\d MB for 6 images \(hdf5, 32x32x3 uint8, center-crop\)", ln)
+               for ln in lines)
     assert any(ln.startswith("  free space: ") for ln in lines)
     assert "  workers: 3" in lines
     assert not (tmp_path / "o").exists() and not (tmp_path / ".o.partial").exists()

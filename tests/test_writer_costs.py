@@ -12,7 +12,6 @@ from shardpack.packer.sizing import scratch_bytes
 from shardpack.packer.sizing import SizeEstimate
 from shardpack.packer.units import unit_files
 from shardpack.packer.writers import writer_class
-from shardpack.packer.writers.lmdb import PAGE, value_pages
 from shardpack.readers.encoding import ENCODINGS, JPEG, RAW
 
 from helpers import FORMATS
@@ -27,9 +26,7 @@ def formula_before(n, recipe, fmt, workers, estimate, engine):
     elif workers > 1 and not (fixed and fmt in ("npy", "hdf5") and recipe.encoding == "raw"):
         total += ring_bytes(n, workers, recipe)
     total += {"wds": 16 * n}.get(fmt, 0) if fixed else 16 * n
-    if fmt == "lmdb":
-        total += n * max(0, value_pages(int(estimate.sample_bytes) + (0 if fixed else 128)) * PAGE
-                         - int(estimate.sample_bytes) - 4096)
+    # (LMDB's whole pages per value were here; they are its output's bytes, LmdbWriter.stored_bytes, since issue 25)
     if fmt == "hdf5" and (not fixed or recipe.encoding != "raw"):
         total += estimate.total_bytes
     return int(total)

@@ -42,6 +42,16 @@ class WdsWriter(Writer):
     196 KB sample three times (tobytes, concatenation, 16 KB chunks through a BytesIO)."""
 
     @classmethod
+    def stored_bytes(cls, n, fixed, estimate):
+        """The shards: per sample a 512-byte header and the data padded to 512-byte blocks for each
+        of its two members (``.npy`` with its 128-byte header, or ``.jpg``; ``.cls``: one block),
+        the offsets table (16 or 24 bytes), and each shard's end blocks and last record (10 KB)."""
+        data = estimate.sample_bytes + (0 if cls is EncodedWdsWriter else 128)
+        padded = -(-data // BLOCK) * BLOCK if fixed and cls is not EncodedWdsWriter else data + BLOCK - 1
+        shards = 1 + int(n * (padded + 3 * BLOCK)) // DEFAULT_SHARD_SIZE
+        return int(n * (padded + 3 * BLOCK + 24) + shards * (2 * BLOCK + RECORD))
+
+    @classmethod
     def scratch_bytes(cls, n, fixed, estimate):
         """The (shard, offset) table of every sample, 16 bytes each, whatever the shapes."""
         return 16 * n

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import signal
 import sys
+from collections import Counter
 from pathlib import Path
 
 import click
@@ -23,7 +24,8 @@ from ..packer.options import (AlreadyComplete, ConflictingOptions, Options, Pack
 from ..packer.prefetch import DEFAULT_THREADS
 from ..packer.run import prepare
 from ..packer.scan import ScanError, SplitsError
-from ..packer.sizing import IMAGENET_1K_TRAIN, workers_refusal, workers_warning
+from ..packer.ledger import ignored_row
+from ..packer.sizing import imagenet_text, workers_refusal, workers_warning
 from ..packer.plan import plan_text
 from ..readers.text import mb, plural
 from ..readers.encoding import DEFAULT_QUALITY, DEFAULT_SUBSAMPLING, ENCODINGS, JPEG, QUALITY_RANGE, RAW, SUBSAMPLINGS
@@ -229,25 +231,31 @@ def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_siz
             setup.release()
         if on_term is not None:
             stop_on_sigterm(on_term)
-    for report in reports:
-        click.echo(summary(report))
+    for part, report in zip(plan.parts, reports):
+        click.echo(summary(report, part.split))
     return reports
 
 
-def summary(report) -> str:
+IGNORED_WORDS = {"not-an-image": ("entry that is not an image", "entries that are not images"),  # ledger.IGNORED_KINDS
+                 "symlink-loop": ("symlink loop not followed", "symlink loops not followed")}
+
+
+def summary(report, split: str | None = None) -> str:
+    """The lines printed after packing ``report`` (the part ``split`` of a splits root, or None)."""
     decoded = report.scanned - report.resumed_at
     resumed = f" (resumed at file {report.resumed_at})" if report.resumed_at else ""
     lines = [f"packed {plural(report.count, 'image')} of {plural(report.classes, 'class', 'classes')} "
              f"into {report.out}: {mb(report.bytes)}",
              f"  {plural(decoded, 'file')} decoded in {report.seconds:.1f} s{resumed} "
              f"({report.images_per_s:.0f} images/s, {plural(report.workers, 'worker')})",
-             f"  {report.bytes / max(1, report.count) / 1e3:.1f} KB per image on disk; ImageNet-1k "
-             f"({IMAGENET_1K_TRAIN:,} images) would take about "
-             f"{report.bytes / max(1, report.count) * IMAGENET_1K_TRAIN / 1e9:.0f} GB"]
+             f"  {report.bytes / max(1, report.count) / 1e3:.1f} KB per image on disk; "
+             + imagenet_text(report.bytes / max(1, report.count), split)]
     if report.skipped or report.ignored:
-        lines.append(f"  skipped {plural(len(report.skipped), 'unusable file')} and "
-                     f"{plural(len(report.ignored), 'other entry', 'other entries')} "
-                     f"(not images, symlink loops); see {report.out}/skipped.json")
+        kinds = Counter(ignored_row(p)["kind"] for p in report.ignored)  # only the kinds that occurred
+        said = ([plural(len(report.skipped), "unusable file")] if report.skipped else []) + [
+            f"{n} {IGNORED_WORDS[kind][n != 1]}" for kind, n in sorted(kinds.items())]
+        lines.append(f"  skipped {', '.join(said[:-1])}{' and ' if len(said) > 1 else ''}{said[-1]}; "
+                     f"see {report.out}/skipped.json")
         for row in report.skipped[:10]:
             lines.append(f"    {row['kind']}: {row['reason']}")
         if len(report.skipped) > 10:
