@@ -39,6 +39,7 @@ from .imaging import Recipe
 from .lock import holder_text
 from .options import AlreadyComplete, Options, PackError
 from .scan import Listing
+from .writers.manifest import seal
 
 FINGERPRINT = "plan.json"  # the run's fingerprint (the file name predates the word)
 PROGRESS, DURABLE = "progress.json", "durable.json"
@@ -338,13 +339,14 @@ class Staging:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def commit(self, manifest: dict) -> None:
-        """Drop the run's own state, write ``manifest.json`` last (fsynced: its presence means
-        complete) and rename the directory to OUT."""
+        """Drop the run's own state, seal the output (every file's digest, then ``manifest.json``
+        last, fsynced: its presence means complete; writers/manifest.py) and rename the
+        directory to OUT."""
         if self.run_dir.exists():
             shutil.rmtree(self.run_dir)
         for name in (FINGERPRINT, PROGRESS, DURABLE, COMPACTING):
             (self.tmp / name).unlink(missing_ok=True)
-        write_json_atomic(self.tmp / MANIFEST, manifest)
+        seal(self.tmp, manifest)
         old = None
         if self.out.exists() or self.out.is_symlink():  # --overwrite: moved aside, deleted once replaced
             old = self.out.with_name(f".{self.out.name}.old-{os.getpid()}")
