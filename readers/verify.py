@@ -203,11 +203,15 @@ def index_problems(root: Path, manifest: dict, index: Index) -> list[str]:
 def info_text(root) -> str:
     """What ``shardpack info`` prints about an output: count, classes, shape, size on disk, how
     the pixels were made, skipped files. Raises ShardFormatError (one line) when the output is
-    damaged: its manifest, index columns or data files' headers (not every sample: ``verify``)."""
+    damaged: its manifest, index columns or data files' headers, or a file that ShardDataset
+    checks at open differs from its digest (not every sample, nor the pixel files: ``verify``)."""
     root = Path(root).expanduser()
     m = load_manifest(root)
+    integrity.check_manifest(root, m)
     index = Index(root, m)
-    open_reader(root, m).check(index.shape(0) if index.count else None)
+    reader = open_reader(root, m)
+    integrity.check_small_files(root, m, reader.data_paths())
+    reader.check(index.shape(0) if index.count else None)
     size = bytes_on_disk(root)
     px, run = m.get("pixels", {}), m.get("run") if isinstance(m.get("run"), dict) else {}
     classes = [shown(c) for c in m["classes"]]
