@@ -69,14 +69,17 @@ def file_digest(path, chunk: int = CHUNK, progress=None) -> str:
     return h.hexdigest()
 
 
-def sealed_files(root) -> list[str]:
-    """The files ``seal`` covers under ``root``, relative, sorted: every file but NOT_SEALED at
-    the top; of a subfolder holding its own manifest.json (a sealed split), its manifest.xxh3."""
+def sealed_files(root, leave=()) -> list[str]:
+    """The files ``seal`` covers under ``root``, relative, sorted: every file but NOT_SEALED and
+    ``leave`` (names) at the top; of a subfolder holding its own manifest.json (a sealed split),
+    its manifest.xxh3."""
     root = Path(root)
     out = []
 
     def walk(d: Path):
         for p in sorted(d.iterdir()):
+            if d == root and p.name in leave:
+                continue
             if p.is_dir() and not p.is_symlink():
                 if (p / MANIFEST).is_file():
                     out.append(str((p / MANIFEST_DIGEST).relative_to(root)))

@@ -34,7 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from shardpack.packer.writers.manifest import seal  # noqa: E402
+from shardpack.packer.writers.manifest import seal, write_sealed  # noqa: E402
 from shardpack.readers import integrity  # noqa: E402
 from shardpack.readers.manifest import (COLUMNS, FORMAT_VERSION, INDEX_DIR, NPY_IMAGES, NPY_LABELS,  # noqa: E402
                                         PATHS_BLOB, SOURCE_MODES)
@@ -77,7 +77,9 @@ def synthetic(root: Path, count: int) -> dict:
         if p.is_file():
             with open(p, "rb+") as f:
                 os.fsync(f.fileno())  # written back, so that DONTNEED can drop the pages
-    return seal(root, manifest)
+    sealed = seal(root, manifest)
+    write_sealed(root, sealed)
+    return sealed
 
 
 def drop(root: Path) -> None:

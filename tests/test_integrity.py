@@ -90,7 +90,7 @@ def test_a_consistent_edit_of_the_classes_is_refused_naming_the_manifest(packed,
     (out / "manifest.json").write_text(json.dumps(m, indent=1))
     code, said = verify_lines(out)
     assert code == 1 and f"PROBLEM {out / 'manifest.json'}: its content differs from its digest" in said, said
-    with pytest.raises(ShardFormatError, match=r"manifest\.json: its content differs from its digest in manifest\.xxh3"):
+    with pytest.raises(ShardFormatError, match=r"manifest\.json: its content differs from its digest in manifest.xxh3"):
         ShardDataset(out)
 
 

@@ -76,20 +76,25 @@ def splits_manifest(fmt: str, recipe, plan, reports, run: dict, extra: dict | No
             "run": run}
 
 
-def seal(tmp: Path, manifest: dict) -> dict:
-    """Write ``manifest`` into the finished output ``tmp`` with the xxh3_128 digest of every
-    file there (readers/integrity.py: ``sealed_files``) under "digests", and the digest of its
-    canonical JSON in manifest.xxh3: that file first, manifest.json last, each fsynced. Returns
-    the manifest as written. Reads every file once (from the page cache when just written)."""
+def seal(tmp: Path, manifest: dict, leave=()) -> dict:
+    """``manifest`` with the xxh3_128 digest of every file of the finished output ``tmp``
+    (readers/integrity.py: ``sealed_files``; ``leave``: top-level names of the run's own state,
+    removed before the commit) under "digests", as a reader will see it. Reads every file once
+    (from the page cache when just written); writes nothing (write_sealed does)."""
     manifest = json.loads(json.dumps(manifest))  # as a reader will see it: lists, string keys
-    manifest[DIGESTS] = {name: file_digest(tmp / name) for name in sealed_files(tmp)}
+    manifest[DIGESTS] = {name: file_digest(tmp / name) for name in sealed_files(tmp, leave)}
+    return manifest
+
+
+def write_sealed(tmp: Path, manifest: dict) -> None:
+    """Write the sealed ``manifest`` (see seal) into ``tmp``: the digest of its canonical JSON in
+    manifest.xxh3 first, manifest.json last (its presence means complete), each fsynced."""
     path = tmp / MANIFEST_DIGEST
     with open(path, "w") as f:
         f.write(digest_text(manifest_digest(manifest)))
         f.flush()
         os.fsync(f.fileno())
     write_json_atomic(tmp / MANIFEST, manifest)
-    return manifest
 
 
 def run_info(source_root, seconds: float, workers: int | None = None, resumed_at: int | None = None) -> dict:
