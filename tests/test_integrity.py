@@ -177,3 +177,17 @@ def test_a_splits_root_seals_its_own_manifest_and_each_split(tmp_path):
     with pytest.raises(ShardFormatError, match=r"manifest\.json: its content differs"):
         ShardDataset(out, split="train")
     assert len(ShardDataset(out / "val")) == 2  # the split itself is intact
+
+
+def test_check_reads_compares_an_encoded_record_with_its_checksum(tmp_path):
+    """--encoding jpeg: the checksum is the stored record's; a flipped byte in the middle of
+    sample 5's JPEG is refused naming the sample, whether or not it still decodes."""
+    src = make_tree(tmp_path / "src", {"cat": 4, "dog": 4})
+    out = helpers.packed("npy", src, tmp_path / "o", size=32, encoding="jpeg")
+    offsets = np.load(out / "offsets.npy")
+    base = (out / "images.npy").stat().st_size - int(offsets[-1])
+    flip_bit(out / "images.npy", base + (int(offsets[5]) + int(offsets[6])) // 2, bit=2)
+    ds = ShardDataset(out, check_reads=True)
+    with pytest.raises(ShardFormatError, match=r"sample 5\b"):
+        ds[5]
+    ds[4]  # noqa: B018 -- intact
