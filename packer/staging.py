@@ -40,6 +40,7 @@ from .options import AlreadyComplete, Options, PackError
 from .sameness import (dataset_fingerprint, differences, fingerprint, save_listings, source_difference,
                        source_identity)
 from .scan import Listing
+from .writers.manifest import seal, write_sealed
 
 __all__ = ["Staging", "check_place", "check_existing", "check_complete", "nearest_existing", "boot_id",
            "dataset_fingerprint", "fingerprint", "source_identity", "FINGERPRINT", "PROGRESS", "DURABLE",
@@ -287,13 +288,17 @@ class Staging:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def commit(self, manifest: dict) -> None:
-        """Drop the run's own state, write ``manifest.json`` last (fsynced: its presence means
-        complete) and rename the directory to OUT."""
+        """Seal the output (every file's digest, read while the run's own state is still there,
+        so that a kill meanwhile can resume; writers/manifest.py), drop that state, write
+        manifest.xxh3 and ``manifest.json`` last (fsynced: its presence means complete) and
+        rename the directory to OUT."""
+        state = (RUN_DIR, FINGERPRINT, PROGRESS, DURABLE, COMPACTING)
+        sealed = seal(self.tmp, manifest, leave=state)  # the long read first: a kill there can still resume
         if self.run_dir.exists():
             shutil.rmtree(self.run_dir)
-        for name in (FINGERPRINT, PROGRESS, DURABLE, COMPACTING):
+        for name in state[1:]:
             (self.tmp / name).unlink(missing_ok=True)
-        write_json_atomic(self.tmp / MANIFEST, manifest)
+        write_sealed(self.tmp, sealed)
         old = None
         if self.out.exists() or self.out.is_symlink():  # --overwrite: moved aside, deleted once replaced
             old = self.out.with_name(f".{self.out.name}.old-{os.getpid()}")

@@ -11,10 +11,11 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from . import diskio, system
+from . import diskio, integrity, system
+from .encoding import encoding_of
 from .formats import open_reader
 from .formats.base import check_out
-from .manifest import Index, load_manifest, split_root
+from .manifest import COLUMNS, INDEX_DIR, Index, ShardFormatError, load_manifest, read_splits, split_root
 
 _warned: set = set()  # roots already warned about in this process (workers never construct)
 
@@ -73,22 +74,42 @@ class ShardDataset(Dataset):
     ``path`` is an output directory; for a splits root (packed from SRC/train, SRC/val, ...) pass
     ``split="val"`` or open ``path/val`` directly. All splits share one class list.
 
+    Opening checks the manifest against its digest (``manifest.xxh3``) and every small file
+    (the index columns, the format's offsets and label copies, skipped.json) against the digest
+    recorded at pack time, streamed: about 0.1 s per 10 million samples from the page cache
+    (docs/reliability.md). The pixel files are checked by ``shardpack verify``, or sample by
+    sample as they are read with ``check_reads=True``: each sample read (``ds[i]``,
+    ``read_batch``, a loader's batches) is compared with its xxh3_64 checksum in
+    ``index/checksums.npy`` (for ``--encoding jpeg``: its stored record), raising
+    ShardFormatError naming the sample and its source file; its cost is about one hash of the
+    sample's bytes per read (measured in docs/reliability.md).
+
     Raises ShardFormatError (a ValueError) naming the path when the output is incomplete, of an
-    unknown version or damaged, when ``path`` is a splits root and ``split`` is missing or unknown
-    (the message lists the splits), and when ``split`` is given for a single dataset. Reading
-    raises it too, naming the file and the sample, for a sample whose stored size or shape
-    disagrees with the manifest and index, or a label outside the classes.
+    unknown version or damaged (a file that differs from its digest: named), when ``path`` is a
+    splits root and ``split`` is missing or unknown (the message lists the splits), and when
+    ``split`` is given for a single dataset. Reading raises it too, naming the file and the
+    sample, for a sample whose stored size or shape disagrees with the manifest and index, or a
+    label outside the classes.
     """
 
     def __init__(self, path: str | os.PathLike, transform=None, target_transform=None, *,
-                 split: str | None = None):
+                 split: str | None = None, check_reads: bool = False):
         self.root = split_root(path, split)
         self.split = split
+        if split is not None:  # the splits root's own manifest (which folder is which split)
+            integrity.check_manifest(os.path.expanduser(path), read_splits(path))
         self.manifest = load_manifest(self.root)
+        integrity.check_manifest(self.root, self.manifest)
         self.classes: list[str] = list(self.manifest["classes"])
         self.class_to_idx: dict[str, int] = dict(self.manifest["class_to_idx"])
         self.index = Index(self.root, self.manifest)
         self.reader = open_reader(self.root, self.manifest)
+        integrity.check_small_files(self.root, self.manifest, self.reader.data_paths())
+        self.check_reads = bool(check_reads)
+        self._encoded = encoding_of(self.manifest) is not None
+        if self.check_reads and self.index.checksums is None:
+            raise ShardFormatError(f"{self.root / INDEX_DIR / COLUMNS['checksums']} is missing: check_reads=True "
+                                   "has no checksums to compare with")
         warn_if_larger_than_ram(self.root, self.reader)
         self.transform = transform
         self.target_transform = target_transform
@@ -119,6 +140,18 @@ class ShardDataset(Dataset):
             raise IndexError(f"index {i} out of range for {n} samples in {self.root}")
         return i % n
 
+    def _check_read(self, idx, hwc: np.ndarray) -> None:
+        """check_reads: raise ShardFormatError naming the first of samples ``idx`` (read into
+        ``hwc``, one row each) whose checksum differs from index/checksums.npy."""
+        for k, i in enumerate(idx):
+            stored = self.reader.record(i) if self._encoded else hwc[k]
+            if integrity.sample_checksum(stored) != int(self.index.checksums[i]):
+                raise ShardFormatError(
+                    f"{self.root}: sample {i} (source {self.index.path(i)}) differs from its checksum in "
+                    f"{INDEX_DIR}/{COLUMNS['checksums']} (taken at pack time): its stored "
+                    f"{'record' if self._encoded else 'pixels'} are damaged; `shardpack verify {self.root}` "
+                    "lists every damaged sample")
+
     def _finish(self, img: torch.Tensor, label: int):
         if self.transform is not None:
             img = self.transform(img)
@@ -133,6 +166,8 @@ class ShardDataset(Dataset):
             self.reader.read_into(i, hwc.numpy())
         except diskio.CutShort as err:
             raise naming_source(err, self.index) from None
+        if self.check_reads:
+            self._check_read((i,), hwc.numpy()[None])
         return self._finish(hwc.permute(2, 0, 1), self.index.label(i))
 
     def _indices(self, indices) -> np.ndarray:
@@ -154,9 +189,12 @@ class ShardDataset(Dataset):
         rows = np.empty_like(order)
         rows[order] = np.arange(len(idx))
         try:
-            return self.reader.read_batch(idx[order]), rows
+            hwc = self.reader.read_batch(idx[order])
         except diskio.CutShort as err:
             raise naming_source(err, self.index) from None
+        if self.check_reads:
+            self._check_read(idx[order].tolist(), hwc)
+        return hwc, rows
 
     def read_batch(self, indices, out: np.ndarray | None = None):
         """Samples ``indices`` stacked, without ``transform``: ``(imgs, labels)`` with ``imgs`` a
@@ -187,7 +225,8 @@ class ShardDataset(Dataset):
             check_out(out, len(idx), self.reader.shape)
         labels = torch.from_numpy(self.index.labels_at(idx))
         try:
-            return BatchRead(self.reader.start_batch(idx, out), out, labels, self.index)
+            return BatchRead(self.reader.start_batch(idx, out), out, labels, self.index,
+                             (lambda: self._check_read(idx.tolist(), out)) if self.check_reads else None)
         except diskio.CutShort as err:
             raise naming_source(err, self.index) from None
 
@@ -218,8 +257,8 @@ class ShardDataset(Dataset):
 class BatchRead:
     """A batch being read (:meth:`ShardDataset.start_batch`); ``wait()`` returns ``(imgs, labels)``."""
 
-    def __init__(self, pending, out: np.ndarray, labels: torch.Tensor, index: Index):
-        self._pending, self.out, self.labels, self._index = pending, out, labels, index
+    def __init__(self, pending, out: np.ndarray, labels: torch.Tensor, index: Index, check=None):
+        self._pending, self.out, self.labels, self._index, self._check = pending, out, labels, index, check
 
     def done(self) -> bool:
         """Whether every read of the batch has finished (``wait()`` will not block)."""
@@ -230,6 +269,8 @@ class BatchRead:
             self._pending.wait()
         except diskio.CutShort as err:
             raise naming_source(err, self._index) from None
+        if self._check is not None:  # check_reads
+            self._check()
         return torch.from_numpy(self.out).permute(0, 3, 1, 2), self.labels
 
 

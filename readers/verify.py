@@ -7,14 +7,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import xxhash
 
+from . import integrity
 from .encoding import describe as describe_encoding, encoding_of
 from .formats import open_reader
 from .formats.base import flagged
 from .text import mb, shown
-from .manifest import (COLUMNS, bytes_on_disk, INDEX_DIR, PATHS_BLOB, SKIPPED, Index, ShardFormatError,
-                       load_manifest, load_npy)
+from .manifest import (COLUMNS, bytes_on_disk, INDEX_DIR, MANIFEST, PATHS_BLOB, SKIPPED, Index, ShardFormatError,
+                       load_manifest, load_npy, read_splits)
 
 
 @dataclass
@@ -26,18 +26,24 @@ class Mismatch:
 
 @dataclass
 class VerifyResult:
-    """``problems``: one line each for the index columns, manifest fields and data files that
-    disagree with each other; ``mismatches``: the samples whose pixels or labels differ."""
+    """``problems``: one line each for the files that differ from their digests and the index
+    columns, manifest fields and data files that disagree with each other; ``mismatches``: the
+    samples whose pixels or labels differ; ``digests_checked``: the files checked against their
+    digests; ``not_covered``: the files (relative) no digest covers; ``notes``: what that means."""
     root: Path
     count: int
     mismatches: list[Mismatch] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     reread: bool = False  # whether the samples were reread (not when the data files cannot be opened)
+    digests_checked: int = 0
+    not_covered: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         """One line: what differs, or that nothing does."""
         if self.ok:
-            return f"{self.root}: all {self.count} samples match their checksums, index and manifest"
+            files = f", and its {self.digests_checked} files their digests" if self.digests_checked else ""
+            return f"{self.root}: all {self.count} samples match their checksums, index and manifest{files}"
         problems = f"{len(self.problems)} problem(s) in its index or data files; " if self.problems else ""
         samples = (f"{len(self.mismatches)} of {self.count} samples differ" if self.reread
                    else "its samples could not be reread")
@@ -49,11 +55,12 @@ class VerifyResult:
 
 
 def verify(root, progress: bool = False, limit: int = 1000) -> VerifyResult:
-    """Check the output at ``root``: every index column and the format's own records against the
-    manifest, each other and the data (:func:`index_problems`, the reader's ``record_problems``), then
-    reread every sample through its reader (which checks its size and embedded .npy header
-    against the index) and compare its xxh3_64 with the checksum written at pack time
-    (index/checksums.npy), and the format's own label copies with index/labels.npy.
+    """Check the output at ``root``: the manifest against manifest.xxh3 and every file against
+    its xxh3_128 digest in the manifest (:func:`check_digests`), every index column and the
+    format's own records against the manifest, each other and the data (:func:`index_problems`,
+    the reader's ``record_problems``), then reread every sample through its reader (which checks
+    its size and embedded .npy header against the index) and compare its xxh3_64 with the
+    checksum written at pack time (index/checksums.npy), and the format's own label copies with index/labels.npy.
 
     Returns a VerifyResult listing each problem as one line and each mismatch by index and source
     path (at most ``limit``). Raises ShardFormatError (one line) when the output cannot be read
@@ -62,7 +69,9 @@ def verify(root, progress: bool = False, limit: int = 1000) -> VerifyResult:
     root = Path(root).expanduser()
     manifest = load_manifest(root)
     index = Index(root, manifest)
-    result = VerifyResult(root, index.count, problems=index_problems(root, manifest, index))
+    result = VerifyResult(root, index.count)
+    check_digests(root, manifest, result, progress)
+    result.problems += index_problems(root, manifest, index)
     reader = open_reader(root, manifest)
     try:
         reader.check()  # sample 0 is read with the others below
@@ -88,7 +97,7 @@ def verify(root, progress: bool = False, limit: int = 1000) -> VerifyResult:
         except Exception as err:  # noqa: BLE001 -- a damaged record is reported and the check goes on
             result.mismatches.append(Mismatch(i, _path(index, i), f"unreadable: {err}"))
         else:
-            if xxhash.xxh3_64_intdigest(stored) != int(index.checksums[i]):
+            if integrity.sample_checksum(stored) != int(index.checksums[i]):
                 result.mismatches.append(Mismatch(i, _path(index, i),
                                                   f"{'record' if encoded else 'pixel'} checksum differs"))
         if len(result.mismatches) >= limit:
@@ -102,6 +111,50 @@ def verify(root, progress: bool = False, limit: int = 1000) -> VerifyResult:
         for i in np.flatnonzero(copy != index.labels)[:limit]:
             result.mismatches.append(Mismatch(int(i), _path(index, int(i)), "label differs from index/labels.npy"))
     return result
+
+
+def check_digests(root: Path, manifest: dict, result: VerifyResult, progress: bool = False) -> None:
+    """Into ``result``: the manifest against manifest.xxh3 and every file its digests cover
+    (streamed, a bar over the bytes with ``progress``), one problem per damaged file; the files
+    no digest covers, with a note saying so (an output packed before digests: all of them)."""
+    problem = integrity.manifest_problem(root, manifest)
+    result.problems += [problem] if problem else []
+    try:
+        digests = integrity.recorded(root, manifest)
+    except ShardFormatError as err:
+        result.problems.append(str(err))
+        digests = None
+    result.not_covered = integrity.not_covered(root, manifest) if digests is not None else []
+    if digests == {}:
+        result.notes.append(f"{root}: packed before file digests were recorded (no \"{integrity.DIGESTS}\" in "
+                            f"{MANIFEST}): {MANIFEST}, the index columns and {SKIPPED} are covered by no checksum "
+                            "(the samples are still checked against index/checksums.npy); pack it again to cover them")
+    elif result.not_covered:
+        shown_names = ", ".join(result.not_covered[:5]) + (" ..." if len(result.not_covered) > 5 else "")
+        result.notes.append(f"{root}: {len(result.not_covered)} file(s) no digest covers (added after the pack?), "
+                            f"not checked: {shown_names}")
+    if not digests:
+        return
+    sizes = {name: (root / name).stat().st_size if (root / name).is_file() else 0 for name in digests}
+    from .progress import progress as bar
+    with bar(total=sum(sizes.values()), enabled=progress, unit="B", unit_scale=True, desc="digests") as b:
+        for name, digest in digests.items():
+            problem = integrity.file_problem(root, name, digest, progress=b.update)
+            result.problems += [problem] if problem else []
+            result.digests_checked += 1
+
+
+def splits_root_problems(root) -> list[str]:
+    """For a splits root: its own manifest against manifest.xxh3 and each split's manifest.xxh3
+    against the digest the root records, one line each (each split is verified on its own);
+    [] for anything else."""
+    root = Path(root).expanduser()
+    top = read_splits(root)
+    if top is None:
+        return []
+    result = VerifyResult(root, 0)
+    check_digests(root, top, result)
+    return result.problems
 
 
 def _path(index: Index, i: int) -> str:
@@ -150,11 +203,15 @@ def index_problems(root: Path, manifest: dict, index: Index) -> list[str]:
 def info_text(root) -> str:
     """What ``shardpack info`` prints about an output: count, classes, shape, size on disk, how
     the pixels were made, skipped files. Raises ShardFormatError (one line) when the output is
-    damaged: its manifest, index columns or data files' headers (not every sample: ``verify``)."""
+    damaged: its manifest, index columns or data files' headers, or a file that ShardDataset
+    checks at open differs from its digest (not every sample, nor the pixel files: ``verify``)."""
     root = Path(root).expanduser()
     m = load_manifest(root)
+    integrity.check_manifest(root, m)
     index = Index(root, m)
-    open_reader(root, m).check(index.shape(0) if index.count else None)
+    reader = open_reader(root, m)
+    integrity.check_small_files(root, m, reader.data_paths())
+    reader.check(index.shape(0) if index.count else None)
     size = bytes_on_disk(root)
     px, run = m.get("pixels", {}), m.get("run") if isinstance(m.get("run"), dict) else {}
     classes = [shown(c) for c in m["classes"]]

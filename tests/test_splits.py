@@ -74,7 +74,7 @@ def test_splits_option_and_no_splits(tmp_path):
     make_tree(src / "Val", {"cow": 2}, seed=9)
     result = run_cli(src, "--format", "npy", "--size", "8", "--quiet", "--splits", "val", "-o", tmp_path / "v")
     assert result.exit_code == 0, result.output
-    assert sorted(p.name for p in (tmp_path / "v").iterdir()) == ["Val", "manifest.json"]
+    assert sorted(p.name for p in (tmp_path / "v").iterdir()) == ["Val", "manifest.json", "manifest.xxh3"]
     ds = ShardDataset(tmp_path / "v", split="Val")
     assert ds.classes == ["ant", "bee", "cow"] and ds.targets.tolist() == [2, 2]  # train's index
 

@@ -1,10 +1,11 @@
 """Writing ``index/`` and ``manifest.json``, the mirror of readers/manifest.py's contract.
 
-The format-independent half of an output: the per-sample columns, and the manifest of a dataset
-and of a splits root."""
+The format-independent half of an output: the per-sample columns, the manifest of a dataset and
+of a splits root, and the seal (every file's digest, readers/integrity.py) written at commit."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
@@ -13,7 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ...readers.manifest import COLUMNS, FORMAT_VERSION, INDEX_DIR, PATHS_BLOB, SOURCE_MODES, SPLITS_KIND
+from ...readers.integrity import DIGESTS, MANIFEST_DIGEST, digest_text, file_digest, manifest_digest, sealed_files
+from ...readers.manifest import (COLUMNS, FORMAT_VERSION, INDEX_DIR, MANIFEST, PATHS_BLOB, SOURCE_MODES, SPLITS_KIND,
+                                 write_json_atomic)
 
 from .base import save_synced
 
@@ -71,6 +74,27 @@ def splits_manifest(fmt: str, recipe, plan, reports, run: dict, extra: dict | No
             "classes": plan.classes, "class_to_idx": {c: i for i, c in enumerate(plan.classes)},
             "classes_from": plan.classes_from, "pixels": recipe.as_manifest(), **(extra or {}),
             "run": run}
+
+
+def seal(tmp: Path, manifest: dict, leave=()) -> dict:
+    """``manifest`` with the xxh3_128 digest of every file of the finished output ``tmp``
+    (readers/integrity.py: ``sealed_files``; ``leave``: top-level names of the run's own state,
+    removed before the commit) under "digests", as a reader will see it. Reads every file once
+    (from the page cache when just written); writes nothing (write_sealed does)."""
+    manifest = json.loads(json.dumps(manifest))  # as a reader will see it: lists, string keys
+    manifest[DIGESTS] = {name: file_digest(tmp / name) for name in sealed_files(tmp, leave)}
+    return manifest
+
+
+def write_sealed(tmp: Path, manifest: dict) -> None:
+    """Write the sealed ``manifest`` (see seal) into ``tmp``: the digest of its canonical JSON in
+    manifest.xxh3 first, manifest.json last (its presence means complete), each fsynced."""
+    path = tmp / MANIFEST_DIGEST
+    with open(path, "w") as f:
+        f.write(digest_text(manifest_digest(manifest)))
+        f.flush()
+        os.fsync(f.fileno())
+    write_json_atomic(tmp / MANIFEST, manifest)
 
 
 def run_info(source_root, seconds: float, workers: int | None = None, resumed_at: int | None = None) -> dict:

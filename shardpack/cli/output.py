@@ -37,8 +37,9 @@ def info(out, as_json):
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON document on stdout, pass or fail (same exit status); progress on stderr.")
 def verify(out, quiet, as_json):
-    """Check OUT: every index column and manifest field the readers rely on, against each other
-    and the data, and every sample reread and compared with the checksums written at pack time.
+    """Check OUT: every file against its digest recorded at pack time, every index column and
+    manifest field the readers rely on, against each other and the data, and every sample reread
+    and compared with the checksums written at pack time.
 
     Exit status 1 when anything differs: each problem and each differing sample (by index and
     source path) on a line of its own, then a summary on stderr."""
@@ -46,11 +47,16 @@ def verify(out, quiet, as_json):
     if as_json:
         print_document(*verify_document(out, progress=not quiet))
     from ..readers.text import one_line, shown
-    from ..readers.verify import verify as run_verify
+    from ..readers.verify import splits_root_problems, verify as run_verify
     failed = False
     try:
+        for problem in splits_root_problems(out):  # a splits root's own manifest
+            click.echo(f"PROBLEM {one_line(problem)}")
+            failed = True
         for _, root in dataset_dirs(out):  # a splits root: every split
             result = run_verify(root, progress=not quiet)
+            for note in result.notes:
+                click.echo(f"NOTE {one_line(note)}")
             for problem in result.problems:
                 click.echo(f"PROBLEM {one_line(problem)}")
             for m in result.mismatches:

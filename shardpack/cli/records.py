@@ -94,20 +94,28 @@ def info_document(out) -> tuple[dict, int]:
 
 
 def verify_document(out, progress: bool = False) -> tuple[dict, int]:
-    """``{"schema", "path", "ok", "datasets": [{"split", "path", "ok", "count", "problems",
-    "mismatches": [{"index", "path", "problem"}]}], "error"}``; status 1 when any dataset is
-    not ok or OUT cannot be read."""
+    """``{"schema", "path", "ok", "problems", "datasets": [{"split", "path", "ok", "count",
+    "digests_checked", "not_covered", "notes", "problems", "mismatches": [{"index", "path",
+    "problem"}]}], "error"}``: the top-level ``problems`` gathers every dataset's and a splits
+    root's own (its manifest); ``not_covered``: the files (relative to the dataset) no digest
+    covers. Status 1 when anything is not ok or OUT cannot be read."""
     from ..readers.text import one_line
-    from ..readers.verify import verify as run_verify
-    doc = {"schema": SCHEMA, "command": "verify", "path": str(out), "ok": True, "datasets": [], "error": None}
+    from ..readers.verify import splits_root_problems, verify as run_verify
+    doc = {"schema": SCHEMA, "command": "verify", "path": str(out), "ok": True, "problems": [], "datasets": [],
+           "error": None}
     try:
+        doc["problems"] += [one_line(p) for p in splits_root_problems(out)]
+        doc["ok"] = not doc["problems"]
         for split, root in dataset_dirs(out):
             result = run_verify(root, progress=progress)
+            problems = [one_line(p) for p in result.problems]
             doc["datasets"].append({
                 "split": split, "path": str(root), "ok": result.ok, "count": result.count,
-                "problems": [one_line(p) for p in result.problems],
+                "digests_checked": result.digests_checked, "not_covered": result.not_covered,
+                "notes": [one_line(n) for n in result.notes], "problems": problems,
                 "mismatches": [{"index": m.index, "path": m.path, "problem": one_line(m.problem)}
                                for m in result.mismatches]})
+            doc["problems"] += problems
             doc["ok"] = doc["ok"] and result.ok
     except Exception as err:  # noqa: BLE001 -- as info_document: one document, never a traceback
         doc.update(ok=False, error=failure(out, err))
