@@ -8,8 +8,10 @@ GIL and CPU time do not mix with the process under test::
     python tests/slowfs.py SRC MOUNTPOINT [--delay 0.005] [--unmount-after-opens N]
 
 It serves in the foreground until unmounted (``fusermount3 -u MOUNTPOINT``). With
-``--unmount-after-opens N`` it detaches itself (a lazy unmount) once N files have been opened,
-which is how the tests make the source vanish in the middle of a run. Needs /dev/fuse,
+``--unmount-after-opens N`` the first N files in ImageFolder's order (folders and files sorted)
+open normally; once they all have been, the first open of any other file detaches the mount
+(a lazy unmount) and fails, as do all later ones: how the tests make the source vanish in the
+middle of a run, after exactly N files. Needs /dev/fuse,
 libfuse 3 (``apt-get install fuse3``) and ``mfusepy``.
 """
 
@@ -55,6 +57,15 @@ class _FUSE(fuse.FUSE):
         return 0
 
 
+def _first_files(root: str, n: int) -> list[str]:
+    """The first ``n`` files under ``root`` (relative paths) in ImageFolder's order."""
+    found = []
+    for top, dirs, files in os.walk(root, followlinks=True):
+        dirs.sort()
+        found += [os.path.relpath(os.path.join(top, name), root) for name in sorted(files)]
+    return found[:n]
+
+
 class DelayedPassthrough(fuse.Operations):
     """Read-only view of ``root`` with ``delay`` seconds added to getattr, readdir, open, read."""
 
@@ -65,7 +76,10 @@ class DelayedPassthrough(fuse.Operations):
         self.delay = delay
         self.mountpoint = mountpoint
         self.unmount_after_opens = unmount_after_opens
-        self.opens = 0
+        self._first = set(_first_files(self.root, unmount_after_opens))  # readable before the mount goes
+        self._opened: set[str] = set()
+        self._first_open = threading.Event()  # set once every one of them has been opened
+        self._gone = False
         self._count_lock = threading.Lock()
         self._next_dir = 0
         self._listings: dict[int, list] = {}
@@ -112,17 +126,32 @@ class DelayedPassthrough(fuse.Operations):
     def open(self, path, flags):
         if flags & (os.O_WRONLY | os.O_RDWR):
             raise fuse.FuseOSError(errno.EROFS)
+        if self.unmount_after_opens and path.lstrip("/") not in self._first:
+            self._vanish()
+            raise fuse.FuseOSError(errno.ENOTCONN)  # what a mount whose server went away answers
         self._wait()
         try:
             fd = os.open(self._full(path), os.O_RDONLY)
         except OSError as err:
             raise fuse.FuseOSError(err.errno) from None
         with self._count_lock:
-            self.opens += 1
-            vanish = self.unmount_after_opens and self.opens == self.unmount_after_opens
-        if vanish:
-            subprocess.Popen(unmount_command(self.mountpoint, lazy=True))
+            self._opened.add(path.lstrip("/"))
+            if self._opened >= self._first:
+                self._first_open.set()
         return fd
+
+    def _vanish(self):
+        """Detach the mount (lazily: open files stay readable) once the first files have all been
+        opened, before any other open is answered: the run then reads exactly those files however
+        its threads interleave and however loaded the machine (an unmount started in the
+        background at the N-th open used to land after the run had read every file, and an open
+        of an earlier file issued late failed on its own, to be kept as a skip)."""
+        self._first_open.wait(timeout=60)
+        with self._count_lock:
+            if self._gone:
+                return
+            self._gone = True
+            subprocess.run(unmount_command(self.mountpoint, lazy=True), capture_output=True, timeout=60)
 
     def read(self, path, size, offset, fh):
         self._wait()

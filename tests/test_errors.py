@@ -4,6 +4,7 @@
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -254,6 +255,57 @@ def test_a_full_disk_is_resumable_once_there_is_room(photos, tmp_path, can_mount
     assert (tmp_path / "rc2").read_text().strip() == "0", (tmp_path / "err2").read_text()
     ref = pack_quiet(photos, tmp_path / "ref", fmt, size=64, resize="shorter-side").out
     same_content(ref, saved, fmt)
+
+
+
+# the disk fills at the end of an HDF5 pack: as the last bytes are copied into images.h5
+# (variable shapes) or as finishing starts (fixed shape, workers filled images.h5 in place)
+HDF5_FULL_AT_THE_END = """
+import os, shutil
+from shardpack.packer.writers.hdf5 import Hdf5Writer
+def fill(where):
+    room = os.statvfs(where)
+    with open(os.path.join(os.path.dirname(where), "filler"), "ab", buffering=0) as f:
+        try:
+            f.write(bytes(room.f_bavail * room.f_frsize))
+        except OSError:
+            pass
+real_copy, real_finish = shutil.copyfileobj, Hdf5Writer.finish
+def copyfileobj(src, dst, *args):
+    real_copy(src, dst, *args)
+    if str(getattr(dst, "name", "")).endswith("images.h5"):
+        dst.flush()
+        fill(os.path.dirname(dst.name))
+def finish(self, kept):
+    fill(str(self.tmp))
+    return real_finish(self, kept)
+shutil.copyfileobj, Hdf5Writer.finish = copyfileobj, finish
+""" + PACK_SCRIPT
+
+
+@pytest.mark.parametrize("resize", ["shorter-side", "center-crop"])
+def test_hdf5_disk_full_at_the_end_exits_1_in_one_line_and_resumes(photos, tmp_path, can_mount, resize):
+    """HDF5 2.0 keeps the objects it failed to flush to a full disk and segfaulted at exit (139),
+    after a screen of h5py tracebacks: the disk fills here with the data all written, then grows."""
+    full, saved = tmp_path / "full", tmp_path / "saved"
+    full.mkdir()
+    args = [photos, "--format", "hdf5", "--size", 64, "--resize", resize, "-o", full / "out", "--quiet",
+            "--workers", 1]
+    first = shlex.join(map(str, [sys.executable, "-c", HDF5_FULL_AT_THE_END, *args, "--no-space-check"]))
+    then = shlex.join(map(str, [sys.executable, "-c", PACK_SCRIPT, *args, "--resume"]))
+    script = (f"mount -t tmpfs -o size=4m tmpfs {full} && {{ {first} 2>{tmp_path}/err1; echo $? > {tmp_path}/rc1; "
+              f"ls -a {full} > {tmp_path}/left; rm {full}/filler; "
+              f"{then} 2>{tmp_path}/err2 >/dev/null; echo $? > {tmp_path}/rc2; cp -a {full}/out {saved} || true; }}")
+    subprocess.run(["unshare", "-m", "sh", "-c", script], env=env(), timeout=120, check=True)
+    err1 = (tmp_path / "err1").read_text()
+    assert "Traceback" not in err1 and "Exception ignored" not in err1, err1
+    assert (tmp_path / "rc1").read_text().strip() == "1", err1
+    lines = [line for line in err1.splitlines() if line.strip()]
+    assert len(lines) == 1 and re.search(r"disk full after 40 of 40 files, while finishing the output .*--resume",
+                                         lines[0]), err1
+    assert "out" not in (tmp_path / "left").read_text().split() and ".out.partial" in (tmp_path / "left").read_text()
+    assert (tmp_path / "rc2").read_text().strip() == "0", (tmp_path / "err2").read_text()
+    same_content(pack_quiet(photos, tmp_path / "ref", "hdf5", size=64, resize=resize).out, saved, "hdf5")
 
 
 # ---------------------------------------------------------------- signals and exit codes

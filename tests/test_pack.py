@@ -214,3 +214,25 @@ def test_symlink_loops_are_followed_once(tree, tmp_path):
     rows = json.loads((tmp_path / "o" / "skipped.json").read_text())
     assert sorted(r["kind"] for r in rows) == ["symlink-loop", "symlink-loop"]
     assert all(r["reason"].endswith("a link to a folder already walked; not followed") for r in rows)
+
+
+def test_the_source_root_is_recorded_absolute_with_dots_resolved_and_symlink_names_kept(tree, tmp_path, monkeypatch):
+    """A relative SRC with ``..`` is recorded as the absolute path it names (os.path.abspath); a
+    symlinked root keeps its link's name, as ImageFolder's samples do (not realpath)."""
+    from helpers import run_cli
+    (tree / "cat" / "broken.jpg").write_bytes(b"not a picture")
+    (tmp_path / "work").mkdir()
+    (tmp_path / "link").symlink_to(tree, target_is_directory=True)
+    monkeypatch.chdir(tmp_path / "work")
+    for typed, root in (("../work/../src", tree), ("../link", tmp_path / "link")):
+        out = tmp_path / f"out-{root.name}"
+        packed = run_cli(typed, "--format", "npy", "--size", 8, "-o", out, "--quiet")
+        assert packed.exit_code == 0, packed.output
+        ds = ShardDataset(out)
+        assert ds.source_path(0) == "cat/img000.jpg"
+        assert ds.samples[0] == (str(root / "cat" / "img000.jpg"), 0)
+        info = run_cli("info", out, command="shardpack")
+        assert info.exit_code == 0 and f"from {root}\n" in info.output and ".." not in info.output
+        doc = json.loads(run_cli("info", out, "--json", command="shardpack").output)
+        assert doc["datasets"][0]["manifest"]["run"]["source_root"] == str(root)
+        assert [r["path"] for r in json.loads((out / "skipped.json").read_text())] == ["cat/broken.jpg"]

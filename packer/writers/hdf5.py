@@ -3,6 +3,11 @@
 Datasets ``images`` (count, H, W, 3) uint8, contiguous, uncompressed, allocated at creation, and
 ``labels`` int64.
 
+h5py writes only when a file is made (``_create``), and into memory: its pages are then written
+with plain writes, ``images`` allocated, the labels and attributes already there. The pixels go
+in afterwards by plain writes too, so a full disk is always a plain ENOSPC, never an HDF5 write
+failure (which left HDF5 unable to close the file and segfaulting at exit).
+
 Workers fill ``images`` in place through a memmap at its byte offset (h5py never runs in them).
 HDF5 cannot shrink a contiguous dataset, so when files were skipped the kept rows are copied
 into a new file of the exact count (the only case that needs the space twice).
@@ -19,6 +24,7 @@ samples, without its shapes dataset: ``images`` flat uint8, ``offsets`` int64 (c
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 
@@ -32,17 +38,103 @@ from ...readers.manifest import HDF5_FILE
 from .base import InPlaceWriter, RaggedWriter, as_rows, fsync_path, reserve
 
 
-def _create(path, count, shape):
-    """Make ``path`` with a contiguous, allocated, unfilled ``images`` (count, *shape) uint8;
-    return the byte offset of its data."""
-    with h5py.File(path, "w", libver="earliest") as f:
+class _FileImage(io.RawIOBase):
+    """An HDF5 file as h5py builds it, in memory: the pages HDF5 wrote (64 KiB each, with the
+    span written in each), nothing for the pixels it only allocated. ``save`` then writes them
+    with plain writes, so a full disk is a plain OSError (ENOSPC) there. HDF5 itself never meets
+    one: after a failed write HDF5 keeps objects it can close neither then nor at exit, where it
+    segfaulted the process (exit 139)."""
+
+    PAGE = 1 << 16
+
+    def __init__(self):
+        super().__init__()
+        self.pages, self.spans, self.pos, self.size = {}, {}, 0, 0
+
+    def readable(self):
+        return True
+
+    def writable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def seek(self, pos, whence=io.SEEK_SET):
+        self.pos = pos + (0, self.pos, self.size)[whence]
+        return self.pos
+
+    def tell(self):
+        return self.pos
+
+    def truncate(self, size=None):
+        self.size = self.pos if size is None else size
+        return self.size
+
+    def _pieces(self, n):
+        """(page number, start in the page, length, done so far) of the next ``n`` bytes at pos."""
+        done = 0
+        while done < n:
+            page, lo = divmod(self.pos + done, self.PAGE)
+            k = min(self.PAGE - lo, n - done)
+            yield page, lo, k, done
+            done += k
+
+    def write(self, b):
+        data = memoryview(b).cast("B")
+        for page, lo, k, done in self._pieces(len(data)):
+            if page not in self.pages:
+                self.pages[page], self.spans[page] = bytearray(self.PAGE), [lo, lo + k]
+            span = self.spans[page]
+            span[:] = min(span[0], lo), max(span[1], lo + k)
+            self.pages[page][lo:lo + k] = data[done:done + k]
+        self.pos += len(data)
+        self.size = max(self.size, self.pos)
+        return len(data)
+
+    def readinto(self, b):
+        out = memoryview(b).cast("B")
+        n = max(0, min(len(out), self.size - self.pos))
+        for page, lo, k, done in self._pieces(n):
+            out[done:done + k] = self.pages[page][lo:lo + k] if page in self.pages else bytes(k)
+        self.pos += n
+        return n
+
+    def save(self, path):
+        with open(path, "wb", buffering=0) as f:
+            f.truncate(self.size)
+            for page in sorted(self.pages):
+                lo, hi = self.spans[page]
+                start = page * self.PAGE
+                if start + lo < self.size:
+                    f.seek(start + lo)
+                    f.write(self.pages[page][lo:min(hi, self.size - start)])
+
+
+def _create(path, count, shape, columns=(), attrs=None):
+    """Make ``path``: a contiguous ``images`` (count, *shape) uint8 whose blocks are allocated
+    (``reserve``) and left unfilled, the datasets ``columns`` ((name, array), ...) and the
+    attribute ``shardpack`` (``attrs`` as JSON). Everything HDF5 writes is written here, before
+    any pixel; the pixels then go in by plain writes at the returned byte offset of ``images``."""
+    image = _FileImage()
+    with h5py.File(image, "w", libver="earliest") as f:
         dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
         dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)  # the offset must exist before workers write
         dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
-        f.create_dataset("images", shape=(count, *shape), dtype=np.uint8, dcpl=dcpl)
-    offset = dataset_offset(path)[0]
+        offset = f.create_dataset("images", shape=(count, *shape), dtype=np.uint8, dcpl=dcpl).id.get_offset()
+        for name, data in columns:
+            f.create_dataset(name, data=data)
+        f.attrs["shardpack"] = json.dumps(attrs or {})
+    image.save(path)
     reserve(path, offset, count * int(np.prod(shape)))
     return offset
+
+
+def _has_labels(path) -> bool:
+    """Whether ``path`` holds its ``labels`` already (made with them, as ``_create`` does; an
+    interrupted run of an older shardpack wrote them while finishing)."""
+    with h5py.File(path, "r") as f:
+        return "labels" in f
 
 
 class RaggedHdf5Writer(RaggedWriter):
@@ -60,16 +152,11 @@ class RaggedHdf5Writer(RaggedWriter):
 
     def finish(self, kept):
         offsets, shapes = self._finish_data(kept)
-        offset = _create(self.path, self.nbytes, ())
+        offset = _create(self.path, self.nbytes, (), self._columns(offsets, shapes, kept),
+                         self.options.get("attrs"))
         with open(self.data_path, "rb") as src, open(self.path, "r+b") as dst:
             dst.seek(offset)
             shutil.copyfileobj(src, dst, 16 << 20)  # images.raw stays until the commit (a failed finish is redone)
-        with h5py.File(self.path, "r+") as f:
-            for name, data in self._columns(offsets, shapes, kept):
-                if name in f:  # a finish redone after a failure
-                    del f[name]
-                f.create_dataset(name, data=data)
-            f.attrs["shardpack"] = json.dumps(self.options.get("attrs", {}))
         fsync_path(self.path)
         return {"files": {HDF5_FILE: self.path.stat().st_size}}
 
@@ -82,13 +169,14 @@ class Hdf5Writer(InPlaceWriter):
     def __init__(self, tmp, n, shape, labels, options):
         super().__init__(tmp, n, shape, labels, options)
         self.path = self.tmp / HDF5_FILE
-        self.offset = dataset_offset(self.path)[0] if self.path.exists() else _create(self.path, n, self.shape)
+        self.offset = (dataset_offset(self.path)[0] if self.path.exists() else
+                       _create(self.path, n, self.shape, [("labels", labels)], options.get("attrs")))
 
     def finish(self, kept):
         count = len(kept)
-        if count < self.n:
+        if count < self.n or not _has_labels(self.path):
             final = self.tmp / (HDF5_FILE + ".compact")
-            offset = _create(final, count, self.shape)
+            offset = _create(final, count, self.shape, [("labels", self.labels[kept])], self.options.get("attrs"))
             src = np.memmap(self.path, np.uint8, "r", offset=self.offset, shape=(self.n, *self.shape))
             dst = np.memmap(final, np.uint8, "r+", offset=offset, shape=(count, *self.shape))
             step = max(1, (64 << 20) // max(1, src[0].nbytes))
@@ -97,11 +185,6 @@ class Hdf5Writer(InPlaceWriter):
             dst.flush()
             del src, dst
             final.replace(self.path)
-        with h5py.File(self.path, "r+") as f:
-            if "labels" in f:  # a finish redone after a failure
-                del f["labels"]
-            f.create_dataset("labels", data=self.labels[kept])
-            f.attrs["shardpack"] = json.dumps(self.options.get("attrs", {}))
         fsync_path(self.path)
         return {"files": {HDF5_FILE: self.path.stat().st_size}}
 

@@ -100,7 +100,7 @@ def write_sealed(tmp: Path, manifest: dict) -> None:
 def run_info(source_root, seconds: float, workers: int | None = None, resumed_at: int | None = None) -> dict:
     """A manifest's "run": the source, the seconds taken, the workers (a dataset), the host, the
     time it finished and, for a dataset, the file it resumed at (None: not resumed)."""
-    info = {"source_root": str(Path(source_root).absolute()), "seconds": round(seconds, 3)}
+    info = {"source_root": os.path.abspath(source_root), "seconds": round(seconds, 3)}  # not realpath: links kept
     if workers is not None:
         info["workers"] = workers
     info.update(host=socket.gethostname(), finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
