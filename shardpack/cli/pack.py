@@ -29,7 +29,7 @@ from ..readers.encoding import DEFAULT_QUALITY, DEFAULT_SUBSAMPLING, ENCODINGS, 
 from ..readers.folder import clash_text
 from ..readers.manifest import FORMATS, partial_dir
 from ..readers.system import usable_cpus
-from .config import complete_config, effective_settings, load_config, presets
+from .config import blamed_on_config, complete_config, effective_settings, load_config, presets
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}  # every command's: -h is --help
 
@@ -252,7 +252,7 @@ def summary(report) -> str:
 def run_pack_reporting(report, **kwargs):
     """:func:`run_pack`, and with ``--report FILE`` its summary, or its error, as JSON there."""
     from .records import reporting
-    with reporting(report, kwargs) as done:
+    with reporting(report, kwargs) as done, blamed_on_config(click.get_current_context()):
         done(run_pack(**kwargs))
 
 
