@@ -19,6 +19,7 @@ import pytest
 import shardpack
 import helpers
 from helpers import make_tree, run_cli
+from shardpack.readers.manifest import partial_dir
 from shardpack.readers.progress import LOG_MININTERVAL, bar_settings
 
 
@@ -196,3 +197,40 @@ def test_shell_completion_as_documented():
     assert res.returncode == 0 and "plain,imagenet-256-lmdb" in res.stdout.splitlines()
     cli_page = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
     assert "_SHARDPACK_COMPLETE=bash_source shardpack" in cli_page
+
+
+def _one_error_line(res) -> str:
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert "Traceback" not in res.stderr and len(lines) == 1, res.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("where", ["out", "src", "info", "verify", "report"])
+def test_a_url_is_refused_in_one_line_before_anything_is_written(tree, tmp_path, where):
+    url = "s3://bucket/x"
+    args = {"out": ["pack", tree, "--format", "npy", "--size", 8, "-o", url],
+            "src": ["pack", url, "--format", "npy", "--size", 8, "-o", tmp_path / "o"],
+            "info": ["info", url], "verify": ["verify", url, "--json"],
+            "report": ["pack", tree, "--format", "npy", "--size", 8, "-o", tmp_path / "o", "--report", url]}[where]
+    res = cli(*args, cwd=tmp_path)
+    line = _one_error_line(res)
+    assert res.returncode == 2 and f"{url} is a URL" in line and "object storage is not supported" in line
+    assert res.stdout == "" and sorted(p.name for p in tmp_path.iterdir()) == ["src"]  # no s3: folder, no o
+
+
+@pytest.mark.parametrize("command", ["pack", "dry-run", "bench-json", "bench-plot"])
+def test_a_file_to_write_in_a_missing_folder_is_refused_before_the_work(packed, tree, tmp_path, command):
+    target = tmp_path / "no-such-folder" / "r.json"
+    args = {"pack": ["pack", tree, "--format", "npy", "--size", 8, "-o", tmp_path / "o", "--report", target],
+            "dry-run": ["pack", tree, "--format", "npy", "--size", 8, "-o", tmp_path / "o", "--dry-run",
+                        "--report", target],
+            "bench-json": ["bench", packed, "--json", target],
+            "bench-plot": ["bench", packed, "--plot", target.with_suffix(".png")]}[command]
+    res = cli(*args)
+    line = _one_error_line(res)
+    assert res.returncode == 2 and f"the folder {target.parent} does not exist" in line, line
+    assert not (tmp_path / "o").exists() and not partial_dir(tmp_path / "o").exists()
+    (tmp_path / "ro").mkdir(mode=0o500)
+    if os.geteuid() != 0:  # root writes anywhere
+        res = cli(*args[:-1], tmp_path / "ro" / "r.json")
+        assert res.returncode == 2 and "cannot write in" in _one_error_line(res)

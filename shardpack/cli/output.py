@@ -12,10 +12,11 @@ import sys
 import click
 
 from ..readers.manifest import dataset_dirs
+from ..readers.paths import LocalPath
 
 
 @click.command()
-@click.argument("out", type=click.Path(exists=True, file_okay=False))
+@click.argument("out", type=LocalPath(exists=True, file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout (also on failure).")
 def info(out, as_json):
     """Describe the packed output OUT: count, classes, shape, size, how the pixels were made."""
@@ -32,7 +33,7 @@ def info(out, as_json):
 
 
 @click.command()
-@click.argument("out", type=click.Path(exists=True, file_okay=False))
+@click.argument("out", type=LocalPath(exists=True, file_okay=False))
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON document on stdout, pass or fail (same exit status); progress on stderr.")

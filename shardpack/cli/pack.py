@@ -28,10 +28,13 @@ from ..readers.text import mb, plural
 from ..readers.encoding import DEFAULT_QUALITY, DEFAULT_SUBSAMPLING, ENCODINGS, JPEG, QUALITY_RANGE, RAW, SUBSAMPLINGS
 from ..readers.folder import clash_text
 from ..readers.manifest import FORMATS, partial_dir
+from ..readers.paths import LocalPath, PathRefused, url_refusal
 from ..readers.system import usable_cpus
 from .config import blamed_on_config, complete_config, effective_settings, load_config, presets
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}  # every command's: -h is --help
+SRC_URL_HINT = "copy SRC to a local disk, or read it through a mount of the bucket (s3fs, gcsfuse, ...)"
+OUT_URL_HINT = "pack into a local folder, then copy the output up"
 
 
 def parse_splits(ctx, param, value):
@@ -72,6 +75,8 @@ def _parse_labels(ctx, param, value):
         file = file if key else item
         if not file.strip():
             raise click.BadParameter(f"{item!r}: no file named; give --labels [SPLIT=]FILE")
+        if (refusal := url_refusal(file)) is not None:
+            raise PathRefused(refusal, ctx, param)
         if key in out:
             raise click.BadParameter(f"{item!r}: labels for {key or 'SRC'} given twice")
         out[key] = file
@@ -80,16 +85,16 @@ def _parse_labels(ctx, param, value):
 
 def pack_options(f):
     options = [
-        click.argument("src", type=click.Path(exists=True, file_okay=False)),
+        click.argument("src", type=LocalPath(exists=True, file_okay=False, url_hint=SRC_URL_HINT)),
         click.option("--config", metavar="FILE|NAME", is_eager=True, callback=load_config, expose_value=True,
                      shell_complete=complete_config,
                      help=f"TOML preset of these options: a file, or a shipped preset's name "
                           f"({', '.join(presets())}); flags typed here win."),
-        click.option("--report", type=click.Path(dir_okay=False), default=None,
+        click.option("--report", type=LocalPath(dir_okay=False, to_write=True), default=None,
                      help="Also write the summary (or the error) to this file as JSON."),
         click.option("--format", "fmt", type=click.Choice(FORMATS), required=True, help="Output format."),
         click.option("--size", type=click.IntRange(1, 16384), required=True, help="Output side N in pixels."),
-        click.option("-o", "--out", type=click.Path(), default=None, callback=parse_out,
+        click.option("-o", "--out", type=LocalPath(url_hint=OUT_URL_HINT), default=None, callback=parse_out,
                      help="Output directory [default: ./<SRC name>-<N>.<format>]."),
         click.option("--workers", type=click.IntRange(1), default=None,
                      help="Decode processes [default: the usable CPUs]."),
@@ -140,9 +145,9 @@ def pack_options(f):
         click.option("--labels", "labels", multiple=True, callback=_parse_labels, metavar="[SPLIT=]FILE",
                      help="Labels of a flat folder: CSV/TSV with a header (file, label columns) or "
                           "ILSVRC2012 devkit ground truth (needs --id-map). Repeatable."),
-        click.option("--id-map", type=click.Path(exists=True, dir_okay=False), default=None,
+        click.option("--id-map", type=LocalPath(exists=True, dir_okay=False), default=None,
                      help="Lines 'ILSVRC2012_ID wnid' (from the devkit's meta.mat) for devkit labels."),
-        click.option("--classes-from", type=click.Path(exists=True), default=None,
+        click.option("--classes-from", type=LocalPath(exists=True), default=None,
                      help="Class list (indices) from a packed OUT or a text file, one class per line."),
         click.option("--dry-run", is_flag=True,
                      help="Print the plan and stop, after every check the real run makes (writes nothing)."),

@@ -39,8 +39,13 @@ def pack_document(src, out, reports, error: str | None = None, dry_run: bool = F
 
 
 def write_document(path, doc: dict) -> None:
-    """Write ``doc`` to ``path`` (through a temporary file, so a reader never sees half of it)."""
-    write_json_atomic(Path(path).expanduser(), doc, sync=False)
+    """Write ``doc`` to ``path`` (through a temporary file, so a reader never sees half of it).
+    The path was checked as the option was parsed (readers/paths.py); a write failing still (a
+    full disk) is one line, click.ClickException."""
+    try:
+        write_json_atomic(Path(path).expanduser(), doc, sync=False)
+    except OSError as err:
+        raise click.ClickException(f"cannot write the report {path} ({err.strerror or err})") from None
 
 
 @contextmanager
