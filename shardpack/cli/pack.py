@@ -104,8 +104,13 @@ def pack_options(f):
                           "capped at N, never upscaled, shapes vary; pad: longer side N, centred on an "
                           "N x N canvas of --background."),
         click.option("--max-pixels", type=click.IntRange(1), default=None,
-                     help="Most H*W of one sample; larger ones are scaled down, aspect kept "
-                          "[default: 4*N*N for shorter-side, N*N otherwise]."),
+                     help="Most H*W of one output sample; larger ones are scaled down, aspect kept "
+                          "[default: 4*N*N for shorter-side, N*N otherwise]. The sources' limit is "
+                          "--max-source-pixels."),
+        click.option("--max-source-pixels", type=click.IntRange(1), default=None,
+                     help="Most W*H of a source image to decode; larger files are skipped as possible "
+                          "decompression bombs [default: Pillow's 89,478,485]. Outputs are bounded by "
+                          "--max-pixels."),
         click.option("--shard-size", type=click.IntRange(1 << 20), default=None,
                      help="wds: bytes per tar shard [default: 1 GiB]."),
         click.option("--background", default="255,255,255", callback=_parse_color, show_default=True,
@@ -169,7 +174,7 @@ def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_siz
              decoder, allow_truncated, strict, overwrite, resume, no_space_check, quiet, splits,
              no_splits, labels, id_map, classes_from, dry_run, io_threads=None,
              allow_unsafe_output=False, engine="local", address=None, encoding=RAW, quality=None,
-             subsampling=None):
+             subsampling=None, max_source_pixels=None):
     """Shared body of ``pack-dataset`` and ``shardpack pack``: decide (refusing a bad OUT before
     the possibly long listing), scan, print the plan (with the output size estimate), pack, print
     the summary. What is decided here is handed down, never decided again. Exits 0 (also for
@@ -181,7 +186,8 @@ def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_siz
     try:
         recipe = Recipe(size=size, resize=resize, background=background, draft=draft,
                         allow_truncated=allow_truncated, decoder=decoder, max_pixels=max_pixels,
-                        encoding=encoding, quality=quality, subsampling=subsampling)
+                        encoding=encoding, quality=quality, subsampling=subsampling,
+                        max_source_pixels=max_source_pixels)
         opts = Options(fmt=fmt, workers=workers, shard_size=shard_size, overwrite=overwrite,
                        resume=resume, strict=strict, space_check=not no_space_check, progress=not quiet,
                        io_threads=io_threads, allow_unsafe_output=allow_unsafe_output, engine=engine,
