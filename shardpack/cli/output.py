@@ -45,19 +45,26 @@ def verify(out, quiet, as_json):
     source path) on a line of its own, then a summary on stderr."""
     from .records import failure, print_document, verify_document
     if as_json:
-        print_document(*verify_document(out, progress=not quiet))
+        doc, status = verify_document(out, progress=not quiet)
+        if doc["interrupted"]:  # the document on stdout, the line for the person on stderr
+            click.echo("\n" + doc["error"], err=True)
+        print_document(doc, status)
     from ..readers.text import one_line, shown
     from ..readers.verify import verify as run_verify
-    failed = False
+    failed, checked, roots = False, 0, []
     try:
-        for _, root in dataset_dirs(out):  # a splits root: every split
+        for _, root in (roots := dataset_dirs(out)):  # a splits root: every split
             result = run_verify(root, progress=not quiet)
             for problem in result.problems:
                 click.echo(f"PROBLEM {one_line(problem)}")
             for m in result.mismatches:
                 click.echo(f"MISMATCH sample {m.index} ({shown(m.path)}): {one_line(m.problem)}")
             click.echo(one_line(result.summary()), err=not result.ok)
-            failed = failed or not result.ok
+            failed, checked = failed or not result.ok, checked + 1
+    except KeyboardInterrupt:  # 130, as pack-dataset and bench (click would say "Aborted!", exit 1)
+        from .records import interrupted_text
+        click.echo("\n" + interrupted_text(out, checked, len(roots)), err=True)
+        sys.exit(130)
     except Exception as err:  # noqa: BLE001 -- damage no check foresaw too: one line, never a traceback
         raise click.ClickException(failure(out, err)) from None
     if failed:

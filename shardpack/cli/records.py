@@ -101,12 +101,15 @@ def info_document(out) -> tuple[dict, int]:
 def verify_document(out, progress: bool = False) -> tuple[dict, int]:
     """``{"schema", "path", "ok", "datasets": [{"split", "path", "ok", "count", "problems",
     "mismatches": [{"index", "path", "problem"}]}], "error"}``; status 1 when any dataset is
-    not ok or OUT cannot be read."""
+    not ok or OUT cannot be read. Ctrl-C: the datasets checked so far, ``interrupted`` true, ``ok``
+    false, ``error`` saying so (:func:`interrupted_text`), status 130."""
     from ..readers.text import one_line
     from ..readers.verify import verify as run_verify
-    doc = {"schema": SCHEMA, "command": "verify", "path": str(out), "ok": True, "datasets": [], "error": None}
+    doc = {"schema": SCHEMA, "command": "verify", "path": str(out), "ok": True, "datasets": [], "error": None,
+           "interrupted": False}
+    roots = []
     try:
-        for split, root in dataset_dirs(out):
+        for split, root in (roots := dataset_dirs(out)):
             result = run_verify(root, progress=progress)
             doc["datasets"].append({
                 "split": split, "path": str(root), "ok": result.ok, "count": result.count,
@@ -114,9 +117,18 @@ def verify_document(out, progress: bool = False) -> tuple[dict, int]:
                 "mismatches": [{"index": m.index, "path": m.path, "problem": one_line(m.problem)}
                                for m in result.mismatches]})
             doc["ok"] = doc["ok"] and result.ok
+    except KeyboardInterrupt:
+        doc.update(ok=False, interrupted=True, error=interrupted_text(out, len(doc["datasets"]), len(roots)))
+        return doc, 130
     except Exception as err:  # noqa: BLE001 -- as info_document: one document, never a traceback
         doc.update(ok=False, error=failure(out, err))
     return doc, 0 if doc["ok"] else 1
+
+
+def interrupted_text(out, checked: int, datasets: int) -> str:
+    """What Ctrl-C during ``verify`` leaves known: ``checked`` of ``datasets`` finished."""
+    done = f"{checked} of {datasets} datasets checked" if datasets > 1 else "not finished"
+    return f"{out}: verify interrupted ({done}); nothing is concluded about the rest: rerun it to check"
 
 
 def dumps(doc: dict) -> str:
