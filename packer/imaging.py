@@ -17,6 +17,7 @@ canvas of ``background``). Variable-shape samples are bounded by ``Recipe.max_pi
 from __future__ import annotations
 
 import io
+import re
 import math
 import warnings
 from struct import error as struct_error  # Pillow raises it on some corrupt headers
@@ -72,6 +73,11 @@ class Recipe:
     accept truncated files, the missing part filled in by Pillow (off: they are skipped).
     max_pixels: the most H*W of one variable-shape sample; a larger one is scaled down, aspect
     kept (default 4 N^2 for shorter-side, N^2 for the others, where every sample is within N^2).
+    max_source_pixels: the most W*H of a source file to decode; a larger one is skipped as a
+    possible decompression bomb (default None: Pillow's ``Image.MAX_IMAGE_PIXELS``, 89,478,485).
+    It changes no pixels, only which files become samples, and is part of the recipe for that:
+    an output (and a resumed run, which must equal an uninterrupted one) is made under one limit.
+    Recorded in the manifest only when given, so other manifests and fingerprints stay as they were.
     encoding: "raw" (the pixels) or "jpeg" (each sample stored as one JPEG of its pixels,
     ``quality`` 1..95, default 90, ``subsampling`` "4:2:0" (default) or "4:4:4"; see encode.py).
     Raises ValueError for an unknown mode, a size outside 1..16384, a max_pixels below N^2 in a
@@ -88,6 +94,7 @@ class Recipe:
     encoding: str = RAW
     quality: int | None = None
     subsampling: str | None = None
+    max_source_pixels: int | None = None
 
     def __post_init__(self):
         check_encoding(self)
@@ -103,6 +110,8 @@ class Recipe:
         bound = self.max_pixels
         if bound is not None and bound < 1:
             raise ValueError(f"max_pixels {bound} must be at least 1")
+        if self.max_source_pixels is not None and self.max_source_pixels < 1:
+            raise ValueError(f"max_source_pixels {self.max_source_pixels} must be at least 1")
         if self.resize not in VARIABLE_MODES:
             if bound is not None and bound < square:
                 raise ValueError(f"max_pixels {bound} is below {self.size}x{self.size} = {square}, the size "
@@ -133,6 +142,8 @@ class Recipe:
         if self.encoding == RAW:  # raw manifests and fingerprints stay as they were
             for k in ("encoding", "quality", "subsampling"):
                 del d[k]
+        if self.max_source_pixels is None:
+            del d["max_source_pixels"]
         d["background"] = list(self.background)
         d.update(filter="bilinear", antialias=True, reference=REFERENCES[self.resize],
                  variable_shape=self.shape() is None,
@@ -221,18 +232,18 @@ def decode(data: bytes, recipe: Recipe, name: str = "<bytes>"):
 
     Returns ``(pixels, source_mode, (source_w, source_h))`` with pixels a C-contiguous uint8
     array of shape ``recipe.output_shape(w, h)`` (HWC, RGB; w x h the source as displayed).
-    Raises DecodeError (kind 'bomb' above Pillow's ``Image.MAX_IMAGE_PIXELS``, else 'undecodable')
-    naming ``name`` and the reason.
+    Raises DecodeError (kind 'bomb' above ``recipe.max_source_pixels``, by default Pillow's
+    ``Image.MAX_IMAGE_PIXELS``, else 'undecodable') naming ``name`` and the reason.
     """
+    limit = recipe.max_source_pixels or Image.MAX_IMAGE_PIXELS
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # corrupt-EXIF and palette warnings: not our user's concern
-            img = Image.open(io.BytesIO(data))
+            img = _open(data, recipe.max_source_pixels)
             source_mode, source_size = img.mode, img.size
             w, h = img.size
-            if w * h > Image.MAX_IMAGE_PIXELS:
-                raise DecodeError("bomb", f"{name}: {w}x{h} pixels exceeds Pillow's MAX_IMAGE_PIXELS "
-                                          f"({Image.MAX_IMAGE_PIXELS}); possible decompression bomb")
+            if limit is not None and w * h > limit:
+                raise DecodeError("bomb", bomb_text(name, w * h, limit, f"{w}x{h}"))
             fast = None
             if recipe.decoder == "simplejpeg" and img.format == "JPEG" and img.mode in ("RGB", "L"):
                 fast = _simplejpeg(data, img)
@@ -249,8 +260,9 @@ def decode(data: bytes, recipe: Recipe, name: str = "<bytes>"):
             out = _resize(to_rgb(img, recipe.background), recipe, *shown)
     except DecodeError:
         raise
-    except Image.DecompressionBombError as err:
-        raise DecodeError("bomb", f"{name}: {err}") from None
+    except Image.DecompressionBombError as err:  # Pillow's own check, at twice its limit
+        pixels = re.search(r"\((\d+) pixels\)", str(err))
+        raise DecodeError("bomb", bomb_text(name, int(pixels[1]) if pixels else None, limit)) from None
     except Image.UnidentifiedImageError:
         what = "empty file (0 bytes)" if not data else (
             unsupported_jpeg(data) or f"not an image Pillow can identify ({len(data)} bytes)")
@@ -333,6 +345,27 @@ def _draft_target(img: Image.Image, recipe: Recipe) -> tuple[int, int]:
         scale = min(min(w, h) / out[0], max(w, h) / out[1])
     factor = max(1.0, scale / 2.0)
     return max(1, int(w / factor)), max(1, int(h / factor))
+
+
+def bomb_text(name: str, pixels: int | None, limit: int, size: str = "") -> str:
+    """Why a file is skipped as a possible decompression bomb, naming the option that allows it."""
+    what = f"{size} = {pixels} pixels" if size else f"{pixels} pixels" if pixels else "its size"
+    default = " (Pillow's MAX_IMAGE_PIXELS)" if limit == Image.MAX_IMAGE_PIXELS else ""
+    return (f"{name}: {what} is above the limit of {limit}{default}, a possible decompression bomb; "
+            f"pass --max-source-pixels {pixels or 'N'} to decode it")
+
+
+def _open(data: bytes, max_source_pixels: int | None) -> Image.Image:
+    """Image.open, with Pillow's own bomb check (an error at twice MAX_IMAGE_PIXELS) raised to a
+    higher ``max_source_pixels`` only around this call, only when one is asked for."""
+    previous = Image.MAX_IMAGE_PIXELS
+    if max_source_pixels is None or previous is None or max_source_pixels <= previous:
+        return Image.open(io.BytesIO(data))
+    Image.MAX_IMAGE_PIXELS = max_source_pixels
+    try:
+        return Image.open(io.BytesIO(data))
+    finally:
+        Image.MAX_IMAGE_PIXELS = previous
 
 
 def _load(img: Image.Image, allow_truncated: bool) -> None:

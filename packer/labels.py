@@ -218,6 +218,8 @@ def _table_rows(path: Path, lines: list[str]) -> tuple[str, list[tuple[str, str]
         if len(r) <= max(fcol, lcol) or not r[lcol].split():
             raise LabelsError(f"{path}:{no}: no label in {','.join(r)!r}")
         rows.append((r[fcol].strip(), r[lcol].split()[0]))
+    if not rows:
+        raise LabelsError(f"{path}: only a header line ({lines[0]!r}), no labels")
     return fmt, rows
 
 
@@ -262,7 +264,9 @@ def _match(path: Path, rows, images: list[str]) -> tuple[dict[str, str], list[st
 
 
 def _to_indices(path: Path, raw: list[str], paths: list[str], classes: list[str] | None, origin: str):
-    """Class list and int64 labels for raw labels that are class names or integer indices."""
+    """Class list and int64 labels for raw labels that are class names or integer indices (one or
+    the other: a mix is refused, as an integer among names could be meant either way)."""
+    _refuse_a_mix(path, raw, classes)
     if classes is None:
         if all(r.lstrip("-").isdigit() for r in raw):
             raise LabelsError(f"{path}: integer labels need a class list to name them; pass "
@@ -278,6 +282,18 @@ def _to_indices(path: Path, raw: list[str], paths: list[str], classes: list[str]
         return classes, np.asarray([int(r) for r in raw], np.int64)
     unknown = sorted({r for r in raw if r not in idx})
     raise LabelsError(f"{path}: {unknown_classes_text(unknown, classes, origin)}")
+
+
+def _refuse_a_mix(path: Path, raw: list[str], classes: list[str] | None) -> None:
+    """LabelsError when some labels are integers and others names (integers that are names in
+    ``classes``, as for class folders 0..9, count as names)."""
+    names = set(classes or ())
+    ints = sorted({r for r in raw if r.lstrip("-").isdigit() and r not in names}, key=int)
+    words = sorted({r for r in raw if not r.lstrip("-").isdigit() or r in names})
+    if ints and words:
+        raise LabelsError(f"{path}: mixes class names ({', '.join(words[:3])}{', ...' if len(words) > 3 else ''}) "
+                          f"and integer indices ({', '.join(ints[:3])}{', ...' if len(ints) > 3 else ''}); "
+                          "give every label one way")
 
 
 def unknown_classes_text(unknown: list[str], classes: list[str], origin: str) -> str:

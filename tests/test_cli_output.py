@@ -9,8 +9,10 @@ import functools
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +21,7 @@ import pytest
 import shardpack
 import helpers
 from helpers import make_tree, run_cli
+from shardpack.readers.manifest import partial_dir
 from shardpack.readers.progress import LOG_MININTERVAL, bar_settings
 from shardpack.readers.text import sizes_apart
 
@@ -327,3 +330,86 @@ def test_devkit_ground_truth_packs_with_map_clsloc_and_meta_mat_is_refused_sayin
     assert res.returncode == 1 and "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
     assert "meta.mat" in res.stderr and "map_clsloc.txt" in res.stderr and "scipy.io.loadmat(" in res.stderr
     assert not (tmp_path / "out2").exists()
+
+def _one_error_line(res) -> str:
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert "Traceback" not in res.stderr and len(lines) == 1, res.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("where", ["out", "src", "info", "verify", "report"])
+def test_a_url_is_refused_in_one_line_before_anything_is_written(tree, tmp_path, where):
+    url = "s3://bucket/x"
+    args = {"out": ["pack", tree, "--format", "npy", "--size", 8, "-o", url],
+            "src": ["pack", url, "--format", "npy", "--size", 8, "-o", tmp_path / "o"],
+            "info": ["info", url], "verify": ["verify", url, "--json"],
+            "report": ["pack", tree, "--format", "npy", "--size", 8, "-o", tmp_path / "o", "--report", url]}[where]
+    res = cli(*args, cwd=tmp_path)
+    line = _one_error_line(res)
+    assert res.returncode == 2 and f"{url} is a URL" in line and "object storage is not supported" in line
+    assert res.stdout == "" and sorted(p.name for p in tmp_path.iterdir()) == ["src"]  # no s3: folder, no o
+
+
+@pytest.mark.parametrize("command", ["pack", "dry-run", "bench-json", "bench-plot"])
+def test_a_file_to_write_in_a_missing_folder_is_refused_before_the_work(packed, tree, tmp_path, command):
+    target = tmp_path / "no-such-folder" / "r.json"
+    args = {"pack": ["pack", tree, "--format", "npy", "--size", 8, "-o", tmp_path / "o", "--report", target],
+            "dry-run": ["pack", tree, "--format", "npy", "--size", 8, "-o", tmp_path / "o", "--dry-run",
+                        "--report", target],
+            "bench-json": ["bench", packed, "--json", target],
+            "bench-plot": ["bench", packed, "--plot", target.with_suffix(".png")]}[command]
+    res = cli(*args)
+    line = _one_error_line(res)
+    assert res.returncode == 2 and f"the folder {target.parent} does not exist" in line, line
+    assert not (tmp_path / "o").exists() and not partial_dir(tmp_path / "o").exists()
+    (tmp_path / "ro").mkdir(mode=0o500)
+    if os.geteuid() != 0:  # root writes anywhere
+        res = cli(*args[:-1], tmp_path / "ro" / "r.json")
+        assert res.returncode == 2 and "cannot write in" in _one_error_line(res)
+
+
+# seam: verify's per-sample checksum slowed and the first call marked, so a real SIGINT lands mid-run
+SLOW_VERIFY = """
+import sys, time, pathlib
+import shardpack.readers.verify as v
+real, marker = v.xxhash.xxh3_64_intdigest, pathlib.Path(sys.argv[-1] + ".started")
+def slow(data):
+    marker.touch()
+    time.sleep(0.05)
+    return real(data)
+v.xxhash = type("X", (), {"xxh3_64_intdigest": staticmethod(slow)})
+sys.argv.pop()
+from shardpack.cli import main
+main()
+"""
+
+
+def _sigint_default():
+    """In the child: Ctrl-C as at a terminal (a shell without job control starts background jobs,
+    and so CI's test runs, with SIGINT ignored, which the child would inherit)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_ctrl_c_during_verify_exits_130_in_one_line_and_json_says_interrupted(tmp_path, as_json):
+    src = make_tree(tmp_path / "src", {"a": 30, "b": 30})
+    out = helpers.packed("npy", src, tmp_path / "out.npy", size=8)
+    marker = tmp_path / "m"
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_VERIFY, "verify", str(out), "--quiet",
+                             *(["--json"] if as_json else []), str(marker)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(helpers.ROOT)}, preexec_fn=_sigint_default)
+    deadline = time.monotonic() + 60
+    while not Path(str(marker) + ".started").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert "Traceback" not in stderr and len(lines) == 1 and "interrupted" in lines[0], stderr
+    assert "Aborted" not in stderr
+    if as_json:
+        doc = json.loads(stdout)
+        assert doc["interrupted"] is True and doc["ok"] is False and "interrupted" in doc["error"]
+    else:
+        assert stdout == ""

@@ -70,3 +70,31 @@ def test_shipped_presets_load_and_plan(cfg, tree):
 
 def test_presets_are_shipped():
     assert {c.stem for c in CONFIGS} >= {"imagenet-256-lmdb", "small-res-npy", "wds-streaming", "wsl"}
+
+
+@pytest.mark.parametrize("line,key,why", [
+    ('out = ""', "out", "is empty"),
+    ('splits = ","', "splits", "names no split"),
+    ('background = "1,2"', "background", "give R,G,B"),
+    ('labels = ""', "labels", "no file named"),
+])
+def test_a_config_value_its_option_refuses_is_blamed_on_the_file_and_key(tree, tmp_path, line, key, why):
+    cfg = tmp_path / "p.toml"
+    cfg.write_text(line + "\n")
+    res = run_cli(tree, "--format", "npy", "--size", 8, "--config", cfg, "--dry-run", fresh=True)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode == 2 and len(lines) == 1, res.stderr
+    assert f"Invalid value for '--config': {cfg}: {key} = " in lines[0] and why in lines[0]
+
+
+@pytest.mark.parametrize("line,flag", [("workers = 1000", "--workers 1000"), ("quality = 50", "--quality")])
+def test_a_config_value_a_later_check_refuses_names_the_file_and_key(tree, tmp_path, line, flag):
+    cfg = tmp_path / "p.toml"
+    cfg.write_text(line + "\n")
+    res = run_cli(tree, "--format", "npy", "--size", 8, "--config", cfg, "--dry-run", fresh=True)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    error = res.stderr.splitlines()[-1]
+    assert flag in error and f"({line} in {cfg})" in error
+    key, _, value = line.split()
+    typed = run_cli(tree, "--format", "npy", "--size", 8, f"--{key}", value, "--dry-run", fresh=True)
+    assert typed.returncode == 2 and flag in typed.stderr and str(cfg) not in typed.stderr

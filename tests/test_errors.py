@@ -399,3 +399,32 @@ def test_the_space_check_counts_the_runs_own_files(tree, tmp_path, monkeypatch):
         assert pack_quiet(tree, tmp_path / f"{fmt}-out", fmt, size=64, workers=workers, resize=resize).count == 18
         monkeypatch.undo()
         assert len(ShardDataset(tmp_path / f"{fmt}-out")) == 18
+
+
+# Pillow's limit lowered to 100x100 in the packing process: a 250x250 PNG then stands for a
+# 104-megapixel photo above the real 89,478,485 (and above twice it, where Pillow's open raises)
+LOW_PILLOW_LIMIT = "from PIL import Image\nImage.MAX_IMAGE_PIXELS = 100 * 100\n" + PACK_SCRIPT
+
+
+def test_a_photo_above_pillows_pixel_limit_is_skipped_naming_max_source_pixels_which_lets_it_in(tmp_path):
+    from PIL import Image
+    src = make_tree(tmp_path / "src", {"a": 2, "b": 2})
+    Image.new("RGB", (250, 250), (10, 200, 30)).save(src / "a" / "huge.png")
+    base = [src, "--format", "npy", "--size", 16, "--workers", 1, "--quiet"]
+    res = run_cli(*base, "-o", tmp_path / "default", script=LOW_PILLOW_LIMIT)
+    assert res.returncode == 0, res.stderr
+    (line,) = [ln for ln in res.stdout.splitlines() if "huge.png" in ln]
+    assert "bomb" in line and "62500 pixels" in line and "--max-source-pixels" in line
+    assert len(ShardDataset(tmp_path / "default")) == 4
+    res = run_cli(*base, "-o", tmp_path / "allowed", "--max-source-pixels", 62500, script=LOW_PILLOW_LIMIT)
+    assert res.returncode == 0, res.stderr
+    ds = ShardDataset(tmp_path / "allowed")
+    assert len(ds) == 5 and "a/huge.png" in [ds.source_path(i) for i in range(5)]
+    assert ds.manifest["pixels"]["max_source_pixels"] == 62500
+    assert "max_source_pixels" not in ShardDataset(tmp_path / "default").manifest["pixels"]
+    res = run_cli(*base, "-o", tmp_path / "lower", "--max-source-pixels", 5000, fresh=True)  # below Pillow's
+    ds = ShardDataset(tmp_path / "lower")  # 96x64 and 64x96 skipped, 50x50 and 120x40 kept
+    assert res.returncode == 0 and sorted(ds.source_path(i) for i in range(len(ds))) == ["b/img000.jpg",
+                                                                                          "b/img001.jpg"]
+    help_text = " ".join(run_cli("--help").output.split())
+    assert "The sources' limit is --max-source-pixels" in help_text and "bounded by --max-pixels" in help_text

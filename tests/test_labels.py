@@ -2,7 +2,7 @@
 
 import pytest
 
-from helpers import noise_image
+from helpers import noise_image, run_cli
 from shardpack.packer.labels import LabelsError, flat_listing, read_classes, read_id_map
 
 CLASSES = ["n01", "n02", "n03"]
@@ -106,3 +106,24 @@ def test_read_classes_from_text_files(tmp_path):
     f.write_text("a\nb\na\n")
     with pytest.raises(LabelsError, match="listed twice: a"):
         read_classes(f)
+
+
+def test_a_labels_file_holding_only_its_header_is_refused_in_one_line_naming_it(flat, tmp_path):
+    f = tmp_path / "only-header.csv"
+    f.write_text("file,label\n")
+    res = run_cli(flat, "--labels", f, "--format", "npy", "--size", 8, "-o", tmp_path / "o", fresh=True)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode == 1 and "Traceback" not in res.stderr and len(lines) == 1, res.stderr
+    assert f"{f}: only a header line ('file,label'), no labels" in lines[0]
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("classes", [CLASSES, None])
+def test_a_labels_file_mixing_class_names_and_indices_is_refused_saying_so(flat, tmp_path, classes):
+    f = tmp_path / "l.csv"
+    f.write_text("file,label\nILSVRC2012_val_00000001.JPEG,n01\nILSVRC2012_val_00000002.JPEG,2\n")
+    with pytest.raises(LabelsError, match=r"l\.csv: mixes class names \(n01\) and integer indices \(2\)"):
+        flat_listing(flat, f, classes)
+    # classes whose names are integers (folders 0..9) are names, not a mix
+    listing, _ = flat_listing(flat, f, ["2", "n01"])
+    assert listing.labels.tolist() == [1, 0]

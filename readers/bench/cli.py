@@ -10,6 +10,7 @@ import sys
 
 import click
 
+from ..paths import LocalPath, PathRefused, url_refusal
 from ..text import torch_hint
 
 USER_ONLY = ("data_path", "trace", "no_epoch_start")  # options that only a FILE.py:NAME target takes
@@ -67,23 +68,23 @@ def _given(ctx, name) -> bool:
               help="Knee: the fewest workers within this fraction of the best samples/s.")
 @click.option("--size", type=click.IntRange(1), default=None,
               help="PATH only, raw folder: Resize+CenterCrop side [default: the packed side with --compare, else 256].")
-@click.option("--compare", type=click.Path(exists=True, file_okay=False), default=None,
+@click.option("--compare", type=LocalPath(exists=True, file_okay=False), default=None,
               help="PATH only: raw ImageFolder tree of PATH's images: run the same grid on it, print speed-ups.")
 @click.option("--step-ms", type=click.FloatRange(0, min_open=True), default=None,
               help="A measured training step time (ms per batch) to compare the data time with.")
 @click.option("--model", default=None,
               help="Measure the step: tiny (a small CNN), torchvision:NAME (e.g. torchvision:resnet18), or "
                    "FILE.py:NAME / module:NAME: your nn.Module subclass or no-argument factory.")
-@click.option("--data", "data_path", type=click.Path(exists=True), default=None,
+@click.option("--data", "data_path", type=LocalPath(exists=True), default=None,
               help="Your code: where the data lives, for the slow-mount check [default: a path your dataset names].")
-@click.option("--trace", type=click.Path(dir_okay=False), default=None,
+@click.option("--trace", type=LocalPath(dir_okay=False, to_write=True), default=None,
               help="Your code, with --model: write a torch.profiler trace of 10 real steps here (open it in "
                    "ui.perfetto.dev).")
 @click.option("--no-epoch-start", is_flag=True,
               help="Your code: skip the epoch-start comparison under spawn (persistent workers on/off).")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+@click.option("--json", "json_path", type=LocalPath(dir_okay=False, to_write=True), default=None,
               help="Write the raw numbers here as JSON.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+@click.option("--plot", "plot_path", type=LocalPath(dir_okay=False, to_write=True), default=None,
               help="Draw samples/s against num_workers into this PNG (needs matplotlib).")
 @click.option("--no-check", is_flag=True,
               help="Skip rerunning the recommended setting as a plain loop at the end.")
@@ -100,6 +101,8 @@ def bench(ctx, target, json_path, plot_path, no_check, quiet, **kwargs):
     also shows where a batch's time goes, measures the fixes it can apply, and the epoch start
     under spawn with and without persistent workers. Ctrl-C prints what was measured so far."""
     import os
+    if (refusal := url_refusal(target)) is not None:
+        raise PathRefused(refusal, ctx, ctx.command.params[0])
     try:
         from .user.target import TargetError, is_spec
     except ModuleNotFoundError as err:
@@ -129,8 +132,11 @@ def bench(ctx, target, json_path, plot_path, no_check, quiet, **kwargs):
     click.echo(result.text())
     if json_path:
         import json
-        with open(json_path, "w") as f:
-            json.dump(result.json(), f, indent=1, default=str)
+        try:
+            with open(json_path, "w") as f:
+                json.dump(result.json(), f, indent=1, default=str)
+        except OSError as err:  # checked as parsed (readers/paths.py); a full disk still
+            raise click.ClickException(f"cannot write {json_path} ({err.strerror or err})") from None
         click.echo(f"raw numbers: {json_path}")
     if plot_path:
         try:

@@ -12,7 +12,9 @@ wins over the file (the file fills ``ctx.default_map``), the file over the built
 
 from __future__ import annotations
 
+import re
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -70,9 +72,42 @@ def load_config(ctx: click.Context, param, value):
             raise _bad(f"{path}: {key} = {_shown(raw)}: {err.message}", param) from None
         except (TypeError, ValueError) as err:  # a type the option's converter does not take
             raise _bad(f"{path}: {key} = {_shown(raw)}: {err}", param) from None
+        if opt.callback is not None:  # the option's own check (an empty out, a bad R,G,B), blamed here
+            try:
+                opt.callback(ctx, opt, opt.type_cast_value(ctx, v))
+            except click.BadParameter as err:
+                raise _bad(f"{path}: {key} = {_shown(raw)}: {err.message}", param) from None
         values[opt.name] = v
     ctx.default_map = {**(ctx.default_map or {}), **values}
     return str(path)
+
+
+@contextmanager
+def blamed_on_config(ctx: click.Context):
+    """Around a run: an error naming an option (``--workers 1000 is more than ...``) whose value
+    came from the ``--config`` file is re-raised with the file and key named after it,
+    ``(workers = 1000 in FILE)``, so the user looks where the value is."""
+    try:
+        yield
+    except click.ClickException as err:
+        text = err.format_message()
+        names = [(name, p) for name, p in option_keys(ctx.command).items()
+                 if ctx.get_parameter_source(p.name) is ParameterSource.DEFAULT_MAP]
+        blamed = [f"{name.replace('_', '-')} = {_toml(ctx.params.get(p.name))}" for name, p in names
+                  if re.search(rf"--{re.escape(name.replace('_', '-'))}\b", text)]
+        if not blamed:
+            raise
+        err.message = f"{text} ({'; '.join(blamed)} in {ctx.params.get('config')})"
+        raise
+
+
+def _toml(value) -> str:
+    """A value as the TOML file wrote it: 1000, "x", true, ["a", "b"]."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return str(value) if isinstance(value, (int, float)) else f'"{value}"'
 
 
 def presets() -> dict[str, Path]:

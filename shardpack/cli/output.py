@@ -12,10 +12,11 @@ import sys
 import click
 
 from ..readers.manifest import dataset_dirs
+from ..readers.paths import LocalPath
 
 
 @click.command()
-@click.argument("out", type=click.Path(exists=True, file_okay=False))
+@click.argument("out", type=LocalPath(exists=True, file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout (also on failure).")
 def info(out, as_json):
     """Describe the packed output OUT: count, classes, shape, size, how the pixels were made."""
@@ -32,7 +33,7 @@ def info(out, as_json):
 
 
 @click.command()
-@click.argument("out", type=click.Path(exists=True, file_okay=False))
+@click.argument("out", type=LocalPath(exists=True, file_okay=False))
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON document on stdout, pass or fail (same exit status); progress on stderr.")
@@ -45,15 +46,18 @@ def verify(out, quiet, as_json):
     source path) on a line of its own, then a summary on stderr."""
     from .records import failure, print_document, verify_document
     if as_json:
-        print_document(*verify_document(out, progress=not quiet))
+        doc, status = verify_document(out, progress=not quiet)
+        if doc["interrupted"]:  # the document on stdout, the line for the person on stderr
+            click.echo("\n" + doc["error"], err=True)
+        print_document(doc, status)
     from ..readers.text import one_line, shown
     from ..readers.verify import splits_root_problems, verify as run_verify
-    failed = False
+    failed, checked, roots = False, 0, []
     try:
         for problem in splits_root_problems(out):  # a splits root's own manifest
             click.echo(f"PROBLEM {one_line(problem)}")
             failed = True
-        for _, root in dataset_dirs(out):  # a splits root: every split
+        for _, root in (roots := dataset_dirs(out)):  # a splits root: every split
             result = run_verify(root, progress=not quiet)
             for note in result.notes:
                 click.echo(f"NOTE {one_line(note)}")
@@ -62,7 +66,11 @@ def verify(out, quiet, as_json):
             for m in result.mismatches:
                 click.echo(f"MISMATCH sample {m.index} ({shown(m.path)}): {one_line(m.problem)}")
             click.echo(one_line(result.summary()), err=not result.ok)
-            failed = failed or not result.ok
+            failed, checked = failed or not result.ok, checked + 1
+    except KeyboardInterrupt:  # 130, as pack-dataset and bench (click would say "Aborted!", exit 1)
+        from .records import interrupted_text
+        click.echo("\n" + interrupted_text(out, checked, len(roots)), err=True)
+        sys.exit(130)
     except Exception as err:  # noqa: BLE001 -- damage no check foresaw too: one line, never a traceback
         raise click.ClickException(failure(out, err)) from None
     if failed:

@@ -31,10 +31,13 @@ from ..readers.text import mb, plural
 from ..readers.encoding import DEFAULT_QUALITY, DEFAULT_SUBSAMPLING, ENCODINGS, JPEG, QUALITY_RANGE, RAW, SUBSAMPLINGS
 from ..readers.folder import clash_text
 from ..readers.manifest import FORMATS, partial_dir
+from ..readers.paths import LocalPath, PathRefused, url_refusal
 from ..readers.system import usable_cpus
-from .config import complete_config, effective_settings, load_config, presets
+from .config import blamed_on_config, complete_config, effective_settings, load_config, presets
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}  # every command's: -h is --help
+SRC_URL_HINT = "copy SRC to a local disk, or read it through a mount of the bucket (s3fs, gcsfuse, ...)"
+OUT_URL_HINT = "pack into a local folder, then copy the output up"
 
 
 def parse_splits(ctx, param, value):
@@ -75,6 +78,8 @@ def _parse_labels(ctx, param, value):
         file = file if key else item
         if not file.strip():
             raise click.BadParameter(f"{item!r}: no file named; give --labels [SPLIT=]FILE")
+        if (refusal := url_refusal(file)) is not None:
+            raise PathRefused(refusal, ctx, param)
         if key in out:
             raise click.BadParameter(f"{item!r}: labels for {key or 'SRC'} given twice")
         out[key] = file
@@ -83,16 +88,16 @@ def _parse_labels(ctx, param, value):
 
 def pack_options(f):
     options = [
-        click.argument("src", type=click.Path(exists=True, file_okay=False)),
+        click.argument("src", type=LocalPath(exists=True, file_okay=False, url_hint=SRC_URL_HINT)),
         click.option("--config", metavar="FILE|NAME", is_eager=True, callback=load_config, expose_value=True,
                      shell_complete=complete_config,
                      help=f"TOML preset of these options: a file, or a shipped preset's name "
                           f"({', '.join(presets())}); flags typed here win."),
-        click.option("--report", type=click.Path(dir_okay=False), default=None,
+        click.option("--report", type=LocalPath(dir_okay=False, to_write=True), default=None,
                      help="Also write the summary (or the error) to this file as JSON."),
         click.option("--format", "fmt", type=click.Choice(FORMATS), required=True, help="Output format."),
         click.option("--size", type=click.IntRange(1, 16384), required=True, help="Output side N in pixels."),
-        click.option("-o", "--out", type=click.Path(), default=None, callback=parse_out,
+        click.option("-o", "--out", type=LocalPath(url_hint=OUT_URL_HINT), default=None, callback=parse_out,
                      help="Output directory [default: ./<SRC name>-<N>.<format>]."),
         click.option("--workers", type=click.IntRange(1), default=None,
                      help="Decode processes [default: the usable CPUs]."),
@@ -102,8 +107,13 @@ def pack_options(f):
                           "capped at N, never upscaled, shapes vary; pad: longer side N, centred on an "
                           "N x N canvas of --background."),
         click.option("--max-pixels", type=click.IntRange(1), default=None,
-                     help="Most H*W of one sample; larger ones are scaled down, aspect kept "
-                          "[default: 4*N*N for shorter-side, N*N otherwise]."),
+                     help="Most H*W of one output sample; larger ones are scaled down, aspect kept "
+                          "[default: 4*N*N for shorter-side, N*N otherwise]. The sources' limit is "
+                          "--max-source-pixels."),
+        click.option("--max-source-pixels", type=click.IntRange(1), default=None,
+                     help="Most W*H of a source image to decode; larger files are skipped as possible "
+                          "decompression bombs [default: Pillow's 89,478,485]. Outputs are bounded by "
+                          "--max-pixels."),
         click.option("--shard-size", type=click.IntRange(1 << 20), default=None,
                      help="wds: bytes per tar shard [default: 1 GiB]."),
         click.option("--background", default="255,255,255", callback=_parse_color, show_default=True,
@@ -143,9 +153,9 @@ def pack_options(f):
         click.option("--labels", "labels", multiple=True, callback=_parse_labels, metavar="[SPLIT=]FILE",
                      help="Labels of a flat folder: CSV/TSV with a header (file, label columns) or "
                           "ILSVRC2012 devkit ground truth (needs --id-map). Repeatable."),
-        click.option("--id-map", type=click.Path(exists=True, dir_okay=False), default=None,
+        click.option("--id-map", type=LocalPath(exists=True, dir_okay=False), default=None,
                      help="Lines 'ILSVRC2012_ID wnid' (from the devkit's meta.mat) for devkit labels."),
-        click.option("--classes-from", type=click.Path(exists=True), default=None,
+        click.option("--classes-from", type=LocalPath(exists=True), default=None,
                      help="Class list (indices) from a packed OUT or a text file, one class per line."),
         click.option("--dry-run", is_flag=True,
                      help="Print the plan and stop, after every check the real run makes (writes nothing)."),
@@ -174,7 +184,7 @@ def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_siz
              decoder, allow_truncated, strict, overwrite, resume, no_space_check, quiet, splits,
              no_splits, labels, id_map, classes_from, dry_run, io_threads=None,
              allow_unsafe_output=False, engine="local", address=None, encoding=RAW, quality=None,
-             subsampling=None):
+             subsampling=None, max_source_pixels=None):
     """Shared body of ``pack-dataset`` and ``shardpack pack``: decide (refusing a bad OUT before
     the possibly long listing), scan, print the plan (with the output size estimate), pack, print
     the summary. What is decided here is handed down, never decided again. Exits 0 (also for
@@ -186,7 +196,8 @@ def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_siz
     try:
         recipe = Recipe(size=size, resize=resize, background=background, draft=draft,
                         allow_truncated=allow_truncated, decoder=decoder, max_pixels=max_pixels,
-                        encoding=encoding, quality=quality, subsampling=subsampling)
+                        encoding=encoding, quality=quality, subsampling=subsampling,
+                        max_source_pixels=max_source_pixels)
         opts = Options(fmt=fmt, workers=workers, shard_size=shard_size, overwrite=overwrite,
                        resume=resume, strict=strict, space_check=not no_space_check, progress=not quiet,
                        io_threads=io_threads, allow_unsafe_output=allow_unsafe_output, engine=engine,
@@ -270,7 +281,7 @@ def summary(report, split: str | None = None) -> str:
 def run_pack_reporting(report, **kwargs):
     """:func:`run_pack`, and with ``--report FILE`` its summary, or its error, as JSON there."""
     from .records import reporting
-    with reporting(report, kwargs) as done:
+    with reporting(report, kwargs) as done, blamed_on_config(click.get_current_context()):
         done(run_pack(**kwargs))
 
 

@@ -39,8 +39,13 @@ def pack_document(src, out, reports, error: str | None = None, dry_run: bool = F
 
 
 def write_document(path, doc: dict) -> None:
-    """Write ``doc`` to ``path`` (through a temporary file, so a reader never sees half of it)."""
-    write_json_atomic(Path(path).expanduser(), doc, sync=False)
+    """Write ``doc`` to ``path`` (through a temporary file, so a reader never sees half of it).
+    The path was checked as the option was parsed (readers/paths.py); a write failing still (a
+    full disk) is one line, click.ClickException."""
+    try:
+        write_json_atomic(Path(path).expanduser(), doc, sync=False)
+    except OSError as err:
+        raise click.ClickException(f"cannot write the report {path} ({err.strerror or err})") from None
 
 
 @contextmanager
@@ -94,19 +99,22 @@ def info_document(out) -> tuple[dict, int]:
 
 
 def verify_document(out, progress: bool = False) -> tuple[dict, int]:
-    """``{"schema", "path", "ok", "problems", "datasets": [{"split", "path", "ok", "count",
-    "digests_checked", "not_covered", "notes", "problems", "mismatches": [{"index", "path",
+    """``{"schema", "path", "ok", "problems", "interrupted", "datasets": [{"split", "path", "ok",
+    "count", "digests_checked", "not_covered", "notes", "problems", "mismatches": [{"index", "path",
     "problem"}]}], "error"}``: the top-level ``problems`` gathers every dataset's and a splits
     root's own (its manifest); ``not_covered``: the files (relative to the dataset) no digest
-    covers. Status 1 when anything is not ok or OUT cannot be read."""
+    covers. Status 1 when anything is not ok or OUT cannot be read. Ctrl-C: the datasets checked
+    so far, ``interrupted`` true, ``ok`` false, ``error`` saying so (:func:`interrupted_text`),
+    status 130."""
     from ..readers.text import one_line
     from ..readers.verify import splits_root_problems, verify as run_verify
     doc = {"schema": SCHEMA, "command": "verify", "path": str(out), "ok": True, "problems": [], "datasets": [],
-           "error": None}
+           "error": None, "interrupted": False}
+    roots = []
     try:
         doc["problems"] += [one_line(p) for p in splits_root_problems(out)]
         doc["ok"] = not doc["problems"]
-        for split, root in dataset_dirs(out):
+        for split, root in (roots := dataset_dirs(out)):
             result = run_verify(root, progress=progress)
             problems = [one_line(p) for p in result.problems]
             doc["datasets"].append({
@@ -117,9 +125,18 @@ def verify_document(out, progress: bool = False) -> tuple[dict, int]:
                                for m in result.mismatches]})
             doc["problems"] += problems
             doc["ok"] = doc["ok"] and result.ok
+    except KeyboardInterrupt:
+        doc.update(ok=False, interrupted=True, error=interrupted_text(out, len(doc["datasets"]), len(roots)))
+        return doc, 130
     except Exception as err:  # noqa: BLE001 -- as info_document: one document, never a traceback
         doc.update(ok=False, error=failure(out, err))
     return doc, 0 if doc["ok"] else 1
+
+
+def interrupted_text(out, checked: int, datasets: int) -> str:
+    """What Ctrl-C during ``verify`` leaves known: ``checked`` of ``datasets`` finished."""
+    done = f"{checked} of {datasets} datasets checked" if datasets > 1 else "not finished"
+    return f"{out}: verify interrupted ({done}); nothing is concluded about the rest: rerun it to check"
 
 
 def dumps(doc: dict) -> str:

@@ -1,0 +1,75 @@
+"""The paths the commands are given, checked as click parses them: a URL refused, a file to write writable.
+
+Object storage is not supported yet, so ``s3://bucket/x`` (any ``scheme://...``) is refused
+rather than taken as the local folder ``s3:/bucket/x``. A file a command writes at the end
+(``pack-dataset --report``, ``bench --json``/``--plot``/``--trace``) is checked first, so an
+hour's pack never ends in a FileNotFoundError for a mistyped folder. Both are usage errors (exit
+status 2) shown as one line. Used by the commands of ``shardpack/cli/`` and ``readers/bench/cli.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import click
+
+URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # RFC 3986's scheme, then ://
+NO_OBJECT_STORAGE = "object storage is not supported yet"
+
+
+def url_refusal(value, hint: str = "give a local path") -> str | None:
+    """Why ``value`` cannot be used when it is a URL (``scheme://...``), else None."""
+    if URL.match(os.fspath(value)):
+        return f"{value} is a URL; {NO_OBJECT_STORAGE}: {hint}"
+    return None
+
+
+def file_to_write_refusal(value) -> str | None:
+    """Why the file ``value`` cannot be written (a URL, a folder, a folder that does not exist, a
+    folder or file without write permission, a read-only filesystem), else None. Writes nothing."""
+    if (refusal := url_refusal(value)) is not None:
+        return refusal
+    path = Path(value).expanduser()
+    folder = path.absolute().parent
+    if path.is_dir():
+        return f"{value} is a folder; give the name of a file to write"
+    if not folder.exists():
+        return f"cannot write {value}: the folder {folder} does not exist"
+    if not folder.is_dir():
+        return f"cannot write {value}: {folder} is a file, not a folder"
+    if _read_only(folder):
+        return f"cannot write in {folder} (read-only file system)"
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        return f"cannot write in {folder} (permission denied)"
+    return None
+
+
+def _read_only(folder: Path) -> bool:
+    try:
+        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+class PathRefused(click.BadParameter):
+    """A refused path: a usage error shown as one line, ``Error: Invalid value for '-o': why``."""
+
+    def show(self, file=None) -> None:
+        click.echo(f"Error: {self.format_message()}", file=file, err=file is None)
+
+
+class LocalPath(click.Path):
+    """click.Path that refuses a URL (``url_hint``: what to do instead) and, with ``to_write``,
+    a file that could not be written (:func:`file_to_write_refusal`)."""
+
+    def __init__(self, *args, url_hint: str = "give a local path", to_write: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.url_hint, self.to_write = url_hint, to_write
+
+    def convert(self, value, param, ctx):
+        refusal = url_refusal(value, self.url_hint) or (file_to_write_refusal(value) if self.to_write else None)
+        if refusal is not None:
+            raise PathRefused(refusal, ctx, param)
+        return super().convert(value, param, ctx)
