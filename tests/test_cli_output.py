@@ -23,7 +23,6 @@ import helpers
 from helpers import make_tree, run_cli
 from shardpack.readers.manifest import partial_dir
 from shardpack.readers.progress import LOG_MININTERVAL, bar_settings
-from shardpack.readers.text import sizes_apart
 
 
 # the command in a fresh interpreter, stdin closed, stderr not a terminal (as in CI)
@@ -202,135 +201,6 @@ def test_shell_completion_as_documented():
     assert "_SHARDPACK_COMPLETE=bash_source shardpack" in cli_page
 
 
-# ---------------------------------------------------------------- the plan's sizes and the space check
-
-def allocated(path: Path) -> int:
-    """Bytes ``path`` and everything under it take on disk (``du``: whole blocks)."""
-    return sum(p.lstat().st_blocks * 512 for p in [path, *path.rglob("*")])
-
-
-@pytest.fixture(scope="module")
-def tiny_and_256(tmp_path_factory):
-    """400 pictures of about 20 px (16 px samples) and 12 of about 300 px (256 px samples)."""
-    root = tmp_path_factory.mktemp("sizes")
-    return (make_tree(root / "tiny", {f"c{i}": 100 for i in range(4)}, sizes=[(20, 20), (24, 18), (18, 26)]),
-            make_tree(root / "big", {"a": 6, "b": 6}, sizes=[(300, 280), (320, 240), (260, 340)]))
-
-
-@pytest.mark.parametrize("fmt", helpers.FORMATS)
-def test_the_output_estimate_is_within_1_0_to_1_3x_of_its_size_on_disk(tiny_and_256, tmp_path, fmt):
-    """The free-space check's output bytes model the format (LMDB's pages, tar's headers, the
-    index) instead of a flat 4 KB a sample, which asked 6x the output of 16 px samples."""
-    from shardpack.packer import Recipe
-    from shardpack.packer.scan import scan
-    from shardpack.packer.sizing import output_bytes
-    tiny, big = tiny_and_256
-    ratios = {}
-    for src, size, kw in ((tiny, 16, {}), (tiny, 16, {"resize": "shorter-side"}), (tiny, 16, {"encoding": "jpeg"}),
-                          (big, 256, {}), (big, 256, {"resize": "shorter-side"}), (big, 256, {"encoding": "jpeg"})):
-        out = helpers.packed(fmt, src, tmp_path / f"{size}-{'-'.join(kw.values()) or 'raw'}", size=size, **kw)
-        ratios[out.name] = round(output_bytes(scan(src), Recipe(size, **kw), fmt) / allocated(out), 2)
-    print(fmt, ratios)
-    assert all(1.0 <= r <= 1.3 for r in ratios.values()), ratios
-
-
-@pytest.fixture(scope="module")
-def can_mount(tmp_path_factory):
-    """Skip unless this process can mount a tmpfs of its own (unshare -m, as root): a real small disk."""
-    d = tmp_path_factory.mktemp("ns")
-    try:
-        ok = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=1m tmpfs {d}"],
-                            capture_output=True, timeout=30).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        ok = False
-    if not ok:
-        pytest.skip("needs a mount namespace (unshare -m, as root) for a real small filesystem")
-
-
-def on_tmpfs(size: str, disk: Path, *args):
-    """``pack-dataset ARGS`` with a tmpfs of ``size`` mounted at ``disk``."""
-    disk.mkdir(exist_ok=True)
-    return run_cli(*args, namespace=f"mount -t tmpfs -o size={size} tmpfs {disk}")
-
-
-@pytest.mark.parametrize("fmt", ["npy", "lmdb"])
-def test_a_small_disk_that_holds_the_output_is_not_refused(can_mount, tiny_and_256, tmp_path, fmt):
-    """400 16 px samples (about 0.4 MB as npy, 0.5 MB as LMDB) pack on a 2 MB disk, which a flat
-    4 KB a sample refused (3 MB asked); a 300 KB one is refused with two sizes that read apart."""
-    disk = tmp_path / "disk"
-    res = on_tmpfs("2m", disk, tiny_and_256[0], "--format", fmt, "--size", 16, "-o", disk / "out")
-    assert res.returncode == 0 and "packed 400 images" in res.stdout and "Traceback" not in res.stderr, res.stderr
-    res = on_tmpfs("300k", disk, tiny_and_256[0], "--format", fmt, "--size", 16, "--quiet", "-o", disk / "out")
-    line = res.stderr.strip().splitlines()[-1]
-    assert res.returncode == 1 and "needed for 400 samples but only" in line and "Traceback" not in res.stderr, line
-    need, free = (line.split(f"{word} ")[1].split(" needed")[0].split(" free")[0] for word in ("about", "only"))
-    assert need != free and need.endswith("MB") and free.endswith("MB"), line
-    assert sizes_apart(30_040_000, 30_010_000) == ("30.04 MB", "30.01 MB")  # never "0.03 GB ... only 0.03 GB"
-
-
-def test_the_plans_fit_advice_is_what_its_own_space_check_accepts(can_mount, tiny_and_256, tmp_path):
-    """On a 4 MB disk 12 raw 256 px samples (2.4 MB, and 2.2 MB of the run's own files) do not
-    fit: the plan says so, and the --encoding jpeg and smaller --size it suggests pass the same
-    check (dry runs); the next size up does not."""
-    disk, src = tmp_path / "disk", tiny_and_256[1]
-    args = [src, "--format", "lmdb", "--size", 256, "--dry-run", "-o", disk / "out"]
-    res = on_tmpfs("4m", disk, *args)
-    assert res.returncode == 1 and "needed for 12 samples" in res.stderr, res.stdout + res.stderr
-    advice = next(ln for ln in res.stdout.splitlines() if "raw does not fit on the disk at OUT" in ln)
-    assert "--encoding jpeg would take about" in advice and "raw at --size" in advice, advice
-    size = advice.split("raw at --size ")[1].split()[0]
-    for extra in (["--encoding", "jpeg"], ["--size", size]):
-        res = on_tmpfs("4m", disk, *args, *extra)
-        assert res.returncode == 0 and "needed for" not in res.stderr, (extra, res.stdout + res.stderr)
-    res = on_tmpfs("4m", disk, *args[:4], int(size) + 8, *args[5:])
-    assert res.returncode == 1 and "needed for 12 samples" in res.stderr  # the largest size that fits
-
-
-def test_the_plan_and_summary_say_jpeg_per_split_extrapolation_and_only_the_skips_that_occurred(tmp_path):
-    """A JPEG run's output line says the pixels are decoded from JPEG, a val split is extrapolated
-    to ImageNet-1k's val (50,000), train to train, only the kinds of skipped entries that occurred
-    are named, counted, and "1 of the classes has none"."""
-    src = tmp_path / "src"
-    make_tree(src / "train", {"a": 3, "b": 3})
-    make_tree(src / "val", {"a": 2}, seed=4)
-    (src / "train" / "a" / "notes.txt").write_text("not an image")
-    res = run_cli(src, "--format", "npy", "--size", 16, "--encoding", "jpeg", "-o", tmp_path / "out", "--quiet")
-    assert res.exit_code == 0, res.output
-    out = res.output
-    assert "(npy, JPEG q90, decoded to 16x16x3 uint8, center-crop)" in out
-    assert "  val: 2 images in 1 class (1 of the classes has none)" in out
-    assert "ImageNet-1k train (1,281,167 images) would take about" in out.split("packed ")[0]  # the plan
-    train, val = out.split("packed ")[1:]
-    assert "ImageNet-1k train (1,281,167 images) would take about" in train
-    assert "ImageNet-1k val (50,000 images) would take about" in val and "1,281,167" not in val
-    assert "  skipped 1 entry that is not an image; see" in train and "symlink" not in out
-    assert "skipped" not in val
-
-
-def test_devkit_ground_truth_packs_with_map_clsloc_and_meta_mat_is_refused_saying_how(tmp_path):
-    """--id-map takes the 2014+ devkits' map_clsloc.txt (wnid ID name) as it is; the 2012 devkit's
-    meta.mat (MATLAB, which would need scipy) is refused in one line giving the command that makes
-    the table from it."""
-    from helpers import noise_image
-    from shardpack.readers import ShardDataset
-    src = tmp_path / "src"
-    make_tree(src / "train", {"n02100735": 2, "n02119789": 2})
-    (src / "val").mkdir()
-    for k in range(3):
-        noise_image(40, 30, k).save(src / "val" / f"ILSVRC2012_val_{k + 1:08d}.JPEG")
-    (tmp_path / "gt.txt").write_text("2\n1\n2\n")  # devkit IDs: 1 kit fox (n02119789), 2 English setter (n02100735)
-    (tmp_path / "map_clsloc.txt").write_text("n02119789 1 kit_fox\nn02100735 2 English_setter\n")
-    args = [src, "--format", "npy", "--size", 16, "--labels", f"val={tmp_path / 'gt.txt'}", "--quiet"]
-    res = run_cli(*args, "--id-map", tmp_path / "map_clsloc.txt", "-o", tmp_path / "out")
-    assert res.exit_code == 0, res.output
-    val = ShardDataset(tmp_path / "out" / "val")
-    assert [val.classes[val[i][1]] for i in range(3)] == ["n02100735", "n02119789", "n02100735"]
-    (tmp_path / "meta.mat").write_bytes(b"MATLAB 5.0 MAT-file, Platform: GLNXA64" + bytes(200))
-    res = run_cli(*args, "--id-map", tmp_path / "meta.mat", "-o", tmp_path / "out2", fresh=True)
-    assert res.returncode == 1 and "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
-    assert "meta.mat" in res.stderr and "map_clsloc.txt" in res.stderr and "scipy.io.loadmat(" in res.stderr
-    assert not (tmp_path / "out2").exists()
-
 def _one_error_line(res) -> str:
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert "Traceback" not in res.stderr and len(lines) == 1, res.stderr
@@ -371,13 +241,13 @@ def test_a_file_to_write_in_a_missing_folder_is_refused_before_the_work(packed, 
 # seam: verify's per-sample checksum slowed and the first call marked, so a real SIGINT lands mid-run
 SLOW_VERIFY = """
 import sys, time, pathlib
-import shardpack.readers.verify as v
-real, marker = v.xxhash.xxh3_64_intdigest, pathlib.Path(sys.argv[-1] + ".started")
-def slow(data):
+import shardpack.readers.integrity as integrity
+real, marker = integrity.sample_checksum, pathlib.Path(sys.argv[-1] + ".started")
+def slow(stored):
     marker.touch()
     time.sleep(0.05)
-    return real(data)
-v.xxhash = type("X", (), {"xxh3_64_intdigest": staticmethod(slow)})
+    return real(stored)
+integrity.sample_checksum = slow
 sys.argv.pop()
 from shardpack.cli import main
 main()
