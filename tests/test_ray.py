@@ -240,3 +240,92 @@ def test_worker_node_killed_mid_run_is_retried(cluster, big, tmp_path):
     run = run_section(out)
     assert run["units_run"] == 24 and len(run["units_per_node"]) == 2  # the dead node's done units count
 
+
+
+def left_behind(tmp_path: Path, *keep: str) -> list[str]:
+    """What a run left in ``tmp_path`` besides ``keep`` (an OUT, its partial directory, its lock)."""
+    return sorted(p.name for p in tmp_path.iterdir() if p.name not in keep)
+
+
+class TokenHead:
+    """A head node started as a user would, plain `ray start --head`, on a machine holding a token
+    in ~/.ray/auth_token (RAY_AUTH_MODE unset): Ray then requires that token of every client."""
+
+    def __init__(self, root: Path):
+        import secrets
+        self.home, self.tmp = root / "home", tempfile.mkdtemp(prefix="rayt", dir="/tmp")
+        self.token = self.home / ".ray" / "auth_token"
+        self.token.parent.mkdir(parents=True)
+        self.token.write_text(secrets.token_hex(32))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+        self.env = dict(env, HOME=str(self.home), RAY_TMPDIR=self.tmp, RAY_USAGE_STATS_ENABLED="0",
+                        PYTHONPATH=str(ROOT))
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.address = f"127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([str(BIN / "ray"), "start", "--head", f"--port={self.port}", "--num-cpus=1",
+                                      "--include-dashboard=false", "--disable-usage-stats", "--block"],
+                                     env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     start_new_session=True)
+        deadline = time.monotonic() + 60
+        while not (Path(self.tmp) / "ray" / "session_latest" / "logs" / "raylet.out").exists():
+            assert self.proc.poll() is None and time.monotonic() < deadline, "the head did not start"
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def token_head(tmp_path_factory):
+    pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'shardpack[ray]')")
+    head = TokenHead(tmp_path_factory.mktemp("rayauth"))
+    try:
+        yield head
+    finally:
+        head.stop()
+
+
+def pack_command(src: Path, out: Path, address: str, env: dict, *more: str) -> subprocess.CompletedProcess:
+    """`pack-dataset SRC -o OUT --engine ray --address ADDRESS MORE` in a fresh process (Ray reads
+    its token settings once per process), with ``env``."""
+    args = [str(src), "--format", "npy", "--size", "16", "-o", str(out), "--engine", "ray", "--address", address,
+            "--quiet", *more]
+    return subprocess.run([str(BIN / "pack-dataset"), *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_cluster_wanting_a_token_is_refused_at_once_naming_the_fix_and_leaving_nothing(token_head, tmp_path):
+    src = make_tree(tmp_path / "src", {"a": 2, "b": 2})
+    (tmp_path / "home").mkdir()  # this machine: no token in ~/.ray
+    client = dict(token_head.env, HOME=str(tmp_path / "home"))
+    no_token = ("uses token authentication and RAY_AUTH_MODE is not 'token' here, so this run sent no token: run "
+                "with RAY_AUTH_MODE=token and the cluster's token in RAY_AUTH_TOKEN")
+    wrong = "refused this machine's token (token authentication): give it the cluster's token in RAY_AUTH_TOKEN"
+    for env, more, says in [(client, (), no_token), (client, ("--dry-run",), no_token),
+                            (dict(client, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="0" * 64), (), wrong)]:
+        t0 = time.monotonic()
+        r = pack_command(src, tmp_path / "o", token_head.address, env, *more)
+        took = time.monotonic() - t0
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        line = r.stderr.strip().splitlines()
+        assert len(line) == 1 and line[0].startswith(f"Error: the Ray cluster at {token_head.address} ")
+        assert says in line[0] and "RAY_AUTH_TOKEN_PATH or in ~/.ray/auth_token" in line[0]
+        assert took < 15, f"{took:.1f} s (Ray's own connect gives up after ~22 s)"
+        assert left_behind(tmp_path, "src", "home") == []  # no OUT, no .o.partial, no .o.lock
+
+
+def test_cluster_wanting_a_token_packs_with_the_token_given(token_head, tmp_path):
+    src = make_tree(tmp_path / "src", {"a": 3, "b": 2})
+    env = dict(token_head.env, HOME=str(tmp_path), RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_head.token))
+    r = pack_command(src, tmp_path / "o", token_head.address, env)
+    assert r.returncode == 0, r.stderr
+    assert run_section(tmp_path / "o")["engine"] == "ray"
+    assert_same_output(pack_quiet(src, tmp_path / "local", "npy", size=16).out, tmp_path / "o")
+
