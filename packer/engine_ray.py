@@ -42,7 +42,10 @@ def import_ray():
 
 def cluster_address(address: str | None) -> str | None:
     """The cluster a run joins: ``address`` (--address), else RAY_ADDRESS (empty counts as unset),
-    else None (a Ray instance for the run)."""
+    else None (a Ray instance for the run). An empty --address is refused: it names nothing."""
+    if address is not None and not address.strip():
+        raise PackError("--address is empty: name the head node's GCS address as HOST:PORT (e.g. 10.0.0.1:6379), "
+                        "or leave --address out (then RAY_ADDRESS, else a Ray instance for this run)")
     return address or os.environ.get("RAY_ADDRESS") or None
 
 

@@ -95,8 +95,8 @@ def prepare(src: str | Path, out: str | Path | None, recipe: Recipe, opts: Optio
         raise PackError(f"unknown format {opts.fmt!r}; choose one of {', '.join(FORMATS)}")
     if opts.engine not in ENGINES:
         raise PackError(f"unknown engine {opts.engine!r}; choose one of {', '.join(ENGINES)}")
-    if opts.address and opts.engine != "ray":
-        raise PackError(f"--address {opts.address} names a Ray cluster: it needs --engine ray")
+    if opts.address is not None and opts.engine != "ray":
+        raise PackError(f"--address {opts.address!r} names a Ray cluster: it needs --engine ray")
     if opts.engine == "ray":  # before anything is written: a missing extra, a dead address or a token refused
         from .engine_ray import check_cluster
         check_cluster(opts.address)

@@ -247,6 +247,16 @@ def left_behind(tmp_path: Path, *keep: str) -> list[str]:
     return sorted(p.name for p in tmp_path.iterdir() if p.name not in keep)
 
 
+def test_empty_address_is_refused_in_one_line(tmp_path):
+    pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'shardpack[ray]')")
+    src = make_tree(tmp_path / "src", {"a": 2})
+    r = CliRunner().invoke(pack_dataset, [str(src), "--format", "npy", "--size", "16", "-o", str(tmp_path / "o"),
+                                          "--engine", "ray", "--address", "", "--quiet"])
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert r.output.strip().splitlines()[-1].startswith("Error: --address is empty: name the head node's")
+    assert left_behind(tmp_path, "src") == []
+
+
 class TokenHead:
     """A head node started as a user would, plain `ray start --head`, on a machine holding a token
     in ~/.ray/auth_token (RAY_AUTH_MODE unset): Ray then requires that token of every client."""
