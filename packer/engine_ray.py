@@ -6,15 +6,16 @@ a driver that dies is resumed by the same command with ``--resume``. Ray core ta
 Data: its image reader drops EXIF orientation and names files nondeterministically.
 
 Which cluster: ``address`` (``--address``), else the one ``RAY_ADDRESS`` names, else a Ray
-instance started for the run with this machine's K CPUs and shut down after it.
-run.prepare checks the cluster (check_cluster: reachable, token accepted) and joins it
-(RaySession) before anything is written.
+instance started for the run with this machine's K CPUs and shut down after it (or, if the
+driver dies, ended by its reaper, ray_reaper.py). run.prepare checks the cluster (check_cluster:
+reachable, token accepted) and joins it (RaySession) before anything is written.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
 import threading
 from contextlib import contextmanager
@@ -22,13 +23,16 @@ from urllib.parse import urlsplit
 
 from ..readers.text import squeezed
 
+from . import ray_reaper
 from .options import PackError
+from .ray_reaper import children
 from .units import NotShared, UnitSpec, run_unit
 
 MAX_RETRIES = 5  # attempts after a task's worker or node died (a task's own error is not retried)
 EXTRA = "pip install 'shardpack[ray]'"
 PROBE_SECONDS = 5.0  # how long the checks before the run wait for the cluster to answer
 TOKEN_HOW = "print it on the head with: ray get-auth-token; or start the cluster with RAY_AUTH_MODE=disabled"
+REAPABLE = os.path.isdir("/proc")  # the reaper reads the process tree there (Linux)
 
 
 def import_ray():
@@ -142,15 +146,17 @@ def _stderr_to(path: str):
 class RaySession:
     """This run's hold on Ray, taken before anything is written (run.prepare): the cluster
     ``address`` (or RAY_ADDRESS) names, joined; else a Ray instance started for the run on
-    this machine's ``workers`` CPUs; else, when the caller had already called ray.init, theirs (left as it is).
+    this machine's ``workers`` CPUs, with a reaper (ray_reaper.py) that ends its processes if
+    the driver dies; else, when the caller had already called ray.init, theirs (left as it is).
     close() leaves Ray as it found it."""
 
     def __init__(self, address: str | None, workers: int):
         ray = self.ray = import_ray()
-        self.started = not ray.is_initialized()
+        self.started, self.reaper = not ray.is_initialized(), None
         if not self.started:
             return
         address = cluster_address(address)
+        before = children(os.getpid()) if address is None and REAPABLE else set()
         try:
             if address:
                 ray.init(address=address, log_to_driver=False, configure_logging=False)
@@ -163,12 +169,31 @@ class RaySession:
             self.close()
             raise PackError(f"cannot start or join Ray{f' at {address}' if address else ''}: "
                             f"{squeezed(err)[:300]}") from None
+        if address is None and REAPABLE:
+            self.reaper = start_reaper(children(os.getpid()) - before)
 
     def close(self) -> None:
-        """Shut down the Ray this session joined or started. Safe twice."""
+        """Shut down the Ray this session joined or started, then end its reaper. Safe twice."""
         if self.started and self.ray.is_initialized():
             self.ray.shutdown()
         self.started = False
+        if self.reaper is not None:
+            reaper, self.reaper = self.reaper, None
+            reaper.stdin.close()  # the reaper's cue: it kills what shutdown left, then exits
+            try:
+                reaper.wait(10)
+            except subprocess.TimeoutExpired:
+                reaper.kill()
+                reaper.wait()
+
+
+def start_reaper(roots: set[int]) -> subprocess.Popen | None:
+    """ray_reaper.py watching ``roots`` (the processes ray.init started) for this process."""
+    if not roots:
+        return None
+    return subprocess.Popen([sys.executable, "-I", "-S", ray_reaper.__file__, *map(str, sorted(roots))],
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)  # its own session: a Ctrl-C meant for the driver spares it
 
 
 def _unit_task(spec: UnitSpec) -> dict:

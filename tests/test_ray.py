@@ -339,3 +339,51 @@ def test_cluster_wanting_a_token_packs_with_the_token_given(token_head, tmp_path
     assert run_section(tmp_path / "o")["engine"] == "ray"
     assert_same_output(pack_quiet(src, tmp_path / "local", "npy", size=16).out, tmp_path / "o")
 
+
+LOCAL_DRIVER = """
+import sys
+from shardpack.packer import Options, Recipe, pack
+pack(sys.argv[1], sys.argv[2], Recipe(48), Options(fmt="npy", engine="ray", workers=1, unit_files=8,
+                                                   progress=False, checkpoint_seconds=0.02))
+"""
+
+
+def group_members(pgid: int) -> list[str]:
+    """The processes still in process group ``pgid`` (pid and name), from /proc."""
+    found = []
+    for d in Path("/proc").iterdir():
+        try:
+            stat = (d / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                found.append(f"{d.name} {stat[stat.index('(') + 1:stat.rindex(')')]}")
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def test_local_ray_instance_ends_with_a_killed_driver(big, tmp_path):
+    """No --address: the Ray instance the run starts does not outlive its driver (SIGKILL)."""
+    pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'shardpack[ray]')")
+    out, ray_tmp = tmp_path / "o", tempfile.mkdtemp(prefix="rayl", dir="/tmp")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(RAY_TMPDIR=ray_tmp, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-c", LOCAL_DRIVER, str(big), str(out)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline and not (
+                partial_dir(out).exists() and "ray::DashboardA" in " ".join(group_members(proc.pid))):
+            time.sleep(0.05)  # packing, and the agents that used to outlive the driver are up
+        assert proc.poll() is None, "the run ended before it could be killed"
+        assert any("raylet" in p for p in group_members(proc.pid))  # Ray runs in the driver's group
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 8
+        while group_members(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert group_members(proc.pid) == [], "Ray processes outlived the driver"
+    finally:
+        for p in group_members(proc.pid):
+            os.kill(int(p.split()[0]), signal.SIGKILL)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
