@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 from contextlib import contextmanager
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from ..readers.text import squeezed
@@ -26,7 +27,7 @@ from ..readers.text import squeezed
 from . import ray_reaper
 from .options import PackError
 from .ray_reaper import children
-from .units import NotShared, UnitSpec, run_unit
+from .units import UNITS_DIR, NotShared, UnitSpec, run_unit
 
 MAX_RETRIES = 5  # attempts after a task's worker or node died (a task's own error is not retried)
 EXTRA = "pip install 'shardpack[ray]'"
@@ -196,6 +197,37 @@ def start_reaper(roots: set[int]) -> subprocess.Popen | None:
                             start_new_session=True)  # its own session: a Ctrl-C meant for the driver spares it
 
 
+class UnitFailed(PackError):
+    """A unit that failed on Ray for good (``reason``), or a node that cannot see OUT; the run
+    keeps what earlier units decoded (``advice``), unless none was: then see nothing_kept()."""
+
+    def __init__(self, reason: str, advice: str = "; rerun with --resume (units already done are kept)"):
+        super().__init__(reason + advice)
+        self.reason = reason
+
+    def nothing_kept(self) -> str:
+        """The line for a run that decoded no unit and so leaves nothing behind."""
+        return f"{self.reason}; nothing was written: fix that and run the same command again"
+
+
+def decoded_none(run_dir: Path) -> bool:
+    """No unit of the run in ``run_dir`` has a record (units.py): nothing a --resume would keep."""
+    return not any((Path(run_dir) / UNITS_DIR).glob("u*.json"))
+
+
+def cause_text(err) -> str:
+    """What made a Ray task fail, in one line: its innermost cause's type and message (a
+    RaySystemError's: the worker's own), without Ray's wrapping and traceback."""
+    cause = err
+    while getattr(cause, "cause", None) is not None and cause.cause is not cause:
+        cause = cause.cause
+    if getattr(cause, "client_exc", None) is not None:  # RaySystemError: e.g. shardpack not importable there
+        cause = cause.client_exc
+    lines = str(cause).strip().splitlines()
+    name = type(cause).__name__ if isinstance(cause, BaseException) else "error"
+    return squeezed(f"{name}: {lines[0] if lines else ''}")[:300]
+
+
 def _unit_task(spec: UnitSpec) -> dict:
     """A unit in a Ray worker: its node is Ray's node id (several nodes may share a host name)."""
     import ray
@@ -236,13 +268,11 @@ class RayExecutor:
                 out.append(ray.get(ref))
             except ray.exceptions.RayTaskError as err:
                 if isinstance(getattr(err, "cause", None), NotShared):
-                    raise PackError(str(err.cause)) from None
-                raise PackError(f"unit {unit} failed on Ray: {squeezed(err)[:300]}; "
-                                "rerun with --resume (units already done are kept)") from None
+                    raise UnitFailed(str(err.cause), "") from None
+                raise UnitFailed(f"unit {unit} failed on Ray: {cause_text(err)}") from None
             except ray.exceptions.RayError as err:  # retries spent: worker or node lost each time
-                raise PackError(f"unit {unit} could not run on Ray ({type(err).__name__}: "
-                                f"{squeezed(err)[:200]}); rerun with --resume "
-                                "(units already done are kept)") from None
+                raise UnitFailed(f"unit {unit} could not run on Ray ({type(err).__name__}: "
+                                 f"{squeezed(err)[:200]})") from None
         return out
 
     def close(self, failed: bool) -> None:

@@ -30,6 +30,7 @@ from ..readers.text import squeezed
 
 from .decoding import Decoding, _quietly
 from .encode import encoding_manifest
+from .engine_ray import UnitFailed, decoded_none
 from .imaging import Recipe
 from .ledger import Ledger, skipped_json, split_skipped_json
 from .lock import OutputLock
@@ -198,6 +199,9 @@ def _pack(src, recipe: Recipe, opts: Options, listing: Listing | None, extra: di
             _quietly(writer.close)  # the error that stopped the run is the one to report
         if isinstance(err, StrictError):
             staging.discard()  # --strict: no OUT, nothing to resume
+        if isinstance(err, UnitFailed) and not staging.done and decoded_none(staging.run_dir):
+            staging.discard()  # no unit was decoded: leave nothing (no partial directory, no allocated file)
+            raise PackError(err.nothing_kept()) from None
         if isinstance(err, OSError):
             finishing = bool(decoding and decoding.finished)
             raise PackError(write_failure(err, staging, n, finishing)) from None

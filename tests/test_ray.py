@@ -259,17 +259,19 @@ def test_empty_address_is_refused_in_one_line(tmp_path):
 
 class TokenHead:
     """A head node started as a user would, plain `ray start --head`, on a machine holding a token
-    in ~/.ray/auth_token (RAY_AUTH_MODE unset): Ray then requires that token of every client."""
+    in ~/.ray/auth_token (RAY_AUTH_MODE unset): Ray then requires that token of every client.
+    ``token=False``: no token, so no authentication; ``path``: the node's PYTHONPATH."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, token: bool = True, path: Path = ROOT):
         import secrets
         self.home, self.tmp = root / "home", tempfile.mkdtemp(prefix="rayt", dir="/tmp")
         self.token = self.home / ".ray" / "auth_token"
         self.token.parent.mkdir(parents=True)
-        self.token.write_text(secrets.token_hex(32))
+        if token:
+            self.token.write_text(secrets.token_hex(32))
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
         self.env = dict(env, HOME=str(self.home), RAY_TMPDIR=self.tmp, RAY_USAGE_STATS_ENABLED="0",
-                        PYTHONPATH=str(ROOT))
+                        PYTHONPATH=str(path))
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -305,10 +307,12 @@ def token_head(tmp_path_factory):
 
 def pack_command(src: Path, out: Path, address: str, env: dict, *more: str) -> subprocess.CompletedProcess:
     """`pack-dataset SRC -o OUT --engine ray --address ADDRESS MORE` in a fresh process (Ray reads
-    its token settings once per process), with ``env``."""
+    its token settings once per process), with ``env``, in OUT's folder (Ray puts the driver's
+    folder on its workers' path: not the checkout's)."""
     args = [str(src), "--format", "npy", "--size", "16", "-o", str(out), "--engine", "ray", "--address", address,
             "--quiet", *more]
-    return subprocess.run([str(BIN / "pack-dataset"), *args], env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run([str(BIN / "pack-dataset"), *args], env=env, capture_output=True, text=True, timeout=120,
+                          cwd=out.parent)
 
 
 def test_cluster_wanting_a_token_is_refused_at_once_naming_the_fix_and_leaving_nothing(token_head, tmp_path):
@@ -338,6 +342,28 @@ def test_cluster_wanting_a_token_packs_with_the_token_given(token_head, tmp_path
     assert r.returncode == 0, r.stderr
     assert run_section(tmp_path / "o")["engine"] == "ray"
     assert_same_output(pack_quiet(src, tmp_path / "local", "npy", size=16).out, tmp_path / "o")
+
+
+@pytest.mark.slow
+def test_a_node_that_cannot_run_a_unit_before_any_is_decoded_leaves_nothing(tmp_path):
+    """The head's shardpack does not import (a node without the same version installed): the
+    first unit fails there, for good; no unit was decoded, so nothing is left and no --resume asked."""
+    pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'shardpack[ray]')")
+    broken = tmp_path / "broken" / "shardpack"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('this shardpack is broken')\n")
+    head = TokenHead(tmp_path / "head", token=False, path=broken.parent)
+    try:
+        src = make_tree(tmp_path / "src", {"a": 2, "b": 2})
+        driver = {k: v for k, v in head.env.items() if k != "PYTHONPATH"}  # Ray hands it to the workers
+        r = pack_command(src, tmp_path / "o", head.address, driver)
+    finally:
+        head.stop()
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    line = r.stderr.strip().splitlines()[-1]
+    assert line.startswith("Error: unit 0 failed on Ray: ") and "this shardpack is broken" in line, line
+    assert line.endswith("nothing was written: fix that and run the same command again") and "--resume" not in line
+    assert left_behind(tmp_path, "src", "head", "broken") == []
 
 
 LOCAL_DRIVER = """
