@@ -30,6 +30,7 @@ from ..readers.text import squeezed
 
 from .decoding import Decoding, _quietly
 from .encode import encoding_manifest
+from .engine_ray import UnitFailed, decoded_none
 from .imaging import Recipe
 from .ledger import Ledger, skipped_json, split_skipped_json
 from .lock import OutputLock
@@ -58,7 +59,9 @@ class Setup:
     ``workers``: decode processes; ``mounts``: the mount table, read once; ``notes``: to say
     when packing starts; ``estimate``: gives the listing's size estimate when one was already
     taken (the plan printed), else None; ``lock``: OUT's lock (lock.py), held from prepare() to
-    release() by whoever called prepare() (None for a dry run)."""
+    release() by whoever called prepare() (None for a dry run); ``ray``: with ``--engine ray``,
+    the Ray session joined or started before anything was written (engine_ray.RaySession),
+    closed by release()."""
 
     out: Path
     named: Path
@@ -67,9 +70,12 @@ class Setup:
     notes: tuple[str, ...] = ()
     estimate: Callable[[], SizeEstimate] | None = None
     lock: OutputLock | None = None
+    ray: object | None = None
 
     def release(self) -> None:
-        """Let go of OUT's lock (the run is over, whichever way)."""
+        """Leave Ray as it was found and let go of OUT's lock (the run is over, whichever way)."""
+        if self.ray is not None:
+            self.ray.close()
         if self.lock is not None:
             self.lock.release()
 
@@ -82,21 +88,21 @@ def prepare(src: str | Path, out: str | Path | None, recipe: Recipe, opts: Optio
     lies in it or under a file; takes OUT's lock (OutputBusy naming the run that holds it),
     before the scan, so a slow SRC does not delay the refusal; then, under the lock, answers
     ``--resume`` on a complete OUT (AlreadyComplete) and refuses an existing OUT as check_existing
-    does; starts the forkserver for K > 1, so it boots while SRC is listed. The caller
-    releases the lock: ``setup.release()``. ``--resume`` with ``--overwrite``: ConflictingOptions."""
+    does; with ``--engine ray``, checks the cluster (a dry run too) and then joins it, or starts a
+    Ray instance, so a cluster that cannot be used leaves nothing behind; else starts the
+    forkserver for K > 1, so it boots while SRC is listed. The caller releases the lock (and
+    Ray): ``setup.release()``. ``--resume`` with ``--overwrite``: ConflictingOptions."""
     if opts.resume and opts.overwrite:
         raise ConflictingOptions(RESUME_AND_OVERWRITE)
     if opts.fmt not in FORMATS:
         raise PackError(f"unknown format {opts.fmt!r}; choose one of {', '.join(FORMATS)}")
     if opts.engine not in ENGINES:
         raise PackError(f"unknown engine {opts.engine!r}; choose one of {', '.join(ENGINES)}")
-    if opts.address and opts.engine != "ray":
-        raise PackError(f"--address {opts.address} names a Ray cluster: it needs --engine ray")
-    if opts.engine == "ray":  # before anything is written: a missing extra or a dead address leaves nothing
-        from .engine_ray import check_reachable, import_ray
-        import_ray()
-        if opts.address or os.environ.get("RAY_ADDRESS"):
-            check_reachable(opts.address or os.environ["RAY_ADDRESS"])
+    if opts.address is not None and opts.engine != "ray":
+        raise PackError(f"--address {opts.address!r} names a Ray cluster: it needs --engine ray")
+    if opts.engine == "ray":  # before anything is written: a missing extra, a dead address or a token refused
+        from .engine_ray import check_cluster
+        check_cluster(opts.address)
     named = Path(out).expanduser() if out else default_out(src, opts.fmt, recipe.size)
     target, notes = named.absolute(), ()
     if named.is_symlink():  # write where the link points (the data stays on that filesystem)
@@ -111,20 +117,23 @@ def prepare(src: str | Path, out: str | Path | None, recipe: Recipe, opts: Optio
             raise PackError(str(err)) from None
     elif out_mount is not None and out_mount.slow:
         notes += (f"--allow-unsafe-output: writing {target} on {out_mount.in_words()}",)
-    lock = None
+    lock = session = None
+    workers = max(1, opts.workers or usable_cpus())
     if not dry_run:
         check_place(src, target)
         lock = OutputLock.take(target)
         try:
             check_complete(src, target, recipe, opts)
             check_existing(target, opts)
+            if opts.engine == "ray":  # joined (or started) now: a failure leaves no partial directory
+                from .engine_ray import RaySession
+                session = RaySession(opts.address, workers)
         except BaseException:
             lock.release()
             raise
-    workers = max(1, opts.workers or usable_cpus())
     if not dry_run and opts.engine != "ray":
         start_forkserver(workers)
-    return Setup(target, named, workers, mounts, notes, lock=lock)
+    return Setup(target, named, workers, mounts, notes, lock=lock, ray=session)
 
 
 def pack(src: str | Path, out: str | Path | None, recipe: Recipe, opts: Options,
@@ -196,6 +205,9 @@ def _pack(src, recipe: Recipe, opts: Options, listing: Listing | None, extra: di
             _quietly(writer.close)  # the error that stopped the run is the one to report
         if isinstance(err, StrictError):
             staging.discard()  # --strict: no OUT, nothing to resume
+        if isinstance(err, UnitFailed) and not staging.done and decoded_none(staging.run_dir):
+            staging.discard()  # no unit was decoded: leave nothing (no partial directory, no allocated file)
+            raise PackError(err.nothing_kept()) from None
         if isinstance(err, OSError):
             finishing = bool(decoding and decoding.finished)
             raise PackError(write_failure(err, staging, n, finishing)) from None
