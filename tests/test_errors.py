@@ -1,21 +1,18 @@
 """Every error of a pack is one line on stderr with the path and the reason, and the exit codes:
 1 errors, 2 usage, 130 Ctrl-C, 143 SIGTERM, 0 for --resume on a complete OUT."""
 
-import json
 import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from helpers import PACK_SCRIPT, done_fraction, make_tree, pack_quiet, run_cli, same_content
+from helpers import PACK_SCRIPT, make_tree, pack_quiet, run_cli, same_content
 from shardpack.packer.lock import OutputLock
 from shardpack.packer.scan import scan
 from shardpack.readers import ShardDataset
@@ -306,72 +303,6 @@ def test_hdf5_disk_full_at_the_end_exits_1_in_one_line_and_resumes(photos, tmp_p
     assert "out" not in (tmp_path / "left").read_text().split() and ".out.partial" in (tmp_path / "left").read_text()
     assert (tmp_path / "rc2").read_text().strip() == "0", (tmp_path / "err2").read_text()
     same_content(pack_quiet(photos, tmp_path / "ref", "hdf5", size=64, resize=resize).out, saved, "hdf5")
-
-
-# ---------------------------------------------------------------- signals and exit codes
-
-def start_cli(args, **kw):
-    return subprocess.Popen([sys.executable, "-c", PACK_SCRIPT, *map(str, args)], env=env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kw)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("workers,group", [(1, False), (2, False), (2, True)])
-def test_sigterm_checkpoints_says_how_to_resume_and_exits_143(big_tree, tmp_path, workers, group):
-    """docker stop (the main process), timeout and SLURM (group: the workers get it too)."""
-    out = tmp_path / "out"
-    n = len(scan(big_tree))
-    args = [big_tree, "--format", "wds", "--size", 48, "-o", out, "--workers", workers, "--quiet"]
-    proc = start_cli(args, start_new_session=group)
-    deadline = time.monotonic() + 60
-    while done_fraction(out, n) < 0.3 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.005)
-    if group:
-        os.killpg(proc.pid, signal.SIGTERM)
-    else:
-        proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 143, err[-2000:]
-    assert "Traceback" not in err and "stopped by SIGTERM; the progress is saved" in err and "--resume" in err
-    progress = json.loads((partial_dir(out) / "progress.json").read_text())
-    assert 0 < progress["done"] < n and not out.exists()
-    resumed = run_cli(*args, "--resume", fresh=True)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert f"resumed at file {progress['done']}" in resumed.stdout
-    ref = pack_quiet(big_tree, tmp_path / "ref", "wds", size=48).out
-    same_content(ref, out, "wds")
-
-
-def test_sigterm_before_anything_is_written_says_so(tree, tmp_path):
-    script = ("import time, shardpack.cli.pack as cli\n"
-              "def slow(*a, **k):\n    print('scanning', flush=True); time.sleep(60)\n"
-              "cli.make_plan = slow\ncli.pack_dataset()\n")
-    proc = subprocess.Popen([sys.executable, "-c", script, str(tree), "--format", "npy", "--size", "16", "-o",
-                             str(tmp_path / "out")], env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    assert proc.stdout.readline().strip() == "scanning"
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)  # a loaded CI machine: the forkserver (holding the pipes) ends late
-    assert proc.returncode == 143 and "Traceback" not in err
-    assert "before anything was written: rerun the same command" in err
-    assert not (tmp_path / ".out.lock").exists()
-
-
-@pytest.mark.parametrize("splits", [False, True])
-def test_resume_on_a_complete_out_exits_0_saying_so(tree, tmp_path, splits):
-    src = tree
-    if splits:
-        src = tmp_path / "splits"
-        make_tree(src / "train", {"a": 3, "b": 3})
-        make_tree(src / "val", {"a": 2, "b": 2}, seed=4)
-    args = [src, "--format", "lmdb", "--size", 16, "-o", tmp_path / "out", "--quiet", "--resume"]
-    first = run_cli(*args[:-1], fresh=True)
-    assert first.returncode == 0, first.stderr
-    before = sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "out").rglob("*"))
-    again = run_cli(*args, fresh=True)  # a requeued job reruns its command line as it is
-    assert again.returncode == 0, again.stderr
-    assert "is already complete" in again.stdout and "nothing to resume" in again.stdout
-    assert sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "out").rglob("*")) == before
 
 
 def test_the_space_check_counts_the_runs_own_files(tree, tmp_path, monkeypatch):
