@@ -13,14 +13,16 @@ saying what to install.
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
+import os.path
 
 # Installed, packer/ and readers/ sit inside this folder. In a source checkout whose root is on
 # sys.path (`python -m pytest` or a script run there) this folder holds only this file,
 # __main__.py and cli/, and the subpackages are the repository's own packer/ and readers/ beside it.
-_checkout = Path(__file__).resolve().parent.parent
-if not (Path(__file__).parent / "packer").is_dir() and (_checkout / "packer" / "__init__.py").is_file():
-    __path__.append(str(_checkout))  # noqa: F821 (the package's own __path__)
+# (os.path, not pathlib: the less this imports, the less start-up a Ctrl-C can land in)
+_checkout = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+if (not os.path.isdir(os.path.join(os.path.dirname(__file__), "packer"))
+        and os.path.isfile(os.path.join(_checkout, "packer", "__init__.py"))):
+    __path__.append(_checkout)  # noqa: F821 (the package's own __path__)
 
 __version__ = "0.2.0.dev0"  # pyproject.toml reads it from here
 
