@@ -1,6 +1,8 @@
-"""``python -m shardpack``: the ``shardpack`` command."""
+"""``python -m shardpack``: the ``shardpack`` command (through its entry point, shardpack/cli/entry.py)."""
 
-from shardpack.cli import main
+import sys
+
+from shardpack.cli.entry import shardpack
 
 if __name__ == "__main__":
-    main()
+    sys.exit(shardpack())

@@ -13,6 +13,7 @@ import click
 
 from ..readers.manifest import dataset_dirs
 from ..readers.paths import LocalPath
+from .entry import pipe_closed
 
 
 @click.command()
@@ -29,6 +30,8 @@ def info(out, as_json):
         for split, root in dataset_dirs(out):  # a splits root: each split in turn
             click.echo(info_text(root) if split is None else f"split {shown(split)}: {info_text(root)}")
     except Exception as err:  # noqa: BLE001 -- damage no check foresaw too: one line, never a traceback
+        if pipe_closed(err):  # stdout's reader went away: entry.py ends quietly
+            raise
         raise click.ClickException(failure(out, err)) from None
 
 
@@ -72,6 +75,8 @@ def verify(out, quiet, as_json):
         click.echo("\n" + interrupted_text(out, checked, len(roots)), err=True)
         sys.exit(130)
     except Exception as err:  # noqa: BLE001 -- damage no check foresaw too: one line, never a traceback
+        if pipe_closed(err):  # stdout's reader went away: entry.py ends quietly
+            raise
         raise click.ClickException(failure(out, err)) from None
     if failed:
         sys.exit(1)

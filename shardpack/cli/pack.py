@@ -33,6 +33,7 @@ from ..readers.folder import clash_text
 from ..readers.manifest import FORMATS, partial_dir
 from ..readers.paths import LocalPath, PathRefused, url_refusal
 from ..readers.system import usable_cpus
+from .entry import pipe_closed
 from .config import blamed_on_config, complete_config, effective_settings, load_config, presets
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}  # every command's: -h is --help
@@ -231,6 +232,8 @@ def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_siz
     except (ScanError, PackError, ValueError, ImportError) as err:
         raise click.ClickException(str(err)) from None
     except OSError as err:  # one not foreseen where it happened: still one line, the path and the reason
+        if pipe_closed(err):  # stdout's reader went away (| head, | true): entry.py ends quietly
+            raise
         raise click.ClickException(os_error_text(err)) from None
     except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM (Stopped): 130 or 143
         signum = getattr(err, "signum", signal.SIGINT)

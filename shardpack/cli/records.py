@@ -17,6 +17,7 @@ from pathlib import Path
 import click
 
 from ..readers.manifest import SKIPPED, ShardFormatError, bytes_on_disk, dataset_dirs, load_manifest, write_json_atomic
+from .entry import pipe_closed
 
 SCHEMA = 1  # every document's "schema"; bumped when a field changes meaning
 
@@ -93,6 +94,8 @@ def info_document(out) -> tuple[dict, int]:
                 "skipped": json.loads(skipped.read_text()) if skipped.exists() else [],
                 "manifest": manifest})
     except Exception as err:  # noqa: BLE001 -- damage no check foresaw too: one document, never a traceback
+        if pipe_closed(err):  # stderr's reader went away (the progress bar): entry.py ends quietly
+            raise
         doc.update(ok=False, error=failure(out, err))
         return doc, 1
     return doc, 0
@@ -129,6 +132,8 @@ def verify_document(out, progress: bool = False) -> tuple[dict, int]:
         doc.update(ok=False, interrupted=True, error=interrupted_text(out, len(doc["datasets"]), len(roots)))
         return doc, 130
     except Exception as err:  # noqa: BLE001 -- as info_document: one document, never a traceback
+        if pipe_closed(err):  # stderr's reader went away (the progress bar): entry.py ends quietly
+            raise
         doc.update(ok=False, error=failure(out, err))
     return doc, 0 if doc["ok"] else 1
 

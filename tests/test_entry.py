@@ -1,0 +1,135 @@
+"""The two commands as installed (pyproject.toml's [project.scripts]), as real processes: Ctrl-C at
+any moment, imports included, exits 130 with one line; a closed stdout ends quietly with 141."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+
+import pytest
+
+from helpers import ROOT, make_tree, packed
+
+SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+CLOSED_PIPE = 141  # 128 + SIGPIPE, git's convention
+# moments (s after start) a Ctrl-C lands: interpreter start-up, the imports, the work
+MOMENTS = (0.0, 0.03, 0.08, 0.15, 0.25, 0.35, 0.5, 0.7)
+
+
+def entry_argv(command: str, *args) -> list[str]:
+    """What pip's console script for COMMAND runs: its [project.scripts] entry point, called."""
+    module, func = SCRIPTS[command].split(":")
+    code = f"import sys\nfrom {module} import {func}\nsys.exit({func}())"
+    return [sys.executable, "-c", code, *[str(a) for a in args]]
+
+
+def _sigint_default():
+    """In the child: Ctrl-C's default, as in a terminal (a shell without job control starts
+    background jobs, and so CI's test runs, with SIGINT ignored, which the child would inherit)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("entry")
+    return packed("npy", make_tree(tmp / "src", {"a": 3, "b": 3}), tmp / "o.npy")
+
+
+@pytest.fixture(scope="module")
+def src(out):
+    return out.parent / "src"
+
+
+def test_the_entry_points_are_the_light_entry_module():
+    """The console scripts and ``python -m shardpack`` go through shardpack/cli/entry.py, and
+    importing it loads neither click nor numpy (so a Ctrl-C during the imports is caught there)."""
+    assert SCRIPTS == {"pack-dataset": "shardpack.cli.entry:pack_dataset", "shardpack": "shardpack.cli.entry:shardpack"}
+    code = "import sys, shardpack.cli.entry\nprint(sorted(m for m in ('click', 'numpy', 'PIL') if m in sys.modules))"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["[]"]
+
+
+@pytest.mark.parametrize("command", ["info", "dry-run"])
+def test_ctrl_c_at_any_moment_exits_130_with_one_line_and_no_traceback(command, out, src, tmp_path):
+    argv = (entry_argv("shardpack", "info", out) if command == "info" else
+            entry_argv("pack-dataset", src, "--format", "npy", "--size", "16", "-o", tmp_path / "x", "--dry-run"))
+    ours = 0
+    for moment in MOMENTS:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=ENV, cwd=tmp_path, preexec_fn=_sigint_default)
+        time.sleep(moment)
+        running = proc.poll() is None
+        if running:
+            proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+        if not running:  # done before the signal: nothing to see
+            assert proc.returncode == 0, (moment, stderr)
+            continue
+        if proc.returncode == -signal.SIGINT:  # before Python installs its handler: the default
+            assert stderr == "", (moment, stderr)  # action ends it (the shell says 130 all the same)
+            continue
+        if "init_import_site" in stderr:  # in Python's own start-up (site, .pth files), before any
+            continue  # of shardpack's code runs: Python's "Fatal Python error", out of our reach
+        ours += 1
+        assert proc.returncode in (130, 0), (moment, proc.returncode, stderr)  # 0: landed as it exited
+        for word in ("Traceback", "Aborted", "Exception ignored", "Error"):
+            assert word not in stderr, (moment, stderr)
+        if proc.returncode == 130:
+            lines = stderr.strip().splitlines()
+            assert len(lines) == 1 and "interrupted" in lines[0], (moment, stderr)
+    assert ours >= 2  # most moments land in shardpack's own code (the imports, the work)
+
+
+def closed_stdout_run(argv, cwd) -> subprocess.CompletedProcess:
+    """ARGV with its stdout a real pipe whose reading end is closed before it writes (as
+    ``| head -1`` once head has its line, or ``| true``)."""
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=w, stderr=subprocess.PIPE, text=True,
+                                env=ENV, cwd=cwd)
+    finally:
+        os.close(w)
+    _, stderr = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(argv, proc.returncode, "", stderr)
+
+
+@pytest.mark.parametrize("args", [["info"], ["info", "--json"], ["verify", "--quiet"], ["verify", "--quiet", "--json"]],
+                         ids=" ".join)
+def test_info_and_verify_into_a_closed_pipe_end_quietly_with_141(args, out, tmp_path):
+    res = closed_stdout_run(entry_argv("shardpack", args[0], out, *args[1:]), tmp_path)
+    assert res.returncode == CLOSED_PIPE, res.stderr
+    assert res.stderr == ""
+
+
+def test_pack_dataset_into_a_closed_pipe_ends_quietly_with_141_writing_nothing(src, tmp_path):
+    """The plan is the first thing printed: the dry run ends there, and so does a real run,
+    before anything is written."""
+    dry = closed_stdout_run(entry_argv("pack-dataset", src, "--format", "npy", "--size", "16", "-o",
+                                       tmp_path / "d", "--dry-run", "--quiet"), tmp_path)
+    real = closed_stdout_run(entry_argv("pack-dataset", src, "--format", "lmdb", "--size", "16", "-o",
+                                        tmp_path / "r", "--quiet"), tmp_path)
+    for res in (dry, real):
+        assert res.returncode == CLOSED_PIPE, res.stderr
+        assert res.stderr == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_broken_pipe_that_is_not_stdout_is_an_error_line(tmp_path):
+    """A pipe to another process (a decode worker, a Ray socket) breaking inside a command is a
+    failure said in one line, exit 1; only a closed stdout ends quietly."""
+    code = ("import sys, click\nimport shardpack.cli.entry as entry\n"
+            "@click.command()\ndef worker():\n    raise BrokenPipeError(32, 'Broken pipe')\n"
+            "sys.exit(entry.run('shardpack', lambda: worker))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=60)
+    assert res.returncode == 1, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and "Broken pipe" in lines[0], res.stderr
