@@ -4,6 +4,7 @@ ImageFolder trees made with Pillow, so the suite runs without ../shared."""
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -33,3 +34,17 @@ def big_tree(tmp_path_factory):
 @pytest.fixture(scope="session", autouse=True)
 def _quiet_threads():
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="session")
+def can_mount(tmp_path_factory):
+    """Skip unless this process can mount a tmpfs of its own (``unshare -m``, as root): a real small,
+    full or read-only filesystem."""
+    d = tmp_path_factory.mktemp("ns")
+    try:
+        ok = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=1m tmpfs {d}"],
+                            capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        ok = False
+    if not ok:
+        pytest.skip("needs a mount namespace (unshare -m, as root) for a real small, full or read-only filesystem")

@@ -210,3 +210,16 @@ def done_fraction(out, n) -> float:
         return np.count_nonzero(np.load(status, mmap_mode="r")) / n
     except (OSError, ValueError, EOFError):  # not created yet, or created but still empty
         return 0.0
+
+
+def stop_after(monkeypatch, files: int):
+    """pack() stops (KeyboardInterrupt, at a checkpoint) once ``files`` files are done: the seam
+    is ``Decoding.maybe_checkpoint``."""
+    import shardpack.packer.run as run
+    real = run.Decoding.maybe_checkpoint
+
+    def stop(self):
+        if self.done >= files:
+            raise KeyboardInterrupt
+        return real(self)
+    monkeypatch.setattr(run.Decoding, "maybe_checkpoint", stop)

@@ -62,18 +62,6 @@ def env():
 
 
 @pytest.fixture(scope="module")
-def can_mount(tmp_path_factory):
-    d = tmp_path_factory.mktemp("ns")
-    try:
-        ok = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=1m tmpfs {d}"],
-                            capture_output=True, timeout=30).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        ok = False
-    if not ok:
-        pytest.skip("needs a mount namespace (unshare -m, as root) for a real full or read-only filesystem")
-
-
-@pytest.fixture(scope="module")
 def photos(tmp_path_factory):
     """40 pictures large enough that a few MB of output cannot fit a 300 KB filesystem."""
     return make_tree(tmp_path_factory.mktemp("photos") / "src", {"a": 20, "b": 20},

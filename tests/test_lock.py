@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from helpers import make_tree, pack_quiet, same_content
+from helpers import make_tree, pack_quiet, same_content, stop_after
 from shardpack.packer import Options, PackError, Recipe
 from shardpack.packer.lock import OutputLock, lock_path
 from shardpack.packer.options import OutputBusy
@@ -213,18 +213,6 @@ def test_the_api_is_refused_while_a_lock_is_held(tree, tmp_path):
 
 # ---------------------------------------------------------------- resume means the same source
 
-def interrupt_after(monkeypatch, files: int):
-    """pack() stops (KeyboardInterrupt, at a checkpoint) once ``files`` files are done."""
-    import shardpack.packer.run as run
-    real = run.Decoding.maybe_checkpoint
-
-    def stop(self):
-        if self.done >= files:
-            raise KeyboardInterrupt
-        return real(self)
-    monkeypatch.setattr(run.Decoding, "maybe_checkpoint", stop)
-
-
 def gray_copy(src: Path, dst: Path) -> Path:
     """The same relative names, other pixels (and sizes)."""
     for p in sorted(src.rglob("*")):
@@ -242,7 +230,7 @@ def test_resume_from_another_source_is_refused_naming_both(tree, tmp_path, monke
     ref = pack_quiet(tree, tmp_path / "ref", fmt, size=24).out
     other = gray_copy(tree, tmp_path / "gray")
     out = tmp_path / "out"
-    interrupt_after(monkeypatch, 6)
+    stop_after(monkeypatch, 6)
     with pytest.raises(KeyboardInterrupt):
         pack_quiet(tree, out, fmt, size=24, checkpoint_seconds=0)
     monkeypatch.undo()
@@ -258,7 +246,7 @@ def test_resume_from_another_source_is_refused_naming_both(tree, tmp_path, monke
 
 def test_resume_refuses_files_replaced_in_place_and_takes_a_moved_copy(tree, tmp_path, monkeypatch, capsys):
     out = tmp_path / "out"
-    interrupt_after(monkeypatch, 6)
+    stop_after(monkeypatch, 6)
     with pytest.raises(KeyboardInterrupt):
         pack_quiet(tree, out, "wds", size=24, checkpoint_seconds=0)
     monkeypatch.undo()
@@ -310,7 +298,7 @@ def test_resume_of_a_splits_root_from_another_source_is_refused(tmp_path, monkey
 def test_resume_from_an_interrupted_run_of_an_older_version_still_works(tree, tmp_path, monkeypatch):
     """A partial directory whose fingerprint has no source (written before it was recorded)."""
     out = tmp_path / "out"
-    interrupt_after(monkeypatch, 6)
+    stop_after(monkeypatch, 6)
     with pytest.raises(KeyboardInterrupt):
         pack_quiet(tree, out, "npy", size=16, checkpoint_seconds=0)
     monkeypatch.undo()

@@ -8,25 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from helpers import make_tree, pack_quiet
+from helpers import make_tree, pack_quiet, stop_after
 from shardpack.packer import PackError
 from shardpack.packer.scan import scan
 from shardpack.readers import ShardDataset
 from shardpack.readers.manifest import partial_dir
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def stop_after(monkeypatch, files: int):
-    """pack() stops (KeyboardInterrupt, at a checkpoint) once ``files`` files are done."""
-    import shardpack.packer.run as run
-    real = run.Decoding.maybe_checkpoint
-
-    def stop(self):
-        if self.done >= files:
-            raise KeyboardInterrupt
-        return real(self)
-    monkeypatch.setattr(run.Decoding, "maybe_checkpoint", stop)
 
 
 def flat_folder(root: Path, n: int = 6) -> Path:

@@ -5,7 +5,6 @@ extrapolation, the skips that occurred) and the devkit's id maps."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -43,19 +42,6 @@ def test_the_output_estimate_is_within_1_0_to_1_3x_of_its_size_on_disk(tiny_and_
         ratios[out.name] = round(output_bytes(scan(src), Recipe(size, **kw), fmt) / allocated(out), 2)
     print(fmt, ratios)
     assert all(1.0 <= r <= 1.3 for r in ratios.values()), ratios
-
-
-@pytest.fixture(scope="module")
-def can_mount(tmp_path_factory):
-    """Skip unless this process can mount a tmpfs of its own (unshare -m, as root): a real small disk."""
-    d = tmp_path_factory.mktemp("ns")
-    try:
-        ok = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=1m tmpfs {d}"],
-                            capture_output=True, timeout=30).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        ok = False
-    if not ok:
-        pytest.skip("needs a mount namespace (unshare -m, as root) for a real small filesystem")
 
 
 def on_tmpfs(size: str, disk: Path, *args):
