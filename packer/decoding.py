@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 from .imaging import Recipe
 from .ledger import Ledger
-from .options import Options, PackError, Stopped, say
+from .options import Options, PackError, Stopped, resume_advice, say
 from .runners import Decoded, open_runner
 from .scan import Listing
 from .sizing import ring_row
@@ -98,8 +98,9 @@ class Decoding:
             self._stop_at_checkpoint()
             if self.interrupted:
                 raise Stopped(self.interrupted) from None
+            advice = resume_advice(self.opts.overwrite)
             raise PackError(f"a decode process died (killed, or out of memory?) after {self.done} of {n} "
-                            f"files; rerun with --resume to continue from {self.staging.tmp}") from None
+                            f"files; {advice} to continue from {self.staging.tmp}") from None
         finally:
             cleanup = (lambda fn, *args: fn(*args)) if finished else _quietly
             cleanup(bar.close)
@@ -141,7 +142,7 @@ class Decoding:
                 self._checkpoint(self.ledger.streak_start, durable=True)  # re-read the whole streak on resume
                 raise PackError(f"{self.ledger.streak} files in a row could not be read (last: "
                                 f"{self.ledger.last_reason}); the source {self.listing.root} looks gone. "
-                                "Fix it and rerun with --resume")
+                                f"Fix it and {resume_advice(self.opts.overwrite)}")
             self.done = r.index + 1
 
     def maybe_checkpoint(self) -> None:

@@ -67,11 +67,19 @@ def _raise_stopped(signum, _frame):
     raise Stopped(signum)
 
 
-def stopped_text(signum: int, saved: bool) -> str:
+def resume_advice(overwrite: bool) -> str:
+    """How to continue a stopped run: "rerun with --resume", or, for a run started with
+    --overwrite (the two cannot go together), "rerun with --resume in place of --overwrite"."""
+    return "rerun with --resume in place of --overwrite" if overwrite else "rerun with --resume"
+
+
+def stopped_text(signum: int, saved: bool, overwrite: bool = False) -> str:
     """What the command line says when a signal stopped the run (``saved``: a partial
-    directory holds its progress)."""
+    directory holds its progress; ``overwrite``: the run was started with --overwrite)."""
     what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
     if saved:
+        if overwrite:
+            return f"{what}; the progress is saved: {resume_advice(True)} to continue"
         return f"{what}; the progress is saved: rerun the same command with --resume to continue"
     return f"{what} before anything was written: rerun the same command"
 

@@ -36,7 +36,7 @@ from .ledger import Ledger, skipped_json, split_skipped_json
 from .lock import OutputLock
 from .mounts import MountTable, UnsafeOutput, check_output, source_note
 from .options import (DISK_FULL, ENGINES, RESUME_AND_OVERWRITE, ConflictingOptions, Options, PackError, Report,
-                      Stopped, StrictError, default_out, errno_of, say)
+                      Stopped, StrictError, default_out, errno_of, resume_advice, say)
 from .plan import Plan
 from .prefetch import DEFAULT_THREADS
 from .runners import keep_freed_memory, start_forkserver
@@ -210,7 +210,7 @@ def _pack(src, recipe: Recipe, opts: Options, listing: Listing | None, extra: di
             raise PackError(err.nothing_kept()) from None
         if isinstance(err, OSError):
             finishing = bool(decoding and decoding.finished)
-            raise PackError(write_failure(err, staging, n, finishing)) from None
+            raise PackError(write_failure(err, staging, n, finishing, opts.overwrite)) from None
         raise
     total = bytes_on_disk(setup.out)
     return Report(setup.out, int(len(kept)), n, skips, listing.ignored, len(listing.classes), total,
@@ -218,7 +218,7 @@ def _pack(src, recipe: Recipe, opts: Options, listing: Listing | None, extra: di
                   late_signal=decoding.late)
 
 
-def write_failure(err: OSError, staging: Staging, n: int, finishing: bool = False) -> str:
+def write_failure(err: OSError, staging: Staging, n: int, finishing: bool = False, overwrite: bool = False) -> str:
     """The one line for an OS error while writing: the path, the reason, how far the run got (its
     last checkpoint, where --resume continues) and what to do (a full disk, EIO included, as
     LMDB reports a short write: free space, --resume)."""
@@ -228,7 +228,7 @@ def write_failure(err: OSError, staging: Staging, n: int, finishing: bool = Fals
     if (staging.tmp / COMPACTING).exists():
         then = "this step cannot be resumed: start over with --overwrite"
     else:
-        then = "rerun with --resume (it continues from the last checkpoint)"
+        then = f"{resume_advice(overwrite)} (it continues from the last checkpoint)"
     if code in DISK_FULL:
         full = "disk full" if code != errno.EIO else "disk full (or failing)"
         return f"{where}: {full} {when} ({reason}); free space, then {then}"

@@ -118,6 +118,21 @@ def test_after_the_source_really_lost_files_resume_is_refused_saying_overwrite_s
     assert pack_quiet(tree, tmp_path / "out", "wds", size=16, overwrite=True).count == 12
 
 
+def test_an_interrupted_overwrite_run_says_resume_in_place_of_overwrite_and_that_works(tree, tmp_path, monkeypatch):
+    """The advice printed when an --overwrite run stops is one the next command accepts."""
+    args = [tree, "-o", tmp_path / "o"]
+    assert cli(*args).exit_code == 0  # a complete OUT, replaced next
+    stop_after(monkeypatch, 4)
+    stopped = cli(*args, "--overwrite")
+    monkeypatch.undo()
+    assert stopped.exit_code == 130
+    assert "rerun with --resume in place of --overwrite to continue" in last_line(stopped), stopped.output
+    resumed = cli(*args, "--resume")
+    assert resumed.exit_code == 0, resumed.output
+    assert "resumed at file 4" in resumed.output
+    assert len(ShardDataset(tmp_path / "o")) == len(scan(tree))
+
+
 def test_resume_and_overwrite_together_are_a_usage_error_in_one_line(tree, tmp_path):
     out = tmp_path / "o"
     pack_quiet(tree, out, "npy", size=16)

@@ -238,7 +238,7 @@ def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_siz
     except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM (Stopped): 130 or 143
         signum = getattr(err, "signum", signal.SIGINT)
         saved = setup is not None and setup.lock is not None and partial_dir(setup.out).exists()
-        click.echo("\n" + stopped_text(signum, saved), err=True)
+        click.echo("\n" + stopped_text(signum, saved, overwrite), err=True)
         sys.exit(128 + signum)
     finally:
         if setup is not None:
