@@ -30,6 +30,32 @@ def positive_int(name: str, value, hint: str = "") -> int:
     raise TypeError(f"make_loader: {name} must be a positive int, got {value!r} ({type(value).__name__})")
 
 
+def check_arguments(ds, train, batch_transform, seed) -> None:
+    """make_loader's other arguments, each refused in one line naming it (TypeError): ``ds`` a
+    map-style dataset that reads batches (a ShardDataset: ``__len__`` and ``__getitems__``), not a
+    path; ``train`` a bool; ``batch_transform`` None or callable; ``seed`` None or an int."""
+    if not (hasattr(ds, "__getitems__") and hasattr(ds, "__len__")):
+        hint = (f"; open it first: make_loader(ShardDataset({str(ds)!r}), ...)"
+                if isinstance(ds, (str, bytes)) or hasattr(ds, "__fspath__") else
+                "; for another Dataset use torch's DataLoader")
+        raise TypeError(f"make_loader: ds must be a ShardDataset, got {type(ds).__name__}{hint}")
+    if not isinstance(train, (bool, np.bool_)):
+        raise TypeError(f"make_loader: train must be True or False, got {train!r} ({type(train).__name__})")
+    if batch_transform is not None and not callable(batch_transform):
+        raise TypeError(f"make_loader: batch_transform must be callable (e.g. shardpack.transforms.Compose([...])), "
+                        f"got {batch_transform!r} ({type(batch_transform).__name__})")
+    if seed is not None and (isinstance(seed, (bool, np.bool_)) or not _is_int(seed)):
+        raise TypeError(f"make_loader: seed must be an int or None, got {seed!r} ({type(seed).__name__})")
+
+
+def _is_int(value) -> bool:
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return True
+
+
 def check_batch_shape(ds, batch_transform) -> None:
     """Raise ValueError (one line) when ``ds`` holds images of different shapes and nothing is
     known to bring a batch to one size: no ``batch_transform`` with a fixed ``out_size``

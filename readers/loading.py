@@ -43,7 +43,7 @@ import torch
 from torch.utils.data import (DataLoader, Dataset, DistributedSampler, IterableDataset,
                               RandomSampler, Sampler, SequentialSampler)
 
-from .loader_checks import check_batch_shape, check_shared_memory, positive_int
+from .loader_checks import check_arguments, check_batch_shape, check_shared_memory, positive_int
 from .system import usable_cpus
 
 MODES = ("main", "threads", "processes")
@@ -332,10 +332,13 @@ def make_loader(ds, batch_size: int, train: bool = True, *, batch_transform=None
     x prefetch exceeds the free /dev/shm. Raises, each in one line naming the argument:
     ValueError for an unknown ``mode``; TypeError for a ``batch_size``, ``num_workers`` or
     ``prefetch_factor`` that is not an int (floats, bools, strings), ValueError when one is
-    below 1; ValueError when ``drop_last`` (a train loader) would leave no batch at all (a
+    below 1; TypeError for a ``ds`` that is not a ShardDataset (a path, say), a ``train`` that
+    is not a bool, a ``batch_transform`` that is not callable, a ``seed`` that is not an int;
+    ValueError when ``drop_last`` (a train loader) would leave no batch at all (a
     batch larger than the samples of an epoch), and for a variable-shape output whose batches
     cannot be brought to one size (no such batch transform).
     """
+    check_arguments(ds, train, batch_transform, seed)
     batch_size = positive_int("batch_size", batch_size)
     prefetch_factor = positive_int("prefetch_factor", prefetch_factor)
     if num_workers is not None:

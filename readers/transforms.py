@@ -39,11 +39,17 @@ TRIES = 10  # torchvision's RandomResizedCrop tries before the fallback
 
 
 def _pair(size) -> tuple[int, int]:
-    if isinstance(size, int):
-        return size, size
-    if isinstance(size, Sequence) and len(size) in (1, 2):
-        return (int(size[0]), int(size[-1]))
-    raise ValueError(f"size must be an int or (h, w), got {size!r}")
+    """A transform's ``size`` (an int, or (h, w) / [s] as torchvision takes) as (h, w); ValueError
+    for anything else and for a size below 1 (torch would fail only at the first batch)."""
+    if isinstance(size, int) and not isinstance(size, bool):
+        pair = size, size
+    elif isinstance(size, Sequence) and not isinstance(size, str) and len(size) in (1, 2):
+        pair = (int(size[0]), int(size[-1]))
+    else:
+        raise ValueError(f"size must be an int or (h, w), got {size!r}")
+    if min(pair) < 1:
+        raise ValueError(f"size must be at least 1 pixel, got {size!r}")
+    return pair
 
 
 def resized_crop_params(height, width, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), generator=None):

@@ -272,6 +272,9 @@ def test_augment_names():
     assert augment_transform("center8")(x).shape == (2, 3, 8, 8)
     with pytest.raises(ValueError, match="crop<N>"):
         augment_transform("crop")
+    for name in ("rrc0", "center0", "crop0"):  # rrc0 was a 60-line torch traceback; center0 gave 3x0x0 batches
+        with pytest.raises(ValueError, match=f"--augment '{name}': the crop size must be at least 1 pixel"):
+            augment_transform(name)
 
 
 def test_raw_baseline_lists_the_samples_the_packer_packs(tmp_path):

@@ -229,3 +229,23 @@ def test_a_train_loader_whose_batch_is_larger_than_the_data_is_refused(packed):
     assert [len(labels) for _, labels in make_loader(ds, 1000, train=True, drop_last=False)] == [23]
     assert [len(labels) for _, labels in make_loader(ds, 1000, train=False)] == [23]
     assert [len(labels) for _, labels in make_loader(ds, 23, train=True)] == [23]
+
+
+@pytest.mark.parametrize("kw,says", [
+    ({"ds": "OUT"}, "make_loader: ds must be a ShardDataset, got str; open it first: make_loader(ShardDataset('OUT'), ...)"),
+    ({"ds": None}, "make_loader: ds must be a ShardDataset, got NoneType; for another Dataset use torch's DataLoader"),
+    ({"train": "yes"}, "make_loader: train must be True or False, got 'yes' (str)"),
+    ({"batch_transform": "rrc224"}, "make_loader: batch_transform must be callable (e.g. "
+                                    "shardpack.transforms.Compose([...])), got 'rrc224' (str)"),
+    ({"seed": "x"}, "make_loader: seed must be an int or None, got 'x' (str)"),
+    ({"seed": 2.5}, "make_loader: seed must be an int or None, got 2.5 (float)"),
+])
+def test_arguments_of_the_wrong_kind_are_refused_at_build_naming_them(packed, kw, says):
+    """Each was taken and failed at the first batch (or later) with torch's or Python's words:
+    AttributeError '__getitems__', 'str' object is not callable, int('x'); 2.5 became seed 2."""
+    ds = kw.pop("ds", ShardDataset(packed["npy"]))
+    with pytest.raises(TypeError) as err:
+        make_loader(ds, 4, **kw)
+    assert str(err.value) == says
+    assert [len(labels) for _, labels in make_loader(ShardDataset(packed["npy"]), 4, train=np.bool_(False),
+                                                     seed=np.int64(3), mode="main")] == [4, 4, 4, 4, 4, 3]

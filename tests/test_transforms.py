@@ -190,3 +190,12 @@ def test_the_readmes_import_line_works_and_names_one_module():
     from shardpack.readers import transforms
     assert mod is transforms and shardpack.transforms is transforms
     assert mod.Compose is transforms.Compose and mod.RandomResizedCrop is transforms.RandomResizedCrop
+
+
+@pytest.mark.parametrize("make", [RandomResizedCrop, RandomCrop, CenterCrop])
+@pytest.mark.parametrize("size", [0, -5, (224, 0), True, "224"])
+def test_a_size_below_one_pixel_or_not_a_size_is_refused_when_made(make, size):
+    """RandomResizedCrop(0) failed at the first batch in torch; CenterCrop(0) gave (3, 0, 0) images."""
+    with pytest.raises(ValueError, match="size must be"):
+        make(size)
+    assert make(1).out_size == (1, 1) and make((3, 2)).out_size == (3, 2) and make([5]).out_size == (5, 5)

@@ -79,6 +79,8 @@ def augment_transform(name: str):
     if not m:
         raise ValueError(f"--augment {name!r}: use {AUGMENT_HELP}")
     kind, n = m.group(1), int(m.group(2))
+    if n < 1:
+        raise ValueError(f"--augment {name!r}: the crop size must be at least 1 pixel")
     if kind == "center":
         return CenterCrop(n)
     crop = RandomCrop(n) if kind == "crop" else RandomResizedCrop(n)
