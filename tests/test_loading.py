@@ -232,7 +232,8 @@ def test_a_train_loader_whose_batch_is_larger_than_the_data_is_refused(packed):
 
 
 @pytest.mark.parametrize("kw,says", [
-    ({"ds": "OUT"}, "make_loader: ds must be a ShardDataset, got str; open it first: make_loader(ShardDataset('OUT'), ...)"),
+    ({"ds": "OUT"}, "make_loader: ds must be a ShardDataset, got str; open it first: "
+                    "make_loader(ShardDataset('OUT'), ...)"),
     ({"ds": None}, "make_loader: ds must be a ShardDataset, got NoneType; for another Dataset use torch's DataLoader"),
     ({"train": "yes"}, "make_loader: train must be True or False, got 'yes' (str)"),
     ({"batch_transform": "rrc224"}, "make_loader: batch_transform must be callable (e.g. "
