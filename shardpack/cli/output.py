@@ -7,6 +7,7 @@ one-line errors (never a traceback) and exit statuses, or with ``--json`` one do
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import click
@@ -47,7 +48,9 @@ def verify(out, quiet, as_json):
 
     Exit status 1 when anything differs: each problem and each differing sample (by index and
     source path) on a line of its own, then a summary on stderr."""
+    from ..packer.options import stop_on_sigterm
     from .records import failure, print_document, verify_document
+    stop_on_sigterm()  # SIGTERM (a scheduler, timeout) as Ctrl-C: the line, the document, 143
     if as_json:
         doc, status = verify_document(out, progress=not quiet)
         if doc["interrupted"]:  # the document on stdout, the line for the person on stderr
@@ -70,10 +73,11 @@ def verify(out, quiet, as_json):
                 click.echo(f"MISMATCH sample {m.index} ({shown(m.path)}): {one_line(m.problem)}")
             click.echo(one_line(result.summary()), err=not result.ok)
             failed, checked = failed or not result.ok, checked + 1
-    except KeyboardInterrupt:  # 130, as pack-dataset and bench (click would say "Aborted!", exit 1)
+    except KeyboardInterrupt as err:  # 130 (143: SIGTERM), as pack-dataset (click would say "Aborted!", exit 1)
         from .records import interrupted_text
-        click.echo("\n" + interrupted_text(out, checked, len(roots)), err=True)
-        sys.exit(130)
+        signum = getattr(err, "signum", signal.SIGINT)
+        click.echo("\n" + interrupted_text(out, checked, len(roots), signum), err=True)
+        sys.exit(128 + signum)
     except Exception as err:  # noqa: BLE001 -- damage no check foresaw too: one line, never a traceback
         if pipe_closed(err):  # stdout's reader went away: entry.py ends quietly
             raise

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -128,9 +129,10 @@ def verify_document(out, progress: bool = False) -> tuple[dict, int]:
                                for m in result.mismatches]})
             doc["problems"] += problems
             doc["ok"] = doc["ok"] and result.ok
-    except KeyboardInterrupt:
-        doc.update(ok=False, interrupted=True, error=interrupted_text(out, len(doc["datasets"]), len(roots)))
-        return doc, 130
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (packer.options.Stopped): 130 or 143
+        signum = getattr(err, "signum", signal.SIGINT)
+        doc.update(ok=False, interrupted=True, error=interrupted_text(out, len(doc["datasets"]), len(roots), signum))
+        return doc, 128 + signum
     except Exception as err:  # noqa: BLE001 -- as info_document: one document, never a traceback
         if pipe_closed(err):  # stderr's reader went away (the progress bar): entry.py ends quietly
             raise
@@ -138,10 +140,12 @@ def verify_document(out, progress: bool = False) -> tuple[dict, int]:
     return doc, 0 if doc["ok"] else 1
 
 
-def interrupted_text(out, checked: int, datasets: int) -> str:
-    """What Ctrl-C during ``verify`` leaves known: ``checked`` of ``datasets`` finished."""
+def interrupted_text(out, checked: int, datasets: int, signum: int = signal.SIGINT) -> str:
+    """What Ctrl-C (or SIGTERM: ``signum``) during ``verify`` leaves known: ``checked`` of
+    ``datasets`` finished."""
     done = f"{checked} of {datasets} datasets checked" if datasets > 1 else "not finished"
-    return f"{out}: verify interrupted ({done}); nothing is concluded about the rest: rerun it to check"
+    what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+    return f"{out}: verify {what} ({done}); nothing is concluded about the rest: rerun it to check"
 
 
 def dumps(doc: dict) -> str:
