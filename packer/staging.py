@@ -37,7 +37,7 @@ from ..readers.text import sizes_apart
 from .imaging import Recipe
 from .lock import holder_text
 from .options import AlreadyComplete, Options, PackError
-from .sameness import (dataset_fingerprint, differences, fingerprint, save_listings, source_difference,
+from .sameness import (SOURCE_SAMPLE, dataset_fingerprint, differences, fingerprint, save_listings, source_difference,
                        source_identity)
 from .scan import Listing
 from .writers.manifest import seal, write_sealed
@@ -176,6 +176,11 @@ class Staging:
         if tmp.exists():
             if opts.resume:
                 staging.start = staging._resumable(fingerprint, listings)
+                if staging.start["done"]:  # what the check could see, said where the user looks
+                    staging.notes.append(f"--resume: the files already packed are kept as they are; the source was "
+                                         f"checked by its listing and the size and modification time of up to "
+                                         f"{SOURCE_SAMPLE} files per split, so a file replaced in place with the "
+                                         f"same name is not seen (--overwrite repacks everything)")
             elif not opts.overwrite:
                 by = f" ({holder_text(previous)}, no longer running)" if previous and previous.get("pid") else ""
                 raise PackError(f"an interrupted run{by} left {tmp}; pass --resume to continue it "
