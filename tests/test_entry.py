@@ -3,6 +3,7 @@ any moment, imports included, exits 130 with one line; a closed stdout ends quie
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -13,6 +14,7 @@ import tomllib
 import pytest
 
 from helpers import ROOT, make_tree, packed
+from shardpack.readers import ShardDataset
 
 SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
 CLOSED_PIPE = 141  # 128 + SIGPIPE, git's convention
@@ -144,3 +146,22 @@ def test_a_broken_pipe_that_is_not_stdout_is_an_error_line(tmp_path):
     assert res.returncode == 1, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: ") and "Broken pipe" in lines[0], res.stderr
+
+
+def test_a_pack_whose_reader_left_after_the_plan_completes_and_writes_its_report(src, tmp_path):
+    """``pack-dataset ... --report r.json | head -1``: head takes the plan's first line and goes;
+    the pack still completes (it writes to stderr and the disk, not stdout), then 141, and the
+    report is written before the summary that no one reads (it was lost)."""
+    report, out = tmp_path / "r.json", tmp_path / "o.npy"
+    proc = subprocess.Popen(entry_argv("pack-dataset", src, "--format", "npy", "--size", "16", "-o", out,
+                                       "--quiet", "--report", report),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=ENV, cwd=tmp_path)
+    first = proc.stdout.readline()
+    proc.stdout.close()
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=120) == CLOSED_PIPE, stderr
+    assert first.startswith("plan: ") and stderr == ""
+    doc = json.loads(report.read_text())
+    assert doc["ok"] is True and doc["error"] is None and doc["datasets"][0]["count"] == 6
+    assert len(ShardDataset(out)) == 6

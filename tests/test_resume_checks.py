@@ -118,7 +118,8 @@ def test_after_the_source_really_lost_files_resume_is_refused_saying_overwrite_s
     assert pack_quiet(tree, tmp_path / "out", "wds", size=16, overwrite=True).count == 12
 
 
-def test_an_interrupted_overwrite_run_says_resume_in_place_of_overwrite_and_the_resume_says_what_it_checked(tree, tmp_path, monkeypatch):
+def test_an_interrupted_overwrite_run_says_resume_in_place_of_overwrite_and_the_resume_what_it_checked(
+        tree, tmp_path, monkeypatch):
     """The advice printed when an --overwrite run stops is one the next command accepts."""
     args = [tree, "-o", tmp_path / "o"]
     assert cli(*args).exit_code == 0  # a complete OUT, replaced next

@@ -187,9 +187,10 @@ def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_siz
              allow_unsafe_output=False, engine="local", address=None, encoding=RAW, quality=None,
              subsampling=None, max_source_pixels=None):
     """Shared body of ``pack-dataset`` and ``shardpack pack``: decide (refusing a bad OUT before
-    the possibly long listing), scan, print the plan (with the output size estimate), pack, print
-    the summary. What is decided here is handed down, never decided again. Exits 0 (also for
-    --resume on a complete OUT), 1 on errors (one line), 130 on Ctrl-C, 143 on SIGTERM."""
+    the possibly long listing), scan, print the plan (with the output size estimate), pack.
+    Returns [(split, Report)] for the summaries (the caller prints them: :func:`summary`), [] for
+    --resume on a complete OUT, None for a dry run. What is decided here is handed down, never
+    decided again. Exits 1 on errors (one line), 130 on Ctrl-C, 143 on SIGTERM."""
     settings = effective_settings(click.get_current_context())
     if encoding != JPEG and (quality is not None or subsampling is not None):
         raise click.UsageError(f"--{'quality' if quality is not None else 'subsampling'} needs --encoding jpeg")
@@ -245,9 +246,7 @@ def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_siz
             setup.release()
         if on_term is not None:
             stop_on_sigterm(on_term)
-    for part, report in zip(plan.parts, reports):
-        click.echo(summary(report, part.split))
-    return reports
+    return [(part.split, report) for part, report in zip(plan.parts, reports)]
 
 
 IGNORED_WORDS = {"not-an-image": ("entry that is not an image", "entries that are not images"),  # ledger.IGNORED_KINDS
@@ -285,7 +284,10 @@ def run_pack_reporting(report, **kwargs):
     """:func:`run_pack`, and with ``--report FILE`` its summary, or its error, as JSON there."""
     from .records import reporting
     with reporting(report, kwargs) as done, blamed_on_config(click.get_current_context()):
-        done(run_pack(**kwargs))
+        packed = run_pack(**kwargs)
+        done(None if packed is None else [r for _, r in packed])  # the report first: a closed stdout
+        for split, r in packed or ():  # (| head) below cannot lose it
+            click.echo(summary(r, split))
 
 
 @click.command(name="pack-dataset", context_settings=CONTEXT)
