@@ -93,12 +93,10 @@ def load_manifest(root: str | os.PathLike) -> dict:
     reader relies on is missing or inconsistent (see manifest_problems), or when a data file it
     lists is missing or has another size than recorded.
     """
-    root = Path(root).expanduser()
+    given, root = root, Path(root).expanduser()
     if not root.is_dir():
-        hint = ""
-        if partial_dir(root).is_dir():
-            hint = f" (an interrupted run left {partial_dir(root)}; finish it with --resume)"
-        raise ShardFormatError(f"{root}: no such shardpack output directory{hint}")
+        from .paths import not_an_output  # only on the way out (it loads click)
+        raise ShardFormatError(not_an_output(given, partial_dir(root)))
     path = root / MANIFEST
     if not path.is_file():
         raise ShardFormatError(
@@ -220,7 +218,10 @@ def split_root(root: str | os.PathLike, split: str | None = None) -> Path:
     Raises ShardFormatError naming the splits when root is a splits root and split is None or
     not one of them, and when split is given for a single dataset.
     """
-    root = Path(root).expanduser()
+    given, root = root, Path(root).expanduser()
+    if not root.is_dir():
+        from .paths import not_an_output
+        raise ShardFormatError(not_an_output(given, partial_dir(root)))
     top = read_splits(root)
     if split is None:
         if top is not None:

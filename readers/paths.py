@@ -26,6 +26,22 @@ def url_refusal(value, hint: str = "give a local path") -> str | None:
     return None
 
 
+def not_an_output(given, partial: Path) -> str:
+    """Why ``given`` (as the user typed it) cannot be opened as an output, when it is not a
+    directory: a URL (``s3://b/x`` would read ``s3:/b/x``), an interrupted run's name (``partial``
+    exists: --resume), a file of an output (open its folder), another file, or nothing there."""
+    if why := url_refusal(given, "copy the output to a local disk and open that path"):
+        return why
+    root = Path(given).expanduser()
+    hint = ""
+    if partial.is_dir():
+        hint = f" (an interrupted run left {partial}; finish it with --resume)"
+    elif root.is_file():
+        hint = (f" ({root.name} is a file of one; open its folder {root.parent})"
+                if (root.parent / "manifest.json").is_file() else " (a file: an output is a directory)")
+    return f"{root}: no such shardpack output directory{hint}"
+
+
 def file_to_write_refusal(value) -> str | None:
     """Why the file ``value`` cannot be written (a URL, a folder, a folder that does not exist, a
     folder or file without write permission, a read-only filesystem), else None. Writes nothing."""
