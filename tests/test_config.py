@@ -17,6 +17,7 @@ def test_command_line_wins_over_file_wins_over_defaults(tree, tmp_path):
     out = tmp_path / "o"
     result = run_cli(tree, "--config", cfg, "--size", "8", "--workers", "1", "-o", out)
     assert result.exit_code == 0, result.output
+    assert "--shard-size applies to --format wds (tar shards); an npy output is not sharded" in result.output
     ds = ShardDataset(out)
     assert ds.manifest["format"] == "npy" and ds.manifest["shape"] == [8, 8, 3]
     assert ds.manifest["pixels"]["resize"] == "squash" and ds.manifest["pixels"]["background"] == [0, 0, 0]

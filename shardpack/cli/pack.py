@@ -194,6 +194,8 @@ def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_siz
     settings = effective_settings(click.get_current_context())
     if encoding != JPEG and (quality is not None or subsampling is not None):
         raise click.UsageError(f"--{'quality' if quality is not None else 'subsampling'} needs --encoding jpeg")
+    if shard_size is not None and fmt != "wds":  # a note, not a refusal: a --config may set it for every format
+        say(f"note: --shard-size applies to --format wds (tar shards); an {fmt} output is not sharded, so it is unused")
     setup, on_term = None, stop_on_sigterm()
     try:
         recipe = Recipe(size=size, resize=resize, background=background, draft=draft,
