@@ -14,7 +14,7 @@ from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 
 from .imaging import Recipe
-from .ledger import Ledger
+from .ledger import IO_ERRNOS, Ledger, folder_gone
 from .options import Options, PackError, Stopped, resume_advice, say
 from .runners import Decoded, open_runner
 from .scan import Listing
@@ -138,6 +138,12 @@ class Decoding:
                 self.ledger.decoded(r)
                 self.runner.store(r, self.written, int(self.listing.labels[r.index]))
                 self.written += 1
+            elif (r.kind == "io" and r.errno in IO_ERRNOS
+                  and folder_gone(self.listing.root, self.listing.paths[r.index])):
+                upto = self.ledger.streak_start if self.ledger.in_streak else r.index
+                self._checkpoint(upto, durable=True)  # it (and a streak before it) re-read on resume
+                raise PackError(f"{r.reason}, and its folder can no longer be read: the source {self.listing.root} "
+                                f"looks gone. Fix it and {resume_advice(self.opts.overwrite)}")
             elif self.ledger.skipped(r, self.listing.paths[r.index]):
                 self._checkpoint(self.ledger.streak_start, durable=True)  # re-read the whole streak on resume
                 raise PackError(f"{self.ledger.streak} files in a row could not be read (last: "

@@ -24,6 +24,19 @@ IO_ERRNOS = {errno.ENOENT, errno.EIO, errno.ENOTCONN, errno.ESTALE, errno.EACCES
 IGNORED_KINDS = ("not-an-image", "symlink-loop")  # skipped.json rows from Listing.ignored
 
 
+def folder_gone(root, path: str) -> bool:
+    """The folder holding source file ``root/path`` can no longer be listed, or is empty (a lazily
+    unmounted share leaves its empty mount point): the source went, not only the file. Probed
+    after a file failed with one of IO_ERRNOS, so a file read ahead out of order by the I/O
+    threads, failing as the source went, stops the run at that file instead of being skipped
+    while the later files (read before) are kept."""
+    try:
+        with os.scandir(os.path.dirname(os.path.join(root, path)) or ".") as entries:
+            return next(entries, None) is None
+    except OSError:
+        return True
+
+
 class Ledger:
     """Per-scanned-file results, memory-mapped in the run directory so a resume finds them:
     ``status`` (OK, SKIP or 0), ``checksum``, ``size`` (w, h) and ``mode`` of the source,

@@ -11,6 +11,7 @@ here is a subprocess with a timeout, so a hang fails the test instead of stallin
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -24,7 +25,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import make_tree, noise_image, run_cli
+import shardpack.packer.prefetch as prefetch
+from helpers import make_tree, noise_image, pack_quiet, run_cli, same_content
+from shardpack.packer import Options, PackError, Recipe, pack
 from shardpack.packer.prefetch import NOT_REGULAR, NotRegularFile, open_regular, read_bytes
 from shardpack.packer.scan import ScanError, SplitsError, find_classes, scan
 from shardpack.packer.plan import make_plan
@@ -303,3 +306,29 @@ def test_the_scan_lists_awkward_entries_as_imagefolder_does(tmp_path):
     assert len(listing) == 13 and np.array_equal(listing.labels, [0] * 4 + [1] * 4 + [2] * 5)
     with pytest.raises(ScanError):
         scan(tmp_path / "nope")
+
+
+def test_a_folder_that_goes_while_files_are_read_ahead_stops_the_run_at_the_first_failed_file(tmp_path, monkeypatch):
+    """The I/O threads read ahead out of order: a file whose read fails as its folder goes (a
+    share unmounted, a folder moved) may come before files already read. It was skipped as one bad
+    file and the later ones kept, and the rest of the folder (fewer than the 20 failures in a row
+    that stop a run) skipped too: a complete output missing 10 files, exit 0. Now the failed file's
+    folder is probed: gone, so the run stops there, and a resume once it is back is identical."""
+    src = make_tree(tmp_path / "src", {"a": 30, "b": 30})
+    real, moved = prefetch.read_bytes, threading.Event()
+
+    def read(path):
+        if os.fspath(path).endswith(os.path.join("a", "img005.jpg")) and not moved.is_set():
+            time.sleep(0.3)  # meanwhile the other threads read a/img006... ahead
+            os.rename(src / "a", tmp_path / "a-away")
+            moved.set()
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", os.fspath(path))
+        return real(path)
+    monkeypatch.setattr(prefetch, "read_bytes", read)
+    with pytest.raises(PackError, match=r"a/img005\.jpg.*its folder can no longer be read: the source .* looks gone"):
+        pack(src, tmp_path / "out", Recipe(16), Options(fmt="npy", workers=1, progress=False, io_threads=16))
+    monkeypatch.undo()
+    os.rename(tmp_path / "a-away", src / "a")
+    resumed = pack_quiet(src, tmp_path / "out", "npy", size=16, resume=True)
+    assert resumed.count == 60 and not resumed.skipped
+    same_content(pack_quiet(src, tmp_path / "ref", "npy", size=16).out, tmp_path / "out", "npy")

@@ -68,7 +68,10 @@ def test_unmount_mid_run_stops_clearly_and_resume_finishes_identically(tmp_path,
     with pytest.raises(PackError) as err:
         pack_quiet(mnt, out, "npy", workers=2)
     msg = str(err.value)
-    assert "files in a row could not be read" in msg and str(mnt) in msg and "--resume" in msg
+    # the first file that fails names itself and the folder it can no longer list (the probe after a
+    # failed read: ledger.folder_gone), where 20 failures in a row were needed before
+    assert "dog/img000.jpg: cannot read" in msg and "its folder can no longer be read" in msg
+    assert f"the source {mnt} looks gone" in msg and "--resume" in msg
     assert not is_mounted(mnt) and not out.exists()
 
     mnt2 = mounted(src)  # the drive is back (under another path, which --resume does not mind)
