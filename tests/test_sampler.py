@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader
 
 import helpers
 import shardpack
+import shardpack.readers
 from helpers import make_tree
 from shardpack.readers import ShardDataset
 from shardpack.readers.loading import make_loader
@@ -139,3 +140,8 @@ def test_make_loader_uses_a_shard_sampler_and_yields_its_order_sorted_in_each_ba
         want = [i for a in range(0, len(ds) - len(ds) % 4, 4) for i in sorted(order[a:a + 4])]  # drop_last
         got = [(digest(img), int(label)) for imgs, labels in loader for img, label in zip(imgs, labels)]
         assert got == [(digest(ds[i][0]), int(ds.targets[i])) for i in want]
+
+
+def test_the_sampler_is_public_in_both_names():
+    assert "ShardSampler" in shardpack.__all__ and shardpack.ShardSampler is ShardSampler
+    assert shardpack.readers.ShardSampler is ShardSampler and "ShardSampler" in shardpack.readers.__all__
