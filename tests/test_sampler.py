@@ -10,7 +10,7 @@ import tracemalloc
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, RandomSampler
 
 import helpers
 import shardpack
@@ -145,3 +145,13 @@ def test_make_loader_uses_a_shard_sampler_and_yields_its_order_sorted_in_each_ba
 def test_the_sampler_is_public_in_both_names():
     assert "ShardSampler" in shardpack.__all__ and shardpack.ShardSampler is ShardSampler
     assert shardpack.readers.ShardSampler is ShardSampler and "ShardSampler" in shardpack.readers.__all__
+
+
+def test_make_loader_takes_any_other_sampler_a_chunk_at_a_time_in_its_order(out):
+    ds = ShardDataset(out)
+    sampler = RandomSampler(ds, replacement=True, num_samples=70_000, generator=torch.Generator().manual_seed(1))
+    order = list(sampler)  # the same generator state again below: the same draws
+    sampler.generator.manual_seed(1)
+    labels = torch.cat([b[1] for b in make_loader(ds, 64, sampler=sampler, mode="main", drop_last=False)]).tolist()
+    want = [i for a in range(0, len(order), 64) for i in sorted(order[a:a + 64])]  # across 65,536-index chunks
+    assert len(labels) == 70_000 and labels == [int(ds.targets[i]) for i in want]
