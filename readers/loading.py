@@ -61,7 +61,7 @@ class SortedBatchSampler(Sampler):
     :class:`Batch` lists carrying a seed derived from (``seed``, epoch, batch number).
 
     Every ``iter()`` is one epoch: it calls ``sampler.set_epoch(epoch)`` when the sampler has it
-    (DistributedSampler) and then counts the epoch up; ``set_epoch`` sets the next one.
+    (ShardSampler, DistributedSampler) and then counts the epoch up; ``set_epoch`` sets the next one.
     """
 
     def __init__(self, sampler, batch_size: int, drop_last: bool, seed: int):
