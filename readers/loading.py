@@ -26,8 +26,9 @@ the real sample"):
   measured best (``scripts/bench_disk.py``, npy and LMDB, random order, 512 MiB cgroup over
   2.3 GiB: depth 1 58-87 % of the disk's pread rate, 2 120-125 %, 4 111-116 %, 8 87-94 %).
 - ``pin_memory`` only when CUDA is present; ``drop_last`` for training; ``persistent_workers``
-  and ``prefetch_factor=2`` with processes; a ``DistributedSampler`` when torch.distributed is
-  initialised, its ``set_epoch`` called at the start of every epoch.
+  and ``prefetch_factor=2`` with processes; a :class:`ShardSampler` (readers/sampler.py: the
+  order computed chunk by chunk, O(1) memory at any size; this rank's share when
+  torch.distributed is initialised), its ``set_epoch`` called at the start of every epoch.
 """
 
 from __future__ import annotations
@@ -40,10 +41,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
-from torch.utils.data import (DataLoader, Dataset, DistributedSampler, IterableDataset,
-                              RandomSampler, Sampler, SequentialSampler)
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
 from .loader_checks import check_arguments, check_batch_shape, check_shared_memory, positive_int
+from .sampler import ShardSampler, batches_of
 from .system import usable_cpus
 
 MODES = ("main", "threads", "processes")
@@ -60,7 +61,7 @@ class SortedBatchSampler(Sampler):
     :class:`Batch` lists carrying a seed derived from (``seed``, epoch, batch number).
 
     Every ``iter()`` is one epoch: it calls ``sampler.set_epoch(epoch)`` when the sampler has it
-    (DistributedSampler) and then counts the epoch up; ``set_epoch`` sets the next one.
+    (ShardSampler, DistributedSampler) and then counts the epoch up; ``set_epoch`` sets the next one.
     """
 
     def __init__(self, sampler, batch_size: int, drop_last: bool, seed: int):
@@ -81,9 +82,7 @@ class SortedBatchSampler(Sampler):
         self.epoch += 1
         if hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)
-        indices = np.fromiter(self.sampler, np.int64)
-        for n, a in enumerate(range(0, len(indices), self.batch_size)):
-            chunk = indices[a:a + self.batch_size]
+        for n, chunk in enumerate(batches_of(self.sampler, self.batch_size)):
             if len(chunk) < self.batch_size and self.drop_last:
                 break
             batch = Batch(np.sort(chunk).tolist())
@@ -307,8 +306,8 @@ def make_loader(ds, batch_size: int, train: bool = True, *, batch_transform=None
     imgs: ``torch.uint8`` (B, 3, H, W) channels_last (HWC memory) unless ``batch_transform``
     or ``ds.transform`` makes something else; labels: int64 (B,).
 
-    - ``train``: shuffle (RandomSampler, or DistributedSampler when torch.distributed is
-      initialised) and ``drop_last``; otherwise sequential and keep the last batch.
+    - ``train``: shuffle (a :class:`ShardSampler`, this rank's share when torch.distributed is
+      initialised) and ``drop_last``; otherwise in order and keep the last batch.
     - ``batch_transform(imgs, generator=...)``: runs once per batch on the stacked uint8 batch,
       e.g. ``transforms.Compose([RandomResizedCrop(224), RandomHorizontalFlip()])``; its
       generator is seeded from (seed, epoch, batch number). ``ds.transform`` runs per sample.
@@ -319,9 +318,10 @@ def make_loader(ds, batch_size: int, train: bool = True, *, batch_transform=None
       ``num_workers`` defaults to ``usable_cpus()``.
     - ``pin_memory`` defaults to ``torch.cuda.is_available()``.
     - ``seed``: shuffling and augmentation; by default drawn from torch's global generator (so
-      ``torch.manual_seed`` makes runs repeat). DistributedSampler gets ``seed`` or 0, the same
-      on every rank.
-    - ``sampler``: replaces the default sampler (e.g. ``RandomSampler(ds, num_samples=N)``).
+      ``torch.manual_seed`` makes runs repeat). With torch.distributed the sampler gets ``seed``
+      or 0, the same on every rank.
+    - ``sampler``: replaces the default sampler (e.g. ``RandomSampler(ds, num_samples=N)``); any
+      sampler's indices are taken a chunk at a time, never the whole epoch at once.
 
     - Variable-shape outputs (``--resize shorter-side`` / ``longer-side``) need a batch transform
       that ends in a fixed size (RandomResizedCrop, RandomCrop, CenterCrop of shardpack.transforms,
@@ -353,14 +353,10 @@ def make_loader(ds, batch_size: int, train: bool = True, *, batch_transform=None
     pin = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
     drop_last = train if drop_last is None else drop_last
     base = int(torch.randint(0, 2**62, (1,)).item()) if seed is None else int(seed)
-    if sampler is None:
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            sampler = DistributedSampler(ds, shuffle=train, seed=0 if seed is None else seed,
-                                         drop_last=drop_last)
-        elif train:
-            sampler = RandomSampler(ds, generator=torch.Generator().manual_seed(base))
-        else:
-            sampler = SequentialSampler(ds)
+    if sampler is None:  # this rank's share when torch.distributed is initialised
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        sampler = ShardSampler(ds, shuffle=train, seed=(0 if seed is None else seed) if distributed else base,
+                               drop_last=drop_last)
     batches = SortedBatchSampler(sampler, batch_size, drop_last, base)
     if drop_last and len(batches) == 0 and len(sampler):
         raise ValueError(f"make_loader: batch_size {batch_size} is larger than the {len(sampler)} samples per "

@@ -34,6 +34,7 @@ _LAZY = {
                      "pack_plan"], ".packer"),
     **dict.fromkeys(["FORMAT_VERSION", "FORMATS", "ShardFormatError", "load_manifest"], ".readers"),
     "ShardDataset": ".readers.dataset",
+    "ShardSampler": ".readers.sampler",
     "make_loader": ".readers.loading",
     "stack_collate": ".readers.loading",
     "BatchAugment": ".readers.gpu",
@@ -43,7 +44,7 @@ _LAZY = {
     "bench": ".readers.bench",
 }
 # the names that need torch: a clear ImportError for them when it is not installed
-_TORCH = {"ShardDataset", "make_loader", "stack_collate", "BatchAugment", "transforms", "bench"}
+_TORCH = {"ShardDataset", "ShardSampler", "make_loader", "stack_collate", "BatchAugment", "transforms", "bench"}
 
 __all__ = ["__version__", *_LAZY]
 

@@ -1,5 +1,5 @@
 """make_loader: every sample once per epoch in every mode, seeded augmentation that does not
-depend on the mode, batched reads in order, stack collate, DistributedSampler, /dev/shm warning."""
+depend on the mode, batched reads in order, stack collate, ShardSampler under DDP, /dev/shm warning."""
 
 import hashlib
 import warnings
@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader
 
 import shardpack.readers.loader_checks as loader_checks
 import shardpack.readers.loading as loading
 import helpers
 from helpers import FORMATS, make_tree, pack_quiet
-from shardpack.readers import ShardDataset
+from shardpack.readers import ShardDataset, ShardSampler
 from shardpack.readers.loading import MODES, make_loader, stack_collate
 from shardpack.readers.transforms import CenterCrop, Compose, RandomCrop, RandomHorizontalFlip
 
@@ -139,22 +139,21 @@ def test_shared_memory_warning_names_both_numbers(packed, monkeypatch):
         make_loader(ds, 4096, train=False, mode="processes", num_workers=2, prefetch_factor=3)
 
 
-def test_distributed_sampler_and_set_epoch(packed, tmp_path):
+def test_distributed_loader_shards_with_a_shard_sampler_and_sets_its_epoch(packed, tmp_path):
     ds = ShardDataset(packed["npy"])
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
     try:
         loader = make_loader(ds, 4, mode="main", drop_last=False)
         # "main" prefetches through an iterable dataset (as "threads" does): its batch sampler is there
         sampler = loader.dataset.batch_sampler.sampler
-        assert isinstance(sampler, DistributedSampler)
+        assert isinstance(sampler, ShardSampler) and (sampler.num_replicas, sampler.rank, sampler.seed) == (1, 0, 0)
         orders = []
         for epoch in range(2):
             orders.append(torch.cat([b[1] for b in loader]).tolist())
             assert sampler.epoch == epoch
         expected = []
         for epoch in range(2):
-            g = torch.Generator().manual_seed(0 + epoch)  # DistributedSampler's recipe: seed + epoch
-            perm = torch.randperm(len(ds), generator=g).tolist()
+            perm = ShardSampler(len(ds), seed=0, num_replicas=1, rank=0).order(range(len(ds)), epoch).tolist()
             batches = [sorted(perm[a:a + 4]) for a in range(0, len(perm), 4)]  # sorted in a batch
             expected.append([int(ds.targets[i]) for b in batches for i in b])
         assert orders == expected and orders[0] != orders[1]

@@ -1,0 +1,177 @@
+"""``ShardSampler``: an epoch's sample order computed, not stored: O(1) memory at any dataset size.
+
+Why not torch's samplers: ``RandomSampler`` and ``DistributedSampler`` build every epoch's order
+as ``torch.randperm(n).tolist()``, a Python list of n ints (about 360 MB at 10,000,000 samples,
+in the main process, every epoch; scripts/bench_index.py). Here the order is a keyed bijection
+of ``0..n-1``: position p of epoch e is sample ``permute(p)``, a 6-round Feistel network keyed
+from (seed, epoch) over the smallest ``4**h >= n`` values, walked back into ``0..n-1`` (cycle
+walking: a value outside is permuted again, which keeps the map a bijection of ``0..n-1``).
+Each position's sample is computed on its own, so an epoch is produced chunk by chunk (numpy,
+vectorised, :data:`CHUNK` positions at a time) and may start at any position at the same cost:
+the order is (seed, epoch, position), a few numbers, whatever the topology (what a resumed
+loader needs). Shuffle quality and costs are measured in docs/training.md.
+
+DDP as ``DistributedSampler``: the epoch's global order (padded by repeating its start up to a
+multiple of the world size, or with ``drop_last`` cut to one) is dealt out round robin, rank r
+taking global positions r, r + W, r + 2W, ...; so W ranks' batch k together cover global
+positions ``k*B*W .. (k+1)*B*W - 1``, whatever W is for a given global batch ``B*W``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from itertools import islice
+
+import numpy as np
+import torch
+from torch.utils.data import Sampler
+
+CHUNK = 1 << 16  # positions computed at a time: ~5 ms, 0.5 MB of int64
+ROUNDS = 6  # Feistel rounds (4 already make a pseudorandom permutation of a good round function)
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)  # splitmix64's finaliser
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser on uint64 ``x`` (a bijection of 64 bits, full avalanche), in place."""
+    x ^= x >> np.uint64(30)
+    x *= _M1
+    x ^= x >> np.uint64(27)
+    x *= _M2
+    x ^= x >> np.uint64(31)
+    return x
+
+
+class Permutation:
+    """A keyed bijection of ``0..n-1`` (see the module's docstring): ``self[positions]`` gives the
+    values at int64 ``positions``. ``key``: a sequence of ints (e.g. ``(seed, epoch)``)."""
+
+    def __init__(self, n: int, key):
+        self.n = int(n)
+        self.half = max(1, (max(self.n - 1, 1).bit_length() + 1) // 2)  # 4**half >= n
+        self.mask = np.uint64((1 << self.half) - 1)
+        words = np.random.SeedSequence([int(k) for k in key]).generate_state(ROUNDS, np.uint64)
+        self.keys = [np.uint64(w) for w in words]
+
+    def _feistel(self, v: np.ndarray) -> np.ndarray:
+        h, mask = np.uint64(self.half), self.mask
+        left, right = v >> h, v & mask
+        for k in self.keys:
+            f = _mix(right + k) & mask  # right + k wraps in uint64: still a function of right
+            left, right = right, left ^ f
+        return (left << h) | right
+
+    def __getitem__(self, positions) -> np.ndarray:
+        p = np.asarray(positions, np.int64)
+        v = self._feistel(p.astype(np.uint64))
+        out = v >= np.uint64(self.n)
+        while out.any():  # cycle walking: each walk ends, at a value below n (a bijection's cycle)
+            idx = np.flatnonzero(out)
+            v[idx] = self._feistel(v[idx])
+            out[idx] = v[idx] >= np.uint64(self.n)
+        return v.astype(np.int64)
+
+
+def _world(num_replicas, rank) -> tuple[int, int]:
+    if num_replicas is None or rank is None:
+        dist = torch.distributed
+        on = dist.is_available() and dist.is_initialized()
+        if num_replicas is None:
+            num_replicas = dist.get_world_size() if on else 1
+        if rank is None:
+            rank = dist.get_rank() if on else 0
+    num_replicas, rank = int(num_replicas), int(rank)
+    if num_replicas < 1 or not 0 <= rank < num_replicas:
+        raise ValueError(f"ShardSampler: rank {rank} is not one of the {num_replicas} replicas (0..{num_replicas - 1})")
+    return num_replicas, rank
+
+
+class ShardSampler(Sampler[int]):
+    """The sample order of a ShardDataset (or any map-style dataset of ``len(ds)`` samples),
+    epoch by epoch, for ``make_loader`` or a stock ``DataLoader(ds, sampler=..., batch_size=...)``.
+
+    ``ds_or_n``: the dataset, or its number of samples. ``shuffle``: a new order each epoch,
+    derived from (``seed``, epoch) alone; otherwise ``0..n-1`` in order. ``seed``: the same on
+    every rank; None draws one from torch's global generator (``torch.manual_seed`` makes it
+    repeat), or 0 when there are several replicas, as DistributedSampler does. ``set_epoch(e)``
+    chooses the epoch (call it before each epoch, as with DistributedSampler; it stays 0
+    otherwise, as with DistributedSampler: the same order every epoch).
+
+    ``num_replicas`` / ``rank``: default to torch.distributed's world size and rank when it is
+    initialised (else 1 and 0). Each rank yields ``len(self)`` indices: with ``drop_last`` the
+    epoch's order cut to a multiple of the world size (the last ``n % W`` positions of the
+    order dropped), otherwise padded with the order's first positions up to one, exactly as
+    DistributedSampler pads; rank r takes positions r, r + W, ... of that order.
+
+    Memory: O(1): the order is computed :data:`CHUNK` positions at a time (0.5 MB), never stored.
+    """
+
+    def __init__(self, ds_or_n, shuffle: bool = True, seed: int | None = None, drop_last: bool = False,
+                 num_replicas: int | None = None, rank: int | None = None):
+        n = ds_or_n if isinstance(ds_or_n, (int, np.integer)) else len(ds_or_n)
+        if isinstance(n, bool) or int(n) < 0:
+            raise ValueError(f"ShardSampler: a dataset of {n} samples; give a dataset or a count >= 0")
+        self.n = int(n)
+        self.num_replicas, self.rank = _world(num_replicas, rank)
+        if seed is None:
+            seed = 0 if self.num_replicas > 1 else int(torch.randint(0, 2**62, (1,)).item())
+        self.shuffle, self.seed, self.drop_last, self.epoch = bool(shuffle), int(seed), bool(drop_last), 0
+        w = self.num_replicas
+        self.num_samples = self.n // w if self.drop_last else -(-self.n // w)  # per rank
+        self.total_size = self.num_samples * w  # global positions in an epoch, padding included
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def order(self, positions, epoch: int | None = None) -> np.ndarray:
+        """The samples (int64) at global ``positions`` (0..total_size-1) of ``epoch``'s order
+        (default: the current one); positions from ``n`` on are the padding, the order's start again."""
+        p = np.asarray(positions, np.int64)
+        if self.n == 0:
+            return p[:0]
+        p = p % self.n
+        if not self.shuffle:
+            return p
+        return Permutation(self.n, (self.seed, self.epoch if epoch is None else epoch))[p]
+
+    def chunks(self, start: int = 0, size: int = CHUNK) -> Iterator[np.ndarray]:
+        """This rank's indices of the current epoch from its ``start``-th on, as int64 arrays of
+        up to ``size`` (each computed when asked: starting late costs nothing more)."""
+        if self.n == 0:
+            return
+        perm = Permutation(self.n, (self.seed, self.epoch)) if self.shuffle else None
+        w, r = self.num_replicas, self.rank
+        for a in range(int(start), self.num_samples, size):
+            p = (np.arange(a, min(a + size, self.num_samples), dtype=np.int64) * w + r) % self.n
+            yield perm[p] if perm is not None else p
+
+    def __iter__(self) -> Iterator[int]:
+        for chunk in self.chunks():
+            yield from chunk.tolist()
+
+    def __repr__(self):
+        return (f"ShardSampler({self.n} samples, shuffle={self.shuffle}, seed={self.seed}, epoch={self.epoch}, "
+                f"rank {self.rank} of {self.num_replicas}, drop_last={self.drop_last})")
+
+
+def batches_of(sampler, size: int):
+    """``sampler``'s indices in int64 arrays of ``size`` (the last may be shorter), taken a chunk
+    at a time (``ShardSampler.chunks``, or islices of any other sampler), never the epoch whole."""
+    chunks = sampler.chunks() if isinstance(sampler, ShardSampler) else _islices(sampler, max(size, CHUNK))
+    rest = np.empty(0, np.int64)
+    for chunk in chunks:
+        rest = np.concatenate([rest, chunk]) if len(rest) else chunk
+        whole = len(rest) - len(rest) % size
+        for a in range(0, whole, size):
+            yield rest[a:a + size]
+        rest = rest[whole:]
+    if len(rest):
+        yield rest
+
+
+def _islices(sampler, size: int):
+    it = iter(sampler)
+    while len(chunk := np.fromiter(islice(it, size), np.int64)):
+        yield chunk
