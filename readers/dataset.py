@@ -12,6 +12,7 @@ import torch
 from torch.utils.data import Dataset
 
 from . import diskio, integrity, system
+from .draws import SampleDraws, sample_keys
 from .encoding import encoding_of
 from .formats import open_reader
 from .formats.base import check_out
@@ -40,6 +41,19 @@ def naming_source(err: diskio.CutShort, index: Index) -> diskio.CutShort:
     return err if err.source is not None else err.naming(index.path(err.sample))
 
 
+def standard(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (uint8 (B, 3, H, W)) in standard (contiguous NCHW) layout, as torch's default collate
+    stacks it with plain copies. Channels-innermost memory (the HWC of the files) is transposed
+    with numpy, about 1.7x faster than torch's copy here (scripts/bench_stock.py)."""
+    if x.is_contiguous():
+        return x
+    if x.dtype != torch.uint8 or x.device.type != "cpu" or x.stride(1) != 1:
+        return x.contiguous()
+    out = torch.empty(x.shape, dtype=torch.uint8)
+    np.copyto(out.numpy(), x.permute(0, 2, 3, 1).numpy().transpose(0, 3, 1, 2))
+    return out
+
+
 def as_index(i) -> int:
     """``i`` as a Python int when it is integer-like (int, numpy integer, 0-d integer tensor or
     array); TypeError, as a list would raise, for anything else (floats, strings, bools, lists,
@@ -58,10 +72,20 @@ class ShardDataset(Dataset):
 
     ``ds[i]`` (``i`` an int, numpy integer or integer tensor; negative counts from the end, as in
     a list; TypeError for floats, strings, bools) returns ``(img, label)``: ``img`` a
-    ``torch.uint8`` tensor of shape (3, H, W) (CHW, as torchvision.transforms.v2 expects; a view
-    of HWC memory, i.e. channels_last strides, so call ``.contiguous()`` if you need standard
-    strides) and ``label`` an int. ``transform`` is applied to img and ``target_transform`` to
-    label, as in torchvision.datasets.ImageFolder.
+    ``torch.uint8`` tensor of shape (3, H, W) (CHW, as torchvision.transforms.v2 expects, in
+    standard contiguous layout, so torch's default collate stacks samples with plain copies) and
+    ``label`` an int. ``transform`` is applied to img and ``target_transform`` to label, as in
+    torchvision.datasets.ImageFolder.
+
+    ``batch_transform`` (e.g. ``shardpack.transforms.Compose([RandomResizedCrop(224),
+    RandomHorizontalFlip()])``) runs once per batch a DataLoader fetches (``__getitems__``, in
+    the worker), after ``transform``, each image with its own random parameters keyed by
+    (``seed``, epoch, sample index) (readers/draws.py): the same whatever ``num_workers``, batch
+    size or world size, different for each sample and epoch. ``ds[i]`` applies it too, as a
+    batch of one with the same draws. Call ``set_epoch(epoch)`` at the start of every epoch, as
+    with DistributedSampler (it reaches running workers, persistent ones too), or every epoch
+    repeats its draws. ``seed`` defaults to one drawn from torch's generator when the dataset is
+    made (``torch.manual_seed`` makes it repeat); pass the same one on every rank.
 
     Attributes follow ImageFolder: ``classes`` (sorted class names), ``class_to_idx``,
     ``targets`` (numpy int64 array, memory-mapped), ``samples`` (a lazy read-only sequence of
@@ -93,7 +117,8 @@ class ShardDataset(Dataset):
     """
 
     def __init__(self, path: str | os.PathLike, transform=None, target_transform=None, *,
-                 split: str | None = None, check_reads: bool = False):
+                 split: str | None = None, check_reads: bool = False, batch_transform=None,
+                 seed: int | None = None):
         self.root = split_root(path, split)
         self.split = split
         if split is not None:  # the splits root's own manifest (which folder is which split)
@@ -113,6 +138,20 @@ class ShardDataset(Dataset):
         warn_if_larger_than_ram(self.root, self.reader)
         self.transform = transform
         self.target_transform = target_transform
+        self.batch_transform = batch_transform
+        self._epoch = torch.zeros(1, dtype=torch.int64)
+        if batch_transform is not None:  # shared memory: set_epoch reaches workers already started
+            self._epoch.share_memory_()
+            seed = int(torch.randint(0, 2**62, (1,)).item()) if seed is None else seed
+        self.seed = None if seed is None else int(seed)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch ``batch_transform``'s draws are keyed by (as DistributedSampler.set_epoch)."""
+        self._epoch[0] = int(epoch)
+
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch[0])
 
     def __len__(self) -> int:
         return self.index.count
@@ -152,23 +191,37 @@ class ShardDataset(Dataset):
                     f"{'record' if self._encoded else 'pixels'} are damaged; `shardpack verify {self.root}` "
                     "lists every damaged sample")
 
-    def _finish(self, img: torch.Tensor, label: int):
-        if self.transform is not None:
-            img = self.transform(img)
-        if self.target_transform is not None:
-            label = self.target_transform(label)
-        return img, label
+    def _images(self, hwc: np.ndarray, idx: np.ndarray):
+        """Samples ``idx`` (read into ``hwc``, (n, H, W, 3)) as they are served, indexable by row:
+        ``transform`` per sample on standard-layout CHW images, then ``batch_transform`` on the
+        batch (on the HWC memory when there is no per-sample transform: the fast case of its
+        resizing) with each sample's keyed draws, ending in standard layout."""
+        x = torch.from_numpy(hwc).permute(0, 3, 1, 2)
+        if self.transform is None:
+            if self.batch_transform is not None:
+                x = self.batch_transform(x, generator=self._draws(idx))
+            return standard(x)
+        imgs = [self.transform(im) for im in standard(x)]
+        if self.batch_transform is None:
+            return imgs
+        return standard(self.batch_transform(torch.stack(imgs), generator=self._draws(idx)))
+
+    def _draws(self, idx) -> SampleDraws:
+        return SampleDraws(sample_keys(self.seed, self.epoch, idx))
+
+    def _label(self, label: int):
+        return label if self.target_transform is None else self.target_transform(label)
 
     def __getitem__(self, i):
         i = self._check(i)
-        hwc = torch.empty(self.index.shape(i), dtype=torch.uint8)
+        hwc = np.empty((1, *self.index.shape(i)), np.uint8)
         try:
-            self.reader.read_into(i, hwc.numpy())
+            self.reader.read_into(i, hwc[0])
         except diskio.CutShort as err:
             raise naming_source(err, self.index) from None
         if self.check_reads:
-            self._check_read((i,), hwc.numpy()[None])
-        return self._finish(hwc.permute(2, 0, 1), self.index.label(i))
+            self._check_read((i,), hwc)
+        return self._images(hwc, np.array([i]))[0], self._label(self.index.label(i))
 
     def _indices(self, indices) -> np.ndarray:
         idx = np.asarray(indices)
@@ -235,7 +288,8 @@ class ShardDataset(Dataset):
         return a list of ``(img, label)`` as ``__getitem__`` would, so the default collate works.
 
         Fixed-shape outputs are read with one sorted, vectorised read into one (B, H, W, 3)
-        buffer; the images are views of it, handed back in the order of ``indices``.
+        buffer, transposed at once into one standard-layout (B, 3, H, W) batch (or made by
+        ``batch_transform``); the images are views of it, handed back in the order of ``indices``.
         ``transform`` still runs per sample.
         """
         if self.reader.shape is None:
@@ -245,8 +299,8 @@ class ShardDataset(Dataset):
             return []
         labels = self.index.labels_at(idx).tolist()
         hwc, rows = self._read_sorted(idx)
-        chw = torch.from_numpy(hwc).permute(0, 3, 1, 2)
-        return [self._finish(chw[r], label) for r, label in zip(rows.tolist(), labels)]
+        imgs = self._images(hwc, np.sort(idx, kind="stable"))
+        return [(imgs[r], self._label(label)) for r, label in zip(rows.tolist(), labels)]
 
     def __repr__(self):
         m = self.manifest
