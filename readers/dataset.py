@@ -17,6 +17,7 @@ from .encoding import encoding_of
 from .formats import open_reader
 from .formats.base import check_out
 from .manifest import COLUMNS, INDEX_DIR, Index, ShardFormatError, load_manifest, read_splits, split_root
+from .samples import Buffers, batch_buffer, rows_of, standard
 
 _warned: set = set()  # roots already warned about in this process (workers never construct)
 
@@ -41,19 +42,6 @@ def naming_source(err: diskio.CutShort, index: Index) -> diskio.CutShort:
     return err if err.source is not None else err.naming(index.path(err.sample))
 
 
-def standard(x: torch.Tensor) -> torch.Tensor:
-    """``x`` (uint8 (B, 3, H, W)) in standard (contiguous NCHW) layout, as torch's default collate
-    stacks it with plain copies. Channels-innermost memory (the HWC of the files) is transposed
-    with numpy, about 1.7x faster than torch's copy here (scripts/bench_stock.py)."""
-    if x.is_contiguous():
-        return x
-    if x.dtype != torch.uint8 or x.device.type != "cpu" or x.stride(1) != 1:
-        return x.contiguous()
-    out = torch.empty(x.shape, dtype=torch.uint8)
-    np.copyto(out.numpy(), x.permute(0, 2, 3, 1).numpy().transpose(0, 3, 1, 2))
-    return out
-
-
 def as_index(i) -> int:
     """``i`` as a Python int when it is integer-like (int, numpy integer, 0-d integer tensor or
     array); TypeError, as a list would raise, for anything else (floats, strings, bools, lists,
@@ -72,10 +60,13 @@ class ShardDataset(Dataset):
 
     ``ds[i]`` (``i`` an int, numpy integer or integer tensor; negative counts from the end, as in
     a list; TypeError for floats, strings, bools) returns ``(img, label)``: ``img`` a
-    ``torch.uint8`` tensor of shape (3, H, W) (CHW, as torchvision.transforms.v2 expects, in
-    standard contiguous layout, so torch's default collate stacks samples with plain copies) and
-    ``label`` an int. ``transform`` is applied to img and ``target_transform`` to label, as in
-    torchvision.datasets.ImageFolder.
+    ``torch.uint8`` tensor of shape (3, H, W) (CHW, as torchvision.transforms.v2 expects; a view
+    of HWC memory, i.e. channels_last strides, so call ``.contiguous()`` if you need standard
+    strides) and ``label`` an int. ``transform`` is applied to img and ``target_transform`` to
+    label, as in torchvision.datasets.ImageFolder; it is given img in standard layout, so that
+    torch's default collate stacks its outputs with plain copies. Without a ``transform`` img is
+    a ``readers.samples.BatchRow`` (a torch.Tensor whose ops return plain tensors): ``torch.stack``
+    of all the samples of one ``__getitems__`` call, in order, returns their batch uncopied.
 
     ``batch_transform`` (e.g. ``shardpack.transforms.Compose([RandomResizedCrop(224),
     RandomHorizontalFlip()])``) runs once per batch a DataLoader fetches (``__getitems__``, in
@@ -139,11 +130,21 @@ class ShardDataset(Dataset):
         self.transform = transform
         self.target_transform = target_transform
         self.batch_transform = batch_transform
+        self._buffers = Buffers()
         self._epoch = torch.zeros(1, dtype=torch.int64)
         if batch_transform is not None:  # shared memory: set_epoch reaches workers already started
             self._epoch.share_memory_()
             seed = int(torch.randint(0, 2**62, (1,)).item()) if seed is None else seed
         self.seed = None if seed is None else int(seed)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        del state["_buffers"]  # per process and thread
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._buffers = Buffers()
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch ``batch_transform``'s draws are keyed by (as DistributedSampler.set_epoch)."""
@@ -191,20 +192,22 @@ class ShardDataset(Dataset):
                     f"{'record' if self._encoded else 'pixels'} are damaged; `shardpack verify {self.root}` "
                     "lists every damaged sample")
 
-    def _images(self, hwc: np.ndarray, idx: np.ndarray):
-        """Samples ``idx`` (read into ``hwc``, (n, H, W, 3)) as they are served, indexable by row:
-        ``transform`` per sample on standard-layout CHW images, then ``batch_transform`` on the
-        batch (on the HWC memory when there is no per-sample transform: the fast case of its
-        resizing) with each sample's keyed draws, ending in standard layout."""
-        x = torch.from_numpy(hwc).permute(0, 3, 1, 2)
+    def _images(self, hwc: torch.Tensor, idx: np.ndarray):
+        """Samples ``idx`` (read into ``hwc``, (n, H, W, 3)) as they are served, indexable by row.
+        Without a per-sample ``transform``: the rows (:class:`BatchRow`, CHW views) of the batch,
+        after ``batch_transform`` with each sample's keyed draws (on the HWC memory: the fast
+        case of its resizing); default collate stacks them without a copy. With one: it runs on
+        each standard-layout CHW image (its outputs then stack with plain copies), then
+        ``batch_transform`` on their stack."""
+        x = hwc.permute(0, 3, 1, 2)
         if self.transform is None:
             if self.batch_transform is not None:
                 x = self.batch_transform(x, generator=self._draws(idx))
-            return standard(x)
-        imgs = [self.transform(im) for im in standard(x)]
+            return rows_of(x)
+        imgs = [self.transform(im) for im in standard(x, self._buffers)]
         if self.batch_transform is None:
             return imgs
-        return standard(self.batch_transform(torch.stack(imgs), generator=self._draws(idx)))
+        return rows_of(self.batch_transform(torch.stack(imgs), generator=self._draws(idx)))
 
     def _draws(self, idx) -> SampleDraws:
         return SampleDraws(sample_keys(self.seed, self.epoch, idx))
@@ -214,13 +217,13 @@ class ShardDataset(Dataset):
 
     def __getitem__(self, i):
         i = self._check(i)
-        hwc = np.empty((1, *self.index.shape(i)), np.uint8)
+        hwc = torch.empty((1, *self.index.shape(i)), dtype=torch.uint8)
         try:
-            self.reader.read_into(i, hwc[0])
+            self.reader.read_into(i, hwc.numpy()[0])
         except diskio.CutShort as err:
             raise naming_source(err, self.index) from None
         if self.check_reads:
-            self._check_read((i,), hwc)
+            self._check_read((i,), hwc.numpy())
         return self._images(hwc, np.array([i]))[0], self._label(self.index.label(i))
 
     def _indices(self, indices) -> np.ndarray:
@@ -241,13 +244,18 @@ class ShardDataset(Dataset):
         order = np.argsort(idx, kind="stable")
         rows = np.empty_like(order)
         rows[order] = np.arange(len(idx))
+        hwc = self._buffers.get("hwc", (len(idx), *self.reader.shape))
+        self._read_into(idx[order], hwc)
+        return hwc, rows
+
+    def _read_into(self, idx: np.ndarray, out: np.ndarray) -> None:
+        """Samples ``idx`` into ``out`` (n, H, W, 3), checked when ``check_reads``."""
         try:
-            hwc = self.reader.read_batch(idx[order])
+            self.reader.read_batch_into(idx, out)
         except diskio.CutShort as err:
             raise naming_source(err, self.index) from None
         if self.check_reads:
-            self._check_read(idx[order].tolist(), hwc)
-        return hwc, rows
+            self._check_read(idx.tolist(), out)
 
     def read_batch(self, indices, out: np.ndarray | None = None):
         """Samples ``indices`` stacked, without ``transform``: ``(imgs, labels)`` with ``imgs`` a
@@ -287,20 +295,29 @@ class ShardDataset(Dataset):
         """Read a batch at once (the DataLoader calls this with a whole batch of indices) and
         return a list of ``(img, label)`` as ``__getitem__`` would, so the default collate works.
 
-        Fixed-shape outputs are read with one sorted, vectorised read into one (B, H, W, 3)
-        buffer, transposed at once into one standard-layout (B, 3, H, W) batch (or made by
-        ``batch_transform``); the images are views of it, handed back in the order of ``indices``.
-        ``transform`` still runs per sample.
+        Fixed-shape outputs are read with one vectorised read into one (B, H, W, 3) buffer (in
+        shared memory inside a DataLoader worker). Without a per-sample ``transform`` the images
+        are views of that batch (or of ``batch_transform``'s output) in the order of ``indices``,
+        and ``torch.stack`` of all of them in order (what default collate does) returns the batch
+        itself without copying: (B, 3, H, W) channels_last, as ``make_loader`` gives. With a
+        ``transform`` (run per sample) the images it is given are in standard layout, so that
+        default collate stacks its outputs with plain copies.
         """
         if self.reader.shape is None:
             return [self[i] for i in indices]
         idx = self._indices(indices)
         if not len(idx):
             return []
-        labels = self.index.labels_at(idx).tolist()
+        labels = [self._label(v) for v in self.index.labels_at(idx).tolist()]
+        if self.transform is None:  # read in the order asked: the batch is handed out whole
+            shape = (len(idx), *self.reader.shape)
+            raw = self.batch_transform is None
+            hwc = batch_buffer(shape) if raw else torch.from_numpy(self._buffers.get("hwc", shape))
+            self._read_into(idx, hwc.numpy())
+            return list(zip(self._images(hwc, idx), labels))
         hwc, rows = self._read_sorted(idx)
-        imgs = self._images(hwc, np.sort(idx, kind="stable"))
-        return [(imgs[r], self._label(label)) for r, label in zip(rows.tolist(), labels)]
+        imgs = self._images(torch.from_numpy(hwc), np.sort(idx, kind="stable"))
+        return [(imgs[r], label) for r, label in zip(rows.tolist(), labels)]
 
     def __repr__(self):
         m = self.manifest

@@ -119,7 +119,7 @@ def test_per_sample_transform_route_and_stack_collate(packed):
     stacked, lab = stack_collate(samples)
     default = torch.utils.data.default_collate(samples)
     assert torch.equal(stacked, default[0]) and torch.equal(lab, default[1])
-    assert stacked.is_contiguous()  # ShardDataset samples are standard-layout CHW (issue 26)
+    assert stacked.is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(next(iter(DataLoader(plain, batch_size=3, collate_fn=stack_collate)))[0],
                        plain.read_batch([0, 1, 2])[0])
 

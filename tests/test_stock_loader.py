@@ -39,7 +39,7 @@ def test_stock_dataloader_default_collate_gives_the_samples_in_the_samplers_orde
     with pytest.warns(UserWarning) if not torch.cuda.is_available() else _nothing():
         loader = DataLoader(ds, batch_size=4, sampler=ORDER, num_workers=workers, pin_memory=True)
         imgs, labels = batches(loader)
-    assert imgs.shape == (len(ORDER), 3, 20, 20) and imgs.dtype == torch.uint8 and imgs.is_contiguous()
+    assert imgs.shape == (len(ORDER), 3, 20, 20) and imgs.dtype == torch.uint8 and type(imgs) is torch.Tensor
     assert labels.tolist() == [int(ds.targets[i]) for i in ORDER]
     for k, i in enumerate(ORDER):
         assert torch.equal(imgs[k], raw(ds, i)) and torch.equal(imgs[k], ds[i][0])
@@ -53,29 +53,37 @@ class _nothing:
         return False
 
 
-def test_getitems_returns_what_getitem_returns_standard_layout_views_of_one_batch(packed):
+def test_getitems_returns_what_getitem_returns_and_default_collate_stacks_them_uncopied(packed):
     ds = ShardDataset(packed["npy"])
     got = ds.__getitems__(ORDER[:5])
     assert isinstance(got, list) and [type(s) for s in got] == [tuple] * 5
     for (img, label), i in zip(got, ORDER[:5]):
         one_img, one_label = ds[i]
         assert type(label) is int and type(one_label) is int and label == one_label == int(ds.targets[i])
-        assert type(img) is torch.Tensor and img.dtype == torch.uint8 and img.shape == (3, 20, 20)
-        assert img.is_contiguous() and one_img.is_contiguous() and torch.equal(img, one_img)
-        assert torch.equal(img, raw(ds, i))
-    assert len({img.untyped_storage().data_ptr() for img, _ in got}) == 1  # one (B, 3, H, W) buffer
+        assert isinstance(img, torch.Tensor) and type(img) is type(one_img)
+        assert img.dtype == one_img.dtype == torch.uint8 and img.shape == one_img.shape == (3, 20, 20)
+        assert img.stride() == one_img.stride() and torch.equal(img, one_img) and torch.equal(img, raw(ds, i))
+        assert type(img + 1) is torch.Tensor and type(img[0]) is torch.Tensor  # ops give plain tensors
+    imgs, labels = torch.utils.data.default_collate(got)
+    assert imgs.untyped_storage().data_ptr() == got[0][0].untyped_storage().data_ptr()  # no copy
+    assert imgs.is_contiguous(memory_format=torch.channels_last) and type(imgs) is torch.Tensor
+    assert labels.tolist() == [int(ds.targets[i]) for i in ORDER[:5]]
+    part = torch.stack([img for img, _ in got[1:]])  # not the whole batch: a real stack, a copy
+    assert torch.equal(part, imgs[1:]) and part.untyped_storage().data_ptr() != imgs.untyped_storage().data_ptr()
+    swapped = torch.stack([got[1][0], got[0][0]])
+    assert torch.equal(swapped[0], imgs[1]) and torch.equal(swapped[1], imgs[0])
 
 
 def test_a_per_sample_transform_still_runs_per_sample_on_each_image(packed):
     seen = []
 
     def transform(img):
-        seen.append(tuple(img.shape))
+        seen.append((tuple(img.shape), img.is_contiguous()))
         return CenterCrop(12)(img)
 
     ds = ShardDataset(packed["npy"], transform=transform, target_transform=lambda y: y + 10)
     imgs, labels = next(iter(DataLoader(ds, batch_size=5, sampler=ORDER)))
-    assert seen == [(3, 20, 20)] * 5 and imgs.shape == (5, 3, 12, 12)
+    assert seen == [((3, 20, 20), True)] * 5 and imgs.shape == (5, 3, 12, 12)  # standard layout in
     assert labels.tolist() == [int(ds.targets[i]) + 10 for i in ORDER[:5]]
     for k, i in enumerate(ORDER[:5]):
         assert torch.equal(imgs[k], raw(ds, i)[:, 4:16, 4:16])
@@ -104,7 +112,7 @@ def test_batch_transform_draws_are_keyed_by_seed_epoch_and_sample_whatever_worke
     boxes = set()
     for i, img in mine.items():
         where = _window(img, raw(plain, i))
-        assert img.shape == (3, 12, 12) and img.is_contiguous() and where is not None, f"sample {i}"
+        assert img.shape == (3, 12, 12) and where is not None, f"sample {i}"
         boxes.add(where)
     assert len(boxes) > 3 and {f for *_, f in boxes} == {False, True}  # its own draws per image
 
@@ -132,7 +140,7 @@ def test_resized_crop_batch_transform_is_the_same_per_sample_in_any_batch_and_se
     whole = ds.__getitems__(ORDER)
     parts = ds.__getitems__(ORDER[:4]) + ds.__getitems__(ORDER[4:])
     for (a, la), (b, lb), i in zip(whole, parts, ORDER):
-        assert a.shape == (3, 16, 16) and a.is_contiguous() and torch.equal(a, b) and la == lb
+        assert a.shape == (3, 16, 16) and torch.equal(a, b) and la == lb
         assert torch.equal(a, ds[i][0])
     torch.manual_seed(0)
     first = ShardDataset(packed["lmdb"], batch_transform=steps)
