@@ -17,7 +17,7 @@ from .encoding import encoding_of
 from .formats import open_reader
 from .formats.base import check_out
 from .manifest import COLUMNS, INDEX_DIR, Index, ShardFormatError, load_manifest, read_splits, split_root
-from .samples import Buffers, batch_buffer, rows_of, standard
+from .samples import Buffers, batch_buffer, rows_of
 
 _warned: set = set()  # roots already warned about in this process (workers never construct)
 
@@ -63,8 +63,7 @@ class ShardDataset(Dataset):
     ``torch.uint8`` tensor of shape (3, H, W) (CHW, as torchvision.transforms.v2 expects; a view
     of HWC memory, i.e. channels_last strides, so call ``.contiguous()`` if you need standard
     strides) and ``label`` an int. ``transform`` is applied to img and ``target_transform`` to
-    label, as in torchvision.datasets.ImageFolder; it is given img in standard layout, so that
-    torch's default collate stacks its outputs with plain copies. Without a ``transform`` img is
+    label, as in torchvision.datasets.ImageFolder. Without a ``transform`` img is
     a ``readers.samples.BatchRow`` (a torch.Tensor whose ops return plain tensors): ``torch.stack``
     of all the samples of one ``__getitems__`` call, in order, returns their batch uncopied.
 
@@ -197,14 +196,15 @@ class ShardDataset(Dataset):
         Without a per-sample ``transform``: the rows (:class:`BatchRow`, CHW views) of the batch,
         after ``batch_transform`` with each sample's keyed draws (on the HWC memory: the fast
         case of its resizing); default collate stacks them without a copy. With one: it runs on
-        each standard-layout CHW image (its outputs then stack with plain copies), then
-        ``batch_transform`` on their stack."""
+        each image (a channels_last view, as before), then ``batch_transform`` on their stack.
+        (Standard-layout images for the transform measured no faster: the transposing copy only
+        moves, scripts/bench_stock.py.)"""
         x = hwc.permute(0, 3, 1, 2)
         if self.transform is None:
             if self.batch_transform is not None:
                 x = self.batch_transform(x, generator=self._draws(idx))
             return rows_of(x)
-        imgs = [self.transform(im) for im in standard(x, self._buffers)]
+        imgs = [self.transform(im) for im in x]
         if self.batch_transform is None:
             return imgs
         return rows_of(self.batch_transform(torch.stack(imgs), generator=self._draws(idx)))
@@ -299,9 +299,8 @@ class ShardDataset(Dataset):
         shared memory inside a DataLoader worker). Without a per-sample ``transform`` the images
         are views of that batch (or of ``batch_transform``'s output) in the order of ``indices``,
         and ``torch.stack`` of all of them in order (what default collate does) returns the batch
-        itself without copying: (B, 3, H, W) channels_last, as ``make_loader`` gives. With a
-        ``transform`` (run per sample) the images it is given are in standard layout, so that
-        default collate stacks its outputs with plain copies.
+        itself without copying: (B, 3, H, W) channels_last, as ``make_loader`` gives. A
+        ``transform`` runs per sample on views of a sorted read, as before.
         """
         if self.reader.shape is None:
             return [self[i] for i in indices]
@@ -312,7 +311,7 @@ class ShardDataset(Dataset):
         if self.transform is None:  # read in the order asked: the batch is handed out whole
             shape = (len(idx), *self.reader.shape)
             raw = self.batch_transform is None
-            hwc = batch_buffer(shape) if raw else torch.from_numpy(self._buffers.get("hwc", shape))
+            hwc = batch_buffer(shape, self._buffers) if raw else torch.from_numpy(self._buffers.get("hwc", shape))
             self._read_into(idx, hwc.numpy())
             return list(zip(self._images(hwc, idx), labels))
         hwc, rows = self._read_sorted(idx)

@@ -1,6 +1,6 @@
 """How ShardDataset hands samples to a stock DataLoader: rows of one batch that default collate
-stacks without copying (:class:`BatchRow`), standard-layout images for per-sample transforms
-(:func:`standard`), and the reused buffers behind them (:class:`Buffers`)."""
+stacks without copying (:class:`BatchRow`), and the reused read buffers of per-sample and batch
+transforms (:class:`Buffers`)."""
 
 from __future__ import annotations
 
@@ -14,39 +14,38 @@ from torch.utils.data import get_worker_info
 
 class Buffers:
     """Per-thread uint8 buffers reused between batches, each only while nothing made from it is
-    alive: a buffer is handed out again when its only references are this cache's (the samples
-    of the last batch, views of it, are gone), else a fresh one replaces it. Reused memory skips
-    the page faults of fresh memory (about as costly as a copy of it)."""
+    alive: a buffer is handed out again when its only references are this cache's (everything
+    made from it, e.g. the batch the user was given, is gone), else a fresh one replaces it.
+    Reused memory skips the page faults of fresh memory (about as costly as a copy of it).
+    ``ring`` buffers per name: with 2, the batch before the one a training loop still holds is
+    free again when the next is read."""
 
     def __init__(self):
         self._local = threading.local()
 
-    def get(self, name: str, shape) -> np.ndarray:
-        buf = getattr(self._local, name, None)
-        # references while free: the thread-local's, ``buf`` here and getrefcount's argument
-        if buf is None or buf.shape != tuple(shape) or sys.getrefcount(buf) > 3:
-            buf = np.empty(shape, np.uint8)
-            setattr(self._local, name, buf)
+    def get(self, name: str, shape, ring: int = 1) -> np.ndarray:
+        bufs = getattr(self._local, name, None)
+        if bufs is None:
+            bufs = [None] * ring
+            setattr(self._local, name, bufs)
+        for k, buf in enumerate(bufs):
+            # references while free: the list's, ``buf`` here and getrefcount's argument
+            if buf is not None and buf.shape == tuple(shape) and sys.getrefcount(buf) <= 3:
+                bufs.append(bufs.pop(k))  # the most recently used goes last
+                return buf
+        buf = np.empty(shape, np.uint8)
+        bufs.pop(0)
+        bufs.append(buf)
         return buf
 
 
-def standard(x: torch.Tensor, buffers: Buffers | None = None) -> torch.Tensor:
-    """``x`` (uint8 (B, 3, H, W)) in standard (contiguous NCHW) layout. Channels-innermost
-    memory (the HWC of the files) is transposed with numpy, about 1.7x faster than torch's
-    copy here, into a buffer of ``buffers`` when given."""
-    if x.is_contiguous():
-        return x
-    if x.dtype != torch.uint8 or x.device.type != "cpu" or x.stride(1) != 1:
-        return x.contiguous()
-    out = np.empty(x.shape, np.uint8) if buffers is None else buffers.get("chw", x.shape)
-    np.copyto(out, x.permute(0, 2, 3, 1).numpy().transpose(0, 3, 1, 2))
-    return torch.from_numpy(out)
-
-
-def batch_buffer(shape) -> torch.Tensor:
-    """A new uint8 tensor of ``shape`` for a batch handed out whole: in shared memory inside a
-    DataLoader worker (so sending it to the main process copies nothing), else plain memory."""
+def batch_buffer(shape, buffers: Buffers | None = None) -> torch.Tensor:
+    """A uint8 tensor of ``shape`` for a batch handed out whole: new shared memory inside a
+    DataLoader worker (so sending it to the main process copies nothing), else one of a ring of
+    two of ``buffers`` (reused once nothing of it is alive) or new plain memory."""
     if get_worker_info() is None:
+        if buffers is not None:
+            return torch.from_numpy(buffers.get("batch", shape, ring=2))
         return torch.empty(shape, dtype=torch.uint8)
     storage = torch.UntypedStorage._new_shared(int(np.prod(shape)))
     return torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
