@@ -12,10 +12,12 @@ import torch
 from torch.utils.data import Dataset
 
 from . import diskio, integrity, system
+from .draws import SampleDraws, sample_keys
 from .encoding import encoding_of
 from .formats import open_reader
 from .formats.base import check_out
 from .manifest import COLUMNS, INDEX_DIR, Index, ShardFormatError, load_manifest, read_splits, split_root
+from .samples import Buffers, batch_buffer, rows_of
 
 _warned: set = set()  # roots already warned about in this process (workers never construct)
 
@@ -61,7 +63,19 @@ class ShardDataset(Dataset):
     ``torch.uint8`` tensor of shape (3, H, W) (CHW, as torchvision.transforms.v2 expects; a view
     of HWC memory, i.e. channels_last strides, so call ``.contiguous()`` if you need standard
     strides) and ``label`` an int. ``transform`` is applied to img and ``target_transform`` to
-    label, as in torchvision.datasets.ImageFolder.
+    label, as in torchvision.datasets.ImageFolder. Without a ``transform`` img is
+    a ``readers.samples.BatchRow`` (a torch.Tensor whose ops return plain tensors): ``torch.stack``
+    of all the samples of one ``__getitems__`` call, in order, returns their batch uncopied.
+
+    ``batch_transform`` (e.g. ``shardpack.transforms.Compose([RandomResizedCrop(224),
+    RandomHorizontalFlip()])``) runs once per batch a DataLoader fetches (``__getitems__``, in
+    the worker), after ``transform``, each image with its own random parameters keyed by
+    (``seed``, epoch, sample index) (readers/draws.py): the same whatever ``num_workers``, batch
+    size or world size, different for each sample and epoch. ``ds[i]`` applies it too, as a
+    batch of one with the same draws. Call ``set_epoch(epoch)`` at the start of every epoch, as
+    with DistributedSampler (it reaches running workers, persistent ones too), or every epoch
+    repeats its draws. ``seed`` defaults to one drawn from torch's generator when the dataset is
+    made (``torch.manual_seed`` makes it repeat); pass the same one on every rank.
 
     Attributes follow ImageFolder: ``classes`` (sorted class names), ``class_to_idx``,
     ``targets`` (numpy int64 array, memory-mapped), ``samples`` (a lazy read-only sequence of
@@ -93,7 +107,8 @@ class ShardDataset(Dataset):
     """
 
     def __init__(self, path: str | os.PathLike, transform=None, target_transform=None, *,
-                 split: str | None = None, check_reads: bool = False):
+                 split: str | None = None, check_reads: bool = False, batch_transform=None,
+                 seed: int | None = None):
         self.root = split_root(path, split)
         self.split = split
         if split is not None:  # the splits root's own manifest (which folder is which split)
@@ -113,6 +128,30 @@ class ShardDataset(Dataset):
         warn_if_larger_than_ram(self.root, self.reader)
         self.transform = transform
         self.target_transform = target_transform
+        self.batch_transform = batch_transform
+        self._buffers = Buffers()
+        self._epoch = torch.zeros(1, dtype=torch.int64)
+        if batch_transform is not None:  # shared memory: set_epoch reaches workers already started
+            self._epoch.share_memory_()
+            seed = int(torch.randint(0, 2**62, (1,)).item()) if seed is None else seed
+        self.seed = None if seed is None else int(seed)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        del state["_buffers"]  # per process and thread
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._buffers = Buffers()
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch ``batch_transform``'s draws are keyed by (as DistributedSampler.set_epoch)."""
+        self._epoch[0] = int(epoch)
+
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch[0])
 
     def __len__(self) -> int:
         return self.index.count
@@ -152,23 +191,40 @@ class ShardDataset(Dataset):
                     f"{'record' if self._encoded else 'pixels'} are damaged; `shardpack verify {self.root}` "
                     "lists every damaged sample")
 
-    def _finish(self, img: torch.Tensor, label: int):
-        if self.transform is not None:
-            img = self.transform(img)
-        if self.target_transform is not None:
-            label = self.target_transform(label)
-        return img, label
+    def _images(self, hwc: torch.Tensor, idx: np.ndarray):
+        """Samples ``idx`` (read into ``hwc``, (n, H, W, 3)) as they are served, indexable by row.
+        Without a per-sample ``transform``: the rows (:class:`BatchRow`, CHW views) of the batch,
+        after ``batch_transform`` with each sample's keyed draws (on the HWC memory: the fast
+        case of its resizing); default collate stacks them without a copy. With one: it runs on
+        each image (a channels_last view, as before), then ``batch_transform`` on their stack.
+        (Standard-layout images for the transform measured no faster: the transposing copy only
+        moves, scripts/bench_stock.py.)"""
+        x = hwc.permute(0, 3, 1, 2)
+        if self.transform is None:
+            if self.batch_transform is not None:
+                x = self.batch_transform(x, generator=self._draws(idx))
+            return rows_of(x)
+        imgs = [self.transform(im) for im in x]
+        if self.batch_transform is None:
+            return imgs
+        return rows_of(self.batch_transform(torch.stack(imgs), generator=self._draws(idx)))
+
+    def _draws(self, idx) -> SampleDraws:
+        return SampleDraws(sample_keys(self.seed, self.epoch, idx))
+
+    def _label(self, label: int):
+        return label if self.target_transform is None else self.target_transform(label)
 
     def __getitem__(self, i):
         i = self._check(i)
-        hwc = torch.empty(self.index.shape(i), dtype=torch.uint8)
+        hwc = torch.empty((1, *self.index.shape(i)), dtype=torch.uint8)
         try:
-            self.reader.read_into(i, hwc.numpy())
+            self.reader.read_into(i, hwc.numpy()[0])
         except diskio.CutShort as err:
             raise naming_source(err, self.index) from None
         if self.check_reads:
-            self._check_read((i,), hwc.numpy()[None])
-        return self._finish(hwc.permute(2, 0, 1), self.index.label(i))
+            self._check_read((i,), hwc.numpy())
+        return self._images(hwc, np.array([i]))[0], self._label(self.index.label(i))
 
     def _indices(self, indices) -> np.ndarray:
         idx = np.asarray(indices)
@@ -188,13 +244,18 @@ class ShardDataset(Dataset):
         order = np.argsort(idx, kind="stable")
         rows = np.empty_like(order)
         rows[order] = np.arange(len(idx))
+        hwc = self._buffers.get("hwc", (len(idx), *self.reader.shape))
+        self._read_into(idx[order], hwc)
+        return hwc, rows
+
+    def _read_into(self, idx: np.ndarray, out: np.ndarray) -> None:
+        """Samples ``idx`` into ``out`` (n, H, W, 3), checked when ``check_reads``."""
         try:
-            hwc = self.reader.read_batch(idx[order])
+            self.reader.read_batch_into(idx, out)
         except diskio.CutShort as err:
             raise naming_source(err, self.index) from None
         if self.check_reads:
-            self._check_read(idx[order].tolist(), hwc)
-        return hwc, rows
+            self._check_read(idx.tolist(), out)
 
     def read_batch(self, indices, out: np.ndarray | None = None):
         """Samples ``indices`` stacked, without ``transform``: ``(imgs, labels)`` with ``imgs`` a
@@ -234,19 +295,28 @@ class ShardDataset(Dataset):
         """Read a batch at once (the DataLoader calls this with a whole batch of indices) and
         return a list of ``(img, label)`` as ``__getitem__`` would, so the default collate works.
 
-        Fixed-shape outputs are read with one sorted, vectorised read into one (B, H, W, 3)
-        buffer; the images are views of it, handed back in the order of ``indices``.
-        ``transform`` still runs per sample.
+        Fixed-shape outputs are read with one vectorised read into one (B, H, W, 3) buffer (in
+        shared memory inside a DataLoader worker). Without a per-sample ``transform`` the images
+        are views of that batch (or of ``batch_transform``'s output) in the order of ``indices``,
+        and ``torch.stack`` of all of them in order (what default collate does) returns the batch
+        itself without copying: (B, 3, H, W) channels_last, as ``make_loader`` gives. A
+        ``transform`` runs per sample on views of a sorted read, as before.
         """
         if self.reader.shape is None:
             return [self[i] for i in indices]
         idx = self._indices(indices)
         if not len(idx):
             return []
-        labels = self.index.labels_at(idx).tolist()
+        labels = [self._label(v) for v in self.index.labels_at(idx).tolist()]
+        if self.transform is None:  # read in the order asked: the batch is handed out whole
+            shape = (len(idx), *self.reader.shape)
+            raw = self.batch_transform is None
+            hwc = batch_buffer(shape, self._buffers) if raw else torch.from_numpy(self._buffers.get("hwc", shape))
+            self._read_into(idx, hwc.numpy())
+            return list(zip(self._images(hwc, idx), labels))
         hwc, rows = self._read_sorted(idx)
-        chw = torch.from_numpy(hwc).permute(0, 3, 1, 2)
-        return [self._finish(chw[r], label) for r, label in zip(rows.tolist(), labels)]
+        imgs = self._images(torch.from_numpy(hwc), np.sort(idx, kind="stable"))
+        return [(imgs[r], label) for r, label in zip(rows.tolist(), labels)]
 
     def __repr__(self):
         m = self.manifest

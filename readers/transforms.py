@@ -15,9 +15,11 @@ H, W (the same draws, in the same order, as a batch of those sizes would get), i
 own, and a fixed-size step (RandomResizedCrop, RandomCrop, CenterCrop) stacks the results into a
 uint8 (B, 3, h, w) batch; steps that keep the size (RandomHorizontalFlip) return a list.
 ``out_size`` tells the size a transform gives (None when it keeps its input's). Randomness comes
-from ``generator`` (a ``torch.Generator``) or torch's global generator, which DataLoader seeds per
-worker, as torchvision does; every transform draws its parameters in one call per batch
-(``resized_crop_params``, ``crop_params``, the flip's coin), from that generator.
+from ``generator`` (a ``torch.Generator``, or a ``readers.draws.SampleDraws``: each image's draws
+keyed by its own (seed, epoch, sample index), as ``ShardDataset(batch_transform=...)`` gives) or
+torch's global generator, which DataLoader seeds per worker, as torchvision does; every
+transform draws its parameters in one call per batch (``resized_crop_params``, ``crop_params``,
+the flip's coin), from that generator.
 
 The parameter definitions are torchvision's (``RandomResizedCrop.get_params``,
 ``RandomCrop.get_params``, ``CenterCrop``, ``RandomHorizontalFlip``): area fraction uniform in
@@ -34,6 +36,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from .draws import uniform
 
 TRIES = 10  # torchvision's RandomResizedCrop tries before the fallback
 
@@ -69,7 +73,7 @@ def resized_crop_params(height, width, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), 
     n = len(height)
     area = (height * width).double()[:, None]
     log_ratio = torch.log(torch.tensor(ratio))
-    u = torch.rand((n, TRIES, 2), generator=generator)  # float32, as torch.empty(1).uniform_()
+    u = uniform((n, TRIES, 2), generator)  # float32, as torch.empty(1).uniform_()
     target = area * (scale[0] + (scale[1] - scale[0]) * u[..., 0]).double()
     aspect = torch.exp(log_ratio[0] + (log_ratio[1] - log_ratio[0]) * u[..., 1]).double()
     w = torch.round(torch.sqrt(target * aspect)).long()
@@ -84,7 +88,7 @@ def resized_crop_params(height, width, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), 
     fh = torch.where(in_ratio < min(ratio), torch.round(width.double() / min(ratio)).long(), height)
     w, h = torch.where(found, w, fw), torch.where(found, h, fh)
 
-    pos = torch.rand((n, 2), generator=generator, dtype=torch.float64)
+    pos = uniform((n, 2), generator, torch.float64)
     top = torch.where(found, (pos[:, 0] * (height - h + 1)).long(), (height - h) // 2)
     left = torch.where(found, (pos[:, 1] * (width - w + 1)).long(), (width - w) // 2)
     return top, left, h, w
@@ -101,7 +105,7 @@ def crop_params(height, width, size, generator=None):
     if (height < th).any() or (width < tw).any():
         raise ValueError(f"crop size {(th, tw)} is larger than an input image "
                          f"({int(height.min())}x{int(width.min())}); pass padding or pad_if_needed")
-    pos = torch.rand((len(height), 2), generator=generator, dtype=torch.float64)
+    pos = uniform((len(height), 2), generator, torch.float64)
     return (pos[:, 0] * (height - th + 1)).long(), (pos[:, 1] * (width - tw + 1)).long()
 
 
@@ -319,7 +323,7 @@ class RandomHorizontalFlip(_Transform):
         self.p, self.inplace = float(p), bool(inplace)
 
     def _coins(self, n: int, generator) -> list[bool]:
-        return (torch.rand(n, generator=generator) < self.p).tolist()
+        return (uniform((n,), generator) < self.p).tolist()
 
     def _batch(self, x, generator):
         flip = self._coins(len(x), generator)

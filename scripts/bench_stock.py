@@ -1,0 +1,129 @@
+#!/usr/bin/env python
+"""The stock DataLoader path (issue 26 items 1, 2): ``DataLoader(ShardDataset(OUT), batch_size=64,
+shuffle=True, num_workers=N)`` with torch's default collate, against make_loader and against the
+base commit's ShardDataset (its ``__getitems__`` copied here as ``BaseDataset``), in one run::
+
+    .venv/bin/python scripts/bench_stock.py ../shared/data/imagenet-sample/train --rounds 3
+
+Packs SRC at 256 px as npy (kept in --work), page-cached, then in each round times every
+contender once (the order reversed every other round: A B, B A, ...) over ``--samples`` random
+samples after two warm-up batches, with the load average beside every number. Workloads: (c)
+plain uint8 batches, (a) RandomCrop(224) + flip, (b) RandomResizedCrop(224) + flip, each through
+``batch_transform=`` (this branch: once per batch in ``__getitems__``, keyed draws), through a
+per-sample ``transform=`` (the tutorial way; the base commit has only that), and make_loader's
+``batch_transform`` in its auto mode. Medians of the rounds, and per-round ratios (median
+[min-max]) to make_loader and to the base commit's per-sample path at the same num_workers.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from pathlib import Path
+
+import click
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, RandomSampler
+
+import harness
+
+harness.use_checkout()
+
+from shardpack.readers import ShardDataset  # noqa: E402
+from shardpack.readers.bench.timing import time_pass  # noqa: E402
+from shardpack.readers.loading import make_loader  # noqa: E402
+from shardpack.readers.transforms import Compose, RandomCrop, RandomHorizontalFlip, RandomResizedCrop  # noqa: E402
+
+BATCH = 64
+WORKLOADS = {
+    "c": ("plain uint8 batches", lambda: None),
+    "a": ("RandomCrop(224) + flip", lambda: Compose([RandomCrop(224), RandomHorizontalFlip(inplace=True)])),
+    "b": ("RandomResizedCrop(224) + flip",
+          lambda: Compose([RandomResizedCrop(224), RandomHorizontalFlip(inplace=True)])),
+}
+
+
+class BaseDataset(ShardDataset):
+    """The base commit's (052f441) ``__getitems__``: channels_last views of the (B, H, W, 3) read,
+    which default collate stacks with a transposing copy; ``transform`` per sample."""
+
+    def __getitems__(self, indices):
+        idx = self._indices(indices)
+        labels = self.index.labels_at(idx).tolist()
+        hwc, rows = self._read_sorted(idx)
+        chw = torch.from_numpy(hwc).permute(0, 3, 1, 2)
+        t = self.transform or (lambda x: x)
+        return [(t(chw[r]), label) for r, label in zip(rows.tolist(), labels)]
+
+
+def contenders(out: Path, workload: str, samples: int) -> dict:
+    """name -> function() -> loader."""
+    make = WORKLOADS[workload][1]
+
+    def sampler(ds):
+        return RandomSampler(ds, num_samples=samples, generator=torch.Generator().manual_seed(0))
+
+    def stock(cls, w, **kw):
+        def build():
+            ds = cls(out, **kw)
+            return DataLoader(ds, batch_size=BATCH, sampler=sampler(ds), num_workers=w)
+        return build
+
+    def ours():
+        ds = ShardDataset(out)
+        return make_loader(ds, BATCH, seed=0, batch_transform=make(), sampler=sampler(ds))
+
+    found = {"make_loader": ours}
+    for w in (0, 2):
+        if workload == "c":
+            found[f"stock w{w}"] = stock(ShardDataset, w)
+            found[f"base stock w{w}"] = stock(BaseDataset, w)
+        else:
+            found[f"stock batch_transform w{w}"] = stock(ShardDataset, w, batch_transform=make(), seed=0)
+            found[f"stock per-sample w{w}"] = stock(ShardDataset, w, transform=make())
+            found[f"base stock per-sample w{w}"] = stock(BaseDataset, w, transform=make())
+    return found
+
+
+def spread(values) -> str:
+    return f"{statistics.median(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
+
+
+@click.command(help=__doc__)
+@click.argument("src", type=click.Path(path_type=Path), default=harness.DEFAULT_SAMPLE)
+@click.option("--work", type=click.Path(path_type=Path), default=Path("bench-work"), show_default=True)
+@click.option("--samples", default=1280, show_default=True, help="samples timed per measurement")
+@click.option("--rounds", default=3, show_default=True)
+@click.option("--workloads", default="cab", show_default=True)
+def main(src, work, samples, rounds, workloads):
+    from shardpack.packer import Options, Recipe, pack
+    torch.set_num_threads(1)  # as in DataLoader workers: the loaders' own parallelism is compared
+    machine = harness.Machine()
+    out = work / f"{src.name}-256.npy"
+    if not (out / "manifest.json").exists():
+        pack(src, out, Recipe(size=256), Options(fmt="npy", progress=False, overwrite=True))
+    np.asarray(ShardDataset(out).reader.read_batch(np.arange(len(ShardDataset(out)))))  # page cache
+    for workload in workloads:
+        found = contenders(out, workload, samples)
+        rates: dict[str, list] = {name: [] for name in found}
+        loads: dict[str, list] = {name: [] for name in found}
+        for r in range(rounds):
+            for name in (list(found) if r % 2 == 0 else list(found)[::-1]):
+                rates[name].append(time_pass(found[name](), warmup=2).rate)
+                loads[name].append(os.getloadavg()[0])
+        print(f"\n({workload}) {WORKLOADS[workload][0]}: median samples/s of {rounds} rounds, "
+              "x = per-round ratio to make_loader, median [min-max]; load = 1-min load average per round")
+        for name in found:
+            ratio = [a / b for a, b in zip(rates[name], rates["make_loader"])]
+            line = (f"  {name:30s} {statistics.median(rates[name]):8.0f}  x {spread(ratio)}"
+                    f"  load {'/'.join(f'{v:.1f}' for v in loads[name])}")
+            base = name.replace("stock", "base stock", 1).replace("batch_transform", "per-sample")
+            if not name.startswith("base") and base in found:
+                line += f"  vs {base}: {spread([a / b for a, b in zip(rates[name], rates[base])])}"
+            print(line, flush=True)
+    harness.finish(machine)
+
+
+if __name__ == "__main__":
+    main()
