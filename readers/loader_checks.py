@@ -33,7 +33,9 @@ def positive_int(name: str, value, hint: str = "") -> int:
 def check_arguments(ds, train, batch_transform, seed) -> None:
     """make_loader's other arguments, each refused in one line naming it (TypeError): ``ds`` a
     map-style dataset that reads batches (a ShardDataset: ``__len__`` and ``__getitems__``), not a
-    path; ``train`` a bool; ``batch_transform`` None or callable; ``seed`` None or an int."""
+    path; ``train`` a bool; ``batch_transform`` None or callable; ``seed`` None or an int; and
+    ValueError for a ``ds`` opened with its own ``batch_transform`` (the stock DataLoader's: two
+    places for one batch step would leave which one runs unclear)."""
     if not (hasattr(ds, "__getitems__") and hasattr(ds, "__len__")):
         hint = (f"; open it first: make_loader(ShardDataset({str(ds)!r}), ...)"
                 if isinstance(ds, (str, bytes)) or hasattr(ds, "__fspath__") else
@@ -44,6 +46,9 @@ def check_arguments(ds, train, batch_transform, seed) -> None:
     if batch_transform is not None and not callable(batch_transform):
         raise TypeError(f"make_loader: batch_transform must be callable (e.g. shardpack.transforms.Compose([...])), "
                         f"got {batch_transform!r} ({type(batch_transform).__name__})")
+    if getattr(ds, "batch_transform", None) is not None:  # the stock DataLoader's way, keyed per sample
+        raise ValueError("make_loader: ds has its own batch_transform (for a stock DataLoader); give it to "
+                         "make_loader(batch_transform=...) instead and open ds without it")
     if seed is not None and (isinstance(seed, (bool, np.bool_)) or not _is_int(seed)):
         raise TypeError(f"make_loader: seed must be an int or None, got {seed!r} ({type(seed).__name__})")
 

@@ -249,3 +249,15 @@ def test_arguments_of_the_wrong_kind_are_refused_at_build_naming_them(packed, kw
     assert str(err.value) == says
     assert [len(labels) for _, labels in make_loader(ShardDataset(packed["npy"]), 4, train=np.bool_(False),
                                                      seed=np.int64(3), mode="main")] == [4, 4, 4, 4, 4, 3]
+
+
+def test_a_dataset_opened_with_its_own_batch_transform_is_refused_by_make_loader(packed):
+    """make_loader ignored ds.batch_transform when it read whole batches and ran it when ds also had
+    a per-sample transform: which batch step ran depended on something else."""
+    from shardpack.readers.transforms import RandomCrop
+    ds = ShardDataset(packed["npy"], batch_transform=RandomCrop(8), seed=1)
+    with pytest.raises(ValueError, match=r"ds has its own batch_transform \(for a stock DataLoader\); give it to "
+                                         r"make_loader\(batch_transform=\.\.\.\) instead"):
+        make_loader(ds, 4)
+    imgs, _ = next(iter(make_loader(ShardDataset(packed["npy"]), 4, batch_transform=RandomCrop(8), seed=1)))
+    assert imgs.shape[1:] == (3, 8, 8)
