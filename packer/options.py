@@ -176,6 +176,7 @@ def default_out(src: str | os.PathLike, fmt: str, size: int) -> Path:
 
 
 def say(note: str) -> str:
-    """Print ``note`` on stderr as ``shardpack: <note>``; return it (for Report.notes)."""
-    print(f"shardpack: {note}", file=sys.stderr)
+    """Print ``note`` on stderr as ``shardpack: <note>``, flushed (a buffered note is lost when the
+    process ends abruptly, and click 8.2.0's test runner drops it); return it (for Report.notes)."""
+    print(f"shardpack: {note}", file=sys.stderr, flush=True)
     return note
