@@ -183,7 +183,7 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path):
     result = run_cli(src, "--format", "hdf5", "--size", "32", "--workers", "3", "--dry-run", "-o", tmp_path / "o")
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert lines[0] == f"plan: {src} -> {tmp_path / 'o'}"
+    assert result.stdout.splitlines()[0] == f"plan: {src} -> {tmp_path / 'o'}"  # notes go to stderr
     assert "  splits: train, test" in lines
     assert "  classes: 2 from train/ class folders: a, b" in lines
     assert "  train: 5 images in 2 classes" in lines
