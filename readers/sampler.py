@@ -156,10 +156,15 @@ class ShardSampler(Sampler[int]):
                 f"rank {self.rank} of {self.num_replicas}, drop_last={self.drop_last})")
 
 
-def batches_of(sampler, size: int):
-    """``sampler``'s indices in int64 arrays of ``size`` (the last may be shorter), taken a chunk
-    at a time (``ShardSampler.chunks``, or islices of any other sampler), never the epoch whole."""
-    chunks = sampler.chunks() if isinstance(sampler, ShardSampler) else _islices(sampler, max(size, CHUNK))
+def batches_of(sampler, size: int, start: int = 0):
+    """``sampler``'s indices from its ``start``-th on in int64 arrays of ``size`` (the last may be
+    shorter), taken a chunk at a time (``ShardSampler.chunks``, which starts anywhere at no cost,
+    or islices of any other sampler, the first ``start`` indices drawn and dropped), never the epoch whole."""
+    if isinstance(sampler, ShardSampler):
+        chunks = sampler.chunks(start)
+    else:
+        chunks = _islices(sampler, max(size, CHUNK))
+        chunks = _dropping(chunks, start) if start else chunks
     rest = np.empty(0, np.int64)
     for chunk in chunks:
         rest = np.concatenate([rest, chunk]) if len(rest) else chunk
@@ -169,6 +174,15 @@ def batches_of(sampler, size: int):
         rest = rest[whole:]
     if len(rest):
         yield rest
+
+
+def _dropping(chunks, n: int):
+    for chunk in chunks:
+        if n < len(chunk):
+            yield chunk[n:]
+            n = 0
+        else:
+            n -= len(chunk)
 
 
 def _islices(sampler, size: int):
