@@ -43,11 +43,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
+from torch.utils.data import Dataset, IterableDataset, Sampler
 
 from .draws import SampleDraws, sample_keys
 from .loader_checks import check_arguments, check_batch_shape, check_shared_memory, positive_int
 from .sampler import ShardSampler, batches_of
+from .state import ShardLoader
 from .system import usable_cpus
 
 MODES = ("main", "threads", "processes")
@@ -308,8 +309,10 @@ def make_loader(ds, batch_size: int, train: bool = True, *, batch_transform=None
                 num_workers: int | None = None, prefetch_factor: int = 2,
                 pin_memory: bool | None = None, seed: int | None = None,
                 drop_last: bool | None = None, sampler=None, multiprocessing_context=None,
-                persistent_workers: bool = True) -> DataLoader:
-    """A DataLoader yielding ``(imgs, labels)`` batches of ``ds`` (a ShardDataset).
+                persistent_workers: bool = True) -> ShardLoader:
+    """A DataLoader (a :class:`~readers.state.ShardLoader`) yielding ``(imgs, labels)`` batches of
+    ``ds`` (a ShardDataset), with ``state_dict()`` / ``load_state_dict(state)`` to resume
+    mid-epoch exactly, in any mode or world size with the same global batch (readers/state.py).
 
     imgs: ``torch.uint8`` (B, 3, H, W) channels_last (HWC memory) unless ``batch_transform``
     or ``ds.transform`` makes something else; labels: int64 (B,).
@@ -373,21 +376,22 @@ def make_loader(ds, batch_size: int, train: bool = True, *, batch_transform=None
                          f"epoch, and a train loader drops the last incomplete batch (drop_last), so it would "
                          f"yield no batches; pass a batch_size of at most {len(sampler)}, or drop_last=False")
     view = BatchedDataset(ds, batch_transform)
+    stateful = {"ds": ds, "batches": batches, "seed_given": seed is not None}  # readers/state.py
     if mode == "main" and view.whole_batches and hasattr(ds, "start_batch"):
-        return DataLoader(PrefetchedBatches(view, batches, prefetch_factor), batch_size=None,
-                          collate_fn=_identity, pin_memory=pin)
+        return ShardLoader(PrefetchedBatches(view, batches, prefetch_factor), batch_size=None,
+                           collate_fn=_identity, pin_memory=pin, **stateful)
     if mode == "main":
-        return DataLoader(view, batch_sampler=batches, collate_fn=_identity, pin_memory=pin)
+        return ShardLoader(view, batch_sampler=batches, collate_fn=_identity, pin_memory=pin, **stateful)
     if mode == "threads":
-        return DataLoader(ThreadedBatches(view, batches, workers, prefetch_factor), batch_size=None,
-                          collate_fn=_identity, pin_memory=pin)
+        return ShardLoader(ThreadedBatches(view, batches, workers, prefetch_factor), batch_size=None,
+                           collate_fn=_identity, pin_memory=pin, **stateful)
     warning = check_shared_memory(_batch_bytes(view, batch_size), workers, prefetch_factor)
     if warning:
         warnings.warn(warning, RuntimeWarning, stacklevel=2)
-    return DataLoader(view, batch_sampler=batches, num_workers=workers, collate_fn=_identity,
-                      pin_memory=pin, persistent_workers=persistent_workers, prefetch_factor=prefetch_factor,
-                      worker_init_fn=seed_worker, multiprocessing_context=multiprocessing_context,
-                      generator=torch.Generator().manual_seed(base))
+    return ShardLoader(view, batch_sampler=batches, num_workers=workers, collate_fn=_identity,
+                       pin_memory=pin, persistent_workers=persistent_workers, prefetch_factor=prefetch_factor,
+                       worker_init_fn=seed_worker, multiprocessing_context=multiprocessing_context,
+                       generator=torch.Generator().manual_seed(base), **stateful)
 
 
 def _batch_bytes(view: BatchedDataset, batch_size: int) -> int:

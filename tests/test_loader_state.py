@@ -3,6 +3,12 @@ a resumed run yields exactly the batches (sample indices, labels, pixels) the un
 would have, in any mode, worker count, prefetch depth or world size with the same global batch."""
 
 
+import json
+import os
+import signal
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -58,3 +64,196 @@ def test_make_loader_draws_are_keyed_by_seed_epoch_and_sample_whatever_batch_siz
                         crops[epoch, i] = img
     both = [i for i in range(N) if (0, i) in crops and (1, i) in crops]
     assert len(both) > N // 2 and sum(not torch.equal(crops[0, i], crops[1, i]) for i in both) >= len(both) - 2
+
+
+# ---------------------------------------------------------------- resume: the state and what follows it
+
+SEED, BATCH, PER_EPOCH = 3, 4, N // 4  # drop_last: 5 batches an epoch
+CHILD = r"""
+import hashlib, json, os, sys, time
+from shardpack.readers import ShardDataset
+from shardpack.readers.loading import make_loader
+from shardpack.readers.transforms import Compose, RandomCrop, RandomHorizontalFlip
+out, state_path, record, mode, workers, steps, stop_at = sys.argv[1:8]
+loader = make_loader(ShardDataset(out), 4, mode=mode, num_workers=int(workers), seed=3,
+                     batch_transform=Compose([RandomCrop(12), RandomHorizontalFlip()]))
+if os.path.exists(state_path):
+    with open(state_path) as f:
+        loader.load_state_dict(json.load(f))
+done = 0
+with open(record, "a") as rec:
+    while done < int(steps):
+        for imgs, labels in loader:
+            rec.write(json.dumps([labels.tolist(), hashlib.sha256(imgs.contiguous().numpy().tobytes()).hexdigest()]))
+            rec.write("\n")
+            rec.flush()
+            with open(state_path + ".tmp", "w") as f:  # the checkpoint: written beside the model's, atomically
+                json.dump(loader.state_dict(), f)
+            os.replace(state_path + ".tmp", state_path)
+            done += 1
+            if done == int(stop_at):
+                print("saved", flush=True)
+                time.sleep(120)  # SIGKILLed here, a batch in hand and the next ones in flight
+            if done == int(steps):
+                break
+"""
+
+
+def make(out, mode="main", workers=2, prefetch=2, persistent=True, batch=BATCH, seed=SEED, **kw):
+    return make_loader(ShardDataset(out), batch, mode=mode, num_workers=workers, prefetch_factor=prefetch,
+                       persistent_workers=persistent, seed=seed, batch_transform=aug(),
+                       multiprocessing_context="fork" if mode == "processes" else None, **kw)
+
+
+def take(loader, n: int) -> list:
+    """The next ``n`` batches as (labels, imgs), across epochs (each iter() an epoch); stops right
+    after the n-th (the state is taken there, inside the epoch's loop)."""
+    got = []
+    while len(got) < n:
+        before = len(got)
+        for imgs, labels in loader:
+            got.append((labels.tolist(), imgs.clone()))
+            if len(got) == n:
+                break
+        assert len(got) > before, "an epoch without batches"
+    return got
+
+
+def digest(imgs) -> str:
+    return __import__("hashlib").sha256(imgs.contiguous().numpy().tobytes()).hexdigest()
+
+
+def assert_same(got: list, want: list) -> None:
+    assert [labels for labels, _ in got] == [labels for labels, _ in want]
+    bad = [k for k, ((_, a), (_, b)) in enumerate(zip(got, want)) if not torch.equal(a, b)]
+    assert not bad, f"batches {bad} have other pixels"
+
+
+@pytest.fixture(scope="module")
+def reference(out):
+    """3 uninterrupted epochs (15 batches), checked against the order and the keyed draws."""
+    ref = take(make(out), 3 * PER_EPOCH)
+    ds, keyed = ShardDataset(out), ShardDataset(out, batch_transform=aug(), seed=SEED)
+    for epoch in range(3):
+        keyed.set_epoch(epoch)
+        want = expected_batches(ShardSampler(ds, seed=SEED, num_replicas=1, rank=0), epoch, BATCH)
+        for (labels, imgs), idx in zip(ref[epoch * PER_EPOCH:(epoch + 1) * PER_EPOCH], want):
+            assert labels == [int(ds.targets[i]) for i in idx]
+            assert all(torch.equal(img, keyed[i][0]) for img, i in zip(imgs, idx))
+    return ref
+
+
+def expected_state(out, k: int) -> dict:
+    from shardpack.readers.integrity import manifest_digest
+    return {"version": 1, "dataset": manifest_digest(ShardDataset(out).manifest), "seed": SEED, "order_seed": SEED,
+            "shuffle": True, "drop_last": True, "epoch": k // PER_EPOCH, "samples": k % PER_EPOCH * BATCH,
+            "batch_size": BATCH}
+
+
+@pytest.mark.parametrize("k, first, then", [
+    (0, {"mode": "main"}, {"mode": "threads"}),
+    (1, {"mode": "main"}, {"mode": "processes", "persistent": True}),
+    (3, {"mode": "threads", "prefetch": 4}, {"mode": "main"}),
+    (4, {"mode": "processes", "persistent": False}, {"mode": "threads", "workers": 1}),  # before the last batch
+    (5, {"mode": "main"}, {"mode": "processes", "persistent": True, "prefetch": 4}),  # right after the last
+    (7, {"mode": "processes", "prefetch": 4}, {"mode": "main", "prefetch": 4}),
+])
+def test_resumed_after_k_batches_the_rest_is_the_uninterrupted_runs(out, reference, k, first, then):
+    loader = make(out, **first)
+    head = take(loader, k)
+    state = json.loads(json.dumps(loader.state_dict()))  # JSON-serialisable, as checkpoints store it
+    assert state == expected_state(out, k) and len(json.dumps(state)) < 300
+    resumed = make(out, **then)
+    resumed.load_state_dict(state)
+    assert_same(head + take(resumed, 3 * PER_EPOCH - k), reference)
+    loader.load_state_dict(state)  # its own state: the epoch goes on (a bare iter() would start the next one)
+    assert_same(take(loader, 3 * PER_EPOCH - k), reference[k:])
+
+
+def test_a_state_saved_at_an_epochs_end_starts_the_next_epoch_neither_dropped_nor_repeated(out, reference):
+    loader = make(out)
+    epoch0 = [(labels.tolist(), imgs.clone()) for imgs, labels in loader]  # to its StopIteration
+    state = loader.state_dict()
+    assert state == expected_state(out, PER_EPOCH)
+    resumed = make(out, mode="threads")
+    resumed.load_state_dict(state)
+    assert_same(epoch0 + take(resumed, 2 * PER_EPOCH), reference)
+
+
+def test_two_resumes_in_one_epoch_and_a_state_right_after_a_resume(out, reference):
+    a = make(out)
+    head = take(a, 1)
+    s1 = a.state_dict()
+    b = make(out, mode="threads", workers=1)
+    b.load_state_dict(s1)
+    assert b.state_dict() == s1  # right after a resume
+    it = iter(b)
+    assert b.state_dict() == s1  # and after iter(), before any batch (threads already reading ahead)
+    middle = [next(it), next(it)]
+    s2 = b.state_dict()
+    assert s2 == expected_state(out, 3)
+    c = make(out, mode="processes", persistent=True)
+    c.load_state_dict(s2)
+    rest = take(c, 3 * PER_EPOCH - 3)
+    assert_same(head + [(labels.tolist(), imgs) for imgs, labels in middle] + rest, reference)
+
+
+def test_a_drawn_seed_is_kept_in_the_state_and_taken_by_a_loader_made_without_one(out):
+    torch.manual_seed(11)
+    loader = make(out, seed=None)
+    head = take(loader, 2)
+    state = loader.state_dict()
+    torch.manual_seed(11)
+    whole = take(make(out, seed=None), 2 * PER_EPOCH)
+    torch.manual_seed(12)  # another drawn seed: the state's wins
+    resumed = make(out, seed=None, mode="threads")
+    resumed.load_state_dict(state)
+    assert resumed.state_dict()["seed"] == state["seed"]
+    assert_same(head + take(resumed, 2 * PER_EPOCH - 2), whole)
+
+
+def test_a_sigkilled_training_process_resumes_from_its_last_saved_state_in_a_fresh_process(out, reference, tmp_path):
+    state, record = tmp_path / "loader.json", tmp_path / "seen.jsonl"
+    argv = [sys.executable, "-c", CHILD, str(out), str(state), str(record)]
+    env = {**os.environ, "PYTHONPATH": str(helpers.ROOT)}
+    child = subprocess.Popen([*argv, "threads", "2", "15", "3"], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert child.stdout.readline().strip() == "saved"  # 3 batches trained, threads reading ahead
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.kill()
+        child.wait(timeout=60)
+    assert child.returncode == -signal.SIGKILL
+    assert json.loads(state.read_text()) == expected_state(out, 3)
+    done = subprocess.run([*argv, "processes", "2", "12", "0"], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    seen = [json.loads(line) for line in record.read_text().splitlines()]
+    assert seen == [[labels, digest(imgs)] for labels, imgs in reference]
+    assert json.loads(state.read_text()) == expected_state(out, 15)
+
+
+def test_states_that_cannot_be_honoured_are_refused_in_one_line_naming_why(out, tmp_path):
+    from torch.utils.data import RandomSampler
+
+    loader = make(out)
+    take(loader, 2)
+    state = loader.state_dict()
+    other = helpers.packed("npy", make_tree(tmp_path / "src", {"a": 5}), tmp_path / "other", size=16)
+    cases = [
+        (make(other, batch=2), state, r"another dataset \(manifest digest [0-9a-f]{32}; .*other has [0-9a-f]{32}\)"),
+        (make(out, batch=8), state, "global batch size \\(per-rank batch x world size\\) is 4, this loader's 8"),
+        (make(out, seed=4), state, "state's seed is 3, this loader's 4"),
+        (make(out, drop_last=False), state, "drop_last is True, this loader's False"),
+        (make(out, sampler=RandomSampler(range(N))), state, "sampler \\(RandomSampler\\) has no computed order"),
+        (make(out), [1, 2], "a loader state is a dict"),
+        (make(out), {k: v for k, v in state.items() if k != "epoch"}, "it has no 'epoch'"),
+        (make(out), {**state, "epoch": "1"}, "'epoch' is '1'; it must be int"),
+        (make(out), {**state, "version": 2}, "of version 2; this shardpack reads version 1"),
+        (make(out), {**state, "samples": 6}, "samples 6 is not a step of its batch size 4"),
+        (make(out), {**state, "samples": 20}, "samples 20 is not a step .* inside an epoch of 5 steps"),
+    ]
+    for target, bad, message in cases:
+        with pytest.raises(ValueError, match=message) as err:
+            target.load_state_dict(bad)
+        assert "\n" not in str(err.value) and str(err.value).startswith("load_state_dict: ")
+        assert target.state_dict()["samples"] == 0  # nothing changed
