@@ -257,3 +257,65 @@ def test_states_that_cannot_be_honoured_are_refused_in_one_line_naming_why(out, 
             target.load_state_dict(bad)
         assert "\n" not in str(err.value) and str(err.value).startswith("load_state_dict: ")
         assert target.state_dict()["samples"] == 0  # nothing changed
+
+
+# ---------------------------------------------------------------- DDP: 2 gloo ranks <-> 1, the same global batch
+
+def per_image(labels, imgs) -> list:
+    """A step's samples as sorted [label, pixels digest] pairs (its batches on every rank together)."""
+    return sorted([int(label), digest(img)] for label, img in zip(labels, imgs))
+
+
+def _rank(rank, out, tmp):
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp / 'pg'}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=60))
+    try:
+        loader = make(out, batch=BATCH // 2)  # 2 ranks x 2: the global batch of 4
+        whole, state = [], None
+        for _ in range(2):
+            for imgs, labels in loader:
+                whole.append(per_image(labels, imgs))
+                if len(whole) == 2:
+                    state = loader.state_dict()
+        resumed = make(out, batch=BATCH // 2, mode="threads", workers=1)
+        resumed.load_state_dict(json.loads((tmp / "one.json").read_text()))  # a world size 1 run's, after 3 steps
+        rest = [per_image(labels, imgs) for labels, imgs in take(resumed, 2 * PER_EPOCH - 3)]
+        (tmp / f"rank{rank}.json").write_text(json.dumps({"whole": whole, "state": state, "rest": rest}))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ddp_two_ranks_resumed_on_one_and_one_resumed_on_two_with_the_same_global_batch(out, reference, tmp_path):
+    import multiprocessing as mp
+
+    one = make(out)
+    take(one, 3)
+    (tmp_path / "one.json").write_text(json.dumps(one.state_dict()))
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_rank, args=(r, out, tmp_path)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    assert [p.exitcode for p in procs] == [0, 0]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    steps = [per_image(labels, imgs) for labels, imgs in reference[:2 * PER_EPOCH]]
+
+    def together(key):
+        assert all(not {tuple(x) for x in a} & {tuple(x) for x in b} for a, b in zip(ranks[0][key], ranks[1][key]))
+        return [sorted(a + b) for a, b in zip(ranks[0][key], ranks[1][key])]
+
+    # 2 ranks x 2 take, step by step, the samples of 1 x 4 with the same crops (draws keyed per sample)
+    assert together("whole") == steps
+    assert ranks[0]["state"] == ranks[1]["state"] == expected_state(out, 2)  # the same on every rank
+    assert together("rest") == steps[3:]  # 1 -> 2
+    alone = make(out, mode="processes")
+    alone.load_state_dict(ranks[1]["state"])  # 2 -> 1
+    assert [per_image(labels, imgs) for labels, imgs in take(alone, 2 * PER_EPOCH - 2)] == steps[2:]
