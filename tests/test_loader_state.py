@@ -319,3 +319,43 @@ def test_ddp_two_ranks_resumed_on_one_and_one_resumed_on_two_with_the_same_globa
     alone = make(out, mode="processes")
     alone.load_state_dict(ranks[1]["state"])  # 2 -> 1
     assert [per_image(labels, imgs) for labels, imgs in take(alone, 2 * PER_EPOCH - 2)] == steps[2:]
+
+
+# ---------------------------------------------------------------- PyTorch Lightning: a fit stopped and resumed
+
+@pytest.mark.slow  # importing lightning: ~5-10 s
+@pytest.mark.parametrize("stop", [3, PER_EPOCH])  # mid-epoch; after the epoch's last step
+def test_a_lightning_fit_stopped_mid_epoch_resumes_from_its_checkpoint_with_the_remaining_samples(
+        out, reference, tmp_path, stop):
+    L = pytest.importorskip("lightning")
+
+    class Recorder(L.LightningModule):
+        def __init__(self, loader):
+            super().__init__()
+            self.layer, self.loader, self.seen = torch.nn.Linear(1, 1), loader, []
+
+        def training_step(self, batch, batch_idx):
+            imgs, labels = batch
+            self.seen.append((labels.tolist(), imgs.clone()))
+            return self.layer(imgs.float().mean().view(1, 1)).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+        def train_dataloader(self):
+            return self.loader
+
+    def trainer(max_steps):
+        return L.Trainer(max_steps=max_steps, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=tmp_path,
+                         callbacks=[L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=stop,
+                                                                        save_top_k=-1)])
+
+    first = Recorder(make(out))
+    trainer(stop).fit(first)  # stopped after `stop` of the epoch's 5 steps; checkpoint saved there
+    ckpt = tmp_path / f"epoch=0-step={stop}.ckpt"
+    saved = torch.load(ckpt, weights_only=False)["loops"]["fit_loop"]["state_dict"]["combined_loader"]
+    assert saved == [expected_state(out, stop)]  # Lightning stored the loader's state_dict in its checkpoint
+    second = Recorder(make(out, mode="threads"))
+    trainer(9).fit(second, ckpt_path=ckpt)  # a new loader in another mode, restored by Lightning
+    assert_same(first.seen + second.seen, reference[:9])
