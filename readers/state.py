@@ -33,7 +33,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from .integrity import manifest_digest
-from .sampler import ShardSampler
+from .sampler import ShardSampler, check_fields
 
 VERSION = 1
 FIELDS = {"version": int, "dataset": str, "seed": int, "order_seed": int, "shuffle": bool,
@@ -51,21 +51,9 @@ def world_size(sampler) -> int:
 def check_state(state) -> dict:
     """``state`` if it is a loader state of this schema, else ValueError in one line naming the
     field that is missing, of the wrong type or out of range."""
-    if not isinstance(state, dict):
-        raise ValueError(f"load_state_dict: a loader state is a dict (from state_dict()), got {type(state).__name__}")
-    for name, kind in FIELDS.items():
-        if name not in state:
-            raise ValueError(f"load_state_dict: not a shardpack loader state: it has no {name!r} "
-                             f"(it has {sorted(state)[:8]})")
-        value = state[name]
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise ValueError(f"load_state_dict: the state's {name!r} is {value!r}; it must be {kind.__name__}")
-    if state["version"] != VERSION:
-        raise ValueError(f"load_state_dict: a loader state of version {state['version']}; this shardpack "
-                         f"reads version {VERSION}")
-    for name in ("epoch", "samples", "batch_size"):
-        if state[name] < (1 if name == "batch_size" else 0):
-            raise ValueError(f"load_state_dict: the state's {name!r} is {state[name]}")
+    state = check_fields(state, FIELDS, "load_state_dict")
+    if state["batch_size"] < 1:
+        raise ValueError(f"load_state_dict: the state's 'batch_size' is {state['batch_size']}")
     return state
 
 

@@ -245,7 +245,7 @@ def test_states_that_cannot_be_honoured_are_refused_in_one_line_naming_why(out, 
         (make(out, seed=4), state, "state's seed is 3, this loader's 4"),
         (make(out, drop_last=False), state, "drop_last is True, this loader's False"),
         (make(out, sampler=RandomSampler(range(N))), state, "sampler \\(RandomSampler\\) has no computed order"),
-        (make(out), [1, 2], "a loader state is a dict"),
+        (make(out), [1, 2], "a state is a dict"),
         (make(out), {k: v for k, v in state.items() if k != "epoch"}, "it has no 'epoch'"),
         (make(out), {**state, "epoch": "1"}, "'epoch' is '1'; it must be int"),
         (make(out), {**state, "version": 2}, "of version 2; this shardpack reads version 1"),
@@ -359,3 +359,86 @@ def test_a_lightning_fit_stopped_mid_epoch_resumes_from_its_checkpoint_with_the_
     second = Recorder(make(out, mode="threads"))
     trainer(9).fit(second, ckpt_path=ckpt)  # a new loader in another mode, restored by Lightning
     assert_same(first.seen + second.seen, reference[:9])
+
+
+# ---------------------------------------------------------------- ShardSampler's own state: stock DataLoader, torchdata
+
+def stock_run(out, loader_of, epochs, first_epoch=0, state=None, stop=None):
+    """A stock-style loop: ``sampler.set_epoch`` and ``ds.set_epoch`` every epoch (the keyed
+    draws of ShardDataset(batch_transform=...)); the batches as (labels, imgs) and, when ``stop``
+    batches are taken, the loader and sampler at that point."""
+    ds = ShardDataset(out, batch_transform=aug(), seed=SEED)
+    sampler = ShardSampler(ds, seed=SEED)
+    loader = loader_of(ds, sampler)
+    if state is not None:
+        (loader if hasattr(loader, "load_state_dict") else sampler).load_state_dict(state)
+    got = []
+    for epoch in range(first_epoch, epochs):
+        sampler.set_epoch(epoch)
+        ds.set_epoch(epoch)
+        for imgs, labels in loader:
+            got.append((labels.tolist(), imgs.clone()))
+            if len(got) == stop:
+                return got, loader, sampler
+    return got, loader, sampler
+
+
+def test_a_shard_sampler_resumes_a_stock_dataloader_exactly_on_other_workers(out):
+    from torch.utils.data import DataLoader
+
+    def stock(workers):
+        return lambda ds, sampler: DataLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=workers,
+                                              multiprocessing_context="fork" if workers else None)
+
+    whole, _, _ = stock_run(out, stock(0), 2)
+    assert len(whole) == 2 * (N // BATCH + 1)  # the stock loader keeps the short last batch: 6 an epoch
+    states = {}
+    for k, first, then in [(3, 0, 2), (6, 2, 0), (8, 2, 0)]:  # 6: right after epoch 0's last batch
+        head, _, sampler = stock_run(out, stock(first), 2, stop=k)
+        taken = k % 6 * BATCH if k % 6 else 23  # this epoch's samples the loop received (6 batches: 23)
+        state = states[k] = json.loads(json.dumps(sampler.state_dict(consumed=taken if first else None)))
+        assert state == {"version": 1, "n": N, "seed": SEED, "shuffle": True, "drop_last": False,
+                         "epoch": (k - 1) // 6, "samples": taken}
+        rest, _, _ = stock_run(out, stock(then), 2, first_epoch=state["epoch"], state=state)
+        assert_same(head + rest, whole)  # at an epoch's end its rest is empty, then the next epoch whole
+    after, _, _ = stock_run(out, stock(0), 2, first_epoch=1, state=states[6])  # a loop counting epoch 0 done
+    assert_same(after, whole[6:])  # set_epoch(1): epoch 1 from its start (the state was epoch 0's)
+
+
+def test_a_shard_sampler_resumes_torchdatas_stateful_dataloader_exactly(out):
+    stateful = pytest.importorskip("torchdata.stateful_dataloader", reason="torchdata (the test extra)")
+
+    def sdl(workers):
+        return lambda ds, sampler: stateful.StatefulDataLoader(
+            ds, batch_size=BATCH, sampler=sampler, num_workers=workers,
+            multiprocessing_context="fork" if workers else None)
+
+    whole, _, _ = stock_run(out, sdl(0), 2)
+    for k, first, then in [(3, 2, 2), (6, 0, 0), (8, 2, 2)]:  # its own state needs the same num_workers
+        head, loader, _ = stock_run(out, sdl(first), 2, stop=k)
+        state = loader.state_dict()
+        rest, _, _ = stock_run(out, sdl(then), 2, first_epoch=(k - 1) // 6, state=state)
+        assert_same(head + rest, whole)
+
+
+def test_a_shard_sampler_state_is_global_positions_and_resumes_on_another_world_size():
+    ranks = [ShardSampler(N, seed=SEED, num_replicas=2, rank=r) for r in range(2)]
+    its = [iter(s) for s in ranks]
+    taken = [[next(it) for _ in range(4)] for it in its]
+    assert ranks[0].state_dict() == ranks[1].state_dict() == {
+        "version": 1, "n": N, "seed": SEED, "shuffle": True, "drop_last": False, "epoch": 0, "samples": 8}
+    order = ranks[0].order(range(N)).tolist()
+    assert sorted(taken[0] + taken[1]) == sorted(order[:8])  # global positions 0..7
+    alone = ShardSampler(N)  # seed=None: takes the state's
+    alone.load_state_dict(ranks[0].state_dict())
+    assert alone.state_dict()["samples"] == 8 and list(alone) == order[8:]  # 2 -> 1: positions 8..22
+    halves = [ShardSampler(N, seed=SEED, num_replicas=2, rank=r) for r in range(2)]
+    for s in halves:
+        s.load_state_dict({**alone.state_dict(), "samples": 12})  # 1 -> 2
+    assert sorted(list(halves[0]) + list(halves[1])) == sorted(order[12:] + order[:1])  # padded to 24 (2 ranks)
+    for bad, message in [({**ranks[0].state_dict(), "n": 24}, "the state's n is 24, this sampler's 23"),
+                         ({**ranks[0].state_dict(), "seed": 4}, "the state's seed is 4, this sampler's 3"),
+                         ({**ranks[0].state_dict(), "samples": 9}, "samples 9 do not split into 2 replicas"),
+                         ({"epoch": 0}, "it has no 'version'")]:
+        with pytest.raises(ValueError, match=message):
+            ShardSampler(N, seed=SEED, num_replicas=2, rank=0).load_state_dict(bad)
