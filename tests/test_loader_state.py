@@ -442,3 +442,18 @@ def test_a_shard_sampler_state_is_global_positions_and_resumes_on_another_world_
                          ({"epoch": 0}, "it has no 'version'")]:
         with pytest.raises(ValueError, match=message):
             ShardSampler(N, seed=SEED, num_replicas=2, rank=0).load_state_dict(bad)
+
+
+def test_an_eval_loader_resumes_around_its_short_last_batch(out):
+    """train=False: in order, drop_last=False, the epoch's last batch short (3 of 4)."""
+    whole = take(make(out, train=False), 12)
+    assert [len(labels) for labels, _ in whole] == [4, 4, 4, 4, 4, 3] * 2
+    for k in (5, 6):  # before the short batch; right after it (the next epoch's start)
+        loader = make(out, train=False, mode="threads")
+        head = take(loader, k)
+        state = loader.state_dict()
+        assert (state["epoch"], state["samples"], state["shuffle"], state["drop_last"]) == (k // 6, k % 6 * 4,
+                                                                                            False, False)
+        resumed = make(out, train=False, mode="processes")
+        resumed.load_state_dict(state)
+        assert_same(head + take(resumed, 12 - k), whole)
