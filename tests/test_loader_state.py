@@ -457,3 +457,20 @@ def test_an_eval_loader_resumes_around_its_short_last_batch(out):
         resumed = make(out, train=False, mode="processes")
         resumed.load_state_dict(state)
         assert_same(head + take(resumed, 12 - k), whole)
+
+
+@pytest.mark.slow  # lightning in 2 spawned ranks: ~20 s
+def test_a_lightning_ddp_fit_on_two_ranks_resumes_on_one_with_the_same_global_batch(out, reference, tmp_path):
+    """Trainer(strategy="ddp_spawn", devices=2, use_distributed_sampler=False): make_loader's own
+    ShardSampler shards (Lightning keeps the loader); stopped at step 3, resumed on 1 device x 4."""
+    pytest.importorskip("lightning")
+    from lightning_resume import Recorder, trainer
+
+    trainer(tmp_path, 3, 3, devices=2, strategy="ddp_spawn", use_distributed_sampler=False).fit(
+        Recorder(out, BATCH // 2, "main", tmp_path / "two"))
+    ranks = [json.loads((tmp_path / f"two-{r}.json").read_text()) for r in range(2)]
+    trainer(tmp_path, 9, 100, devices=1).fit(Recorder(out, BATCH, "threads", tmp_path / "one"),
+                                            ckpt_path=tmp_path / "epoch=0-step=3.ckpt")
+    one = json.loads((tmp_path / "one-0.json").read_text())
+    steps = [per_image(labels, imgs) for labels, imgs in reference[:9]]
+    assert [sorted(a + b) for a, b in zip(*ranks)] + one == steps
