@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, Sampler
 
-from .draws import SampleDraws, sample_keys
+from .draws import SampleDraws, sample_keys, worker_seed
 from .loader_checks import check_arguments, check_batch_shape, check_shared_memory, positive_int
 from .sampler import ShardSampler, batches_of
 from .state import ShardLoader
@@ -391,7 +391,8 @@ def make_loader(ds, batch_size: int, train: bool = True, *, batch_transform=None
     return ShardLoader(view, batch_sampler=batches, num_workers=workers, collate_fn=_identity,
                        pin_memory=pin, persistent_workers=persistent_workers, prefetch_factor=prefetch_factor,
                        worker_init_fn=seed_worker, multiprocessing_context=multiprocessing_context,
-                       generator=torch.Generator().manual_seed(base), **stateful)
+                       generator=torch.Generator().manual_seed(worker_seed(base, getattr(sampler, "rank", 0))),
+                       **stateful)
 
 
 def _batch_bytes(view: BatchedDataset, batch_size: int) -> int:

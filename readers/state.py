@@ -32,6 +32,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import DataLoader
 
+from .draws import worker_seed
 from .integrity import manifest_digest
 from .sampler import ShardSampler, check_fields
 
@@ -135,7 +136,7 @@ class ShardLoader(DataLoader):
                              f"size {state['batch_size']} inside an epoch of {per_epoch} steps")
         self._batches.seed, sampler.seed = state["seed"], state["order_seed"]
         if self.generator is not None:  # the worker processes' base seeds (a per-sample ds.transform)
-            self.generator = torch.Generator().manual_seed(state["seed"])
+            self.generator = torch.Generator().manual_seed(worker_seed(state["seed"], getattr(sampler, "rank", 0)))
         self._epoch, self._next, self._open = state["epoch"], state["samples"] // state["batch_size"], False
 
     # -- counting what the loop receives
@@ -183,4 +184,6 @@ class _Counted:
         return len(self._it)
 
     def __getattr__(self, name):  # the DataLoader iterator's own attributes (_num_yielded, ...)
+        if name in ("_loader", "_it", "_generation"):  # not set yet (a copy being made): no recursion
+            raise AttributeError(name)
         return getattr(self._it, name)

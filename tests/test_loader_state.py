@@ -474,3 +474,18 @@ def test_a_lightning_ddp_fit_on_two_ranks_resumes_on_one_with_the_same_global_ba
     one = json.loads((tmp_path / "one-0.json").read_text())
     steps = [per_image(labels, imgs) for labels, imgs in reference[:9]]
     assert [sorted(a + b) for a, b in zip(*ranks)] + one == steps
+
+
+def test_ranks_worker_processes_draw_apart_for_a_per_sample_transform(out):
+    """A per-sample ds.transform draws from torch's generator, which each worker process takes from
+    the loader's seed: with one seed on every rank (DDP), the ranks' workers must still differ."""
+    def noise(img):
+        return torch.rand(3)  # what a random per-sample transform draws
+
+    firsts = []
+    for rank in range(2):
+        ds = ShardDataset(out, transform=noise)
+        loader = make_loader(ds, 4, mode="processes", num_workers=1, seed=0, multiprocessing_context="fork",
+                             sampler=ShardSampler(ds, seed=0, num_replicas=2, rank=rank))
+        firsts.append(next(iter(loader))[0])
+    assert firsts[0].shape == (4, 3) and not torch.equal(firsts[0], firsts[1])
