@@ -10,7 +10,7 @@ so after k steps of a global batch G = per-rank batch x W the ranks together hav
 positions 0 .. k*G - 1, whatever W is: the state is the same on every rank and resumes on any
 world size with the same G.
 
-The state (a JSON-serialisable dict, ~250 bytes at any dataset size)::
+The state (a JSON-serialisable dict, ~180 bytes: 175 at 10,000,000 samples)::
 
     {"version": 1,                  # of this schema; another one is refused
      "dataset": "<32 hex>",         # xxh3_128 of the dataset's manifest: a state of another dataset is refused
