@@ -122,7 +122,7 @@ class ShardSampler(Sampler[int]):
         if seed is None:
             seed = 0 if self.num_replicas > 1 else int(torch.randint(0, 2**62, (1,)).item())
         self.shuffle, self.seed, self.drop_last, self.epoch = bool(shuffle), int(seed), bool(drop_last), 0
-        self._start, self._handed = None, 0  # a loaded position for the next iter(); indices handed out
+        self._start, self._began, self._handed = None, 0, 0  # a loaded position; where iter() began; handed out
         w = self.num_replicas
         self.num_samples = self.n // w if self.drop_last else -(-self.n // w)  # per rank
         self.total_size = self.num_samples * w  # global positions in an epoch, padding included
@@ -130,21 +130,25 @@ class ShardSampler(Sampler[int]):
     def set_epoch(self, epoch: int) -> None:
         epoch = int(epoch)
         if epoch != self.epoch:  # a loaded position belongs to its own epoch
-            self._start, self._handed = None, 0
+            self._start, self._began, self._handed = None, 0, 0
         self.epoch = epoch
 
     def state_dict(self, consumed: int | None = None) -> dict:
         """``{"version", "n", "seed", "shuffle", "drop_last", "epoch", "samples"}`` (JSON-serialisable):
-        ``samples`` the epoch's samples consumed across all ranks, ``consumed`` (this rank's
-        samples the training loop has received this epoch, e.g. steps x batch size) times the
-        world size. ``consumed`` defaults to the indices this sampler has handed out, which is
-        exact under torchdata's StatefulDataLoader (it keeps the sampler's state of each step)
-        and a stock DataLoader with ``num_workers=0``; a stock DataLoader with workers takes
-        ``prefetch_factor x num_workers`` batches ahead, so pass ``consumed`` there."""
-        mine = (self._start if self._start is not None else self._handed) if consumed is None else int(consumed)
+        ``samples`` the epoch's samples consumed across all ranks (this rank's times the world
+        size). ``consumed``: this rank's samples the training loop has received from the current
+        ``iter()`` (a resumed one adds where it began); by default the indices this sampler has
+        handed out, which is exact under torchdata's StatefulDataLoader (it keeps the sampler's
+        state of each step) and a stock DataLoader with ``num_workers=0``; a stock DataLoader
+        with workers takes ``prefetch_factor x num_workers`` batches ahead, so pass ``consumed``
+        there. Raises ValueError for a ``consumed`` beyond the epoch."""
+        if self._start is not None:  # loaded, not iterated yet
+            mine = self._start
+        else:
+            mine = self._handed if consumed is None else self._began + int(consumed)
         if not 0 <= mine <= self.num_samples:
-            raise ValueError(f"ShardSampler.state_dict: consumed={consumed} is not within this rank's "
-                             f"{self.num_samples} samples of an epoch")
+            raise ValueError(f"ShardSampler.state_dict: consumed={consumed} (from position {self._began}) is not "
+                             f"within this rank's {self.num_samples} samples of an epoch")
         return {"version": 1, "n": self.n, "seed": self.seed, "shuffle": self.shuffle, "drop_last": self.drop_last,
                 "epoch": self.epoch, "samples": mine * self.num_replicas}
 
@@ -167,7 +171,7 @@ class ShardSampler(Sampler[int]):
             raise ValueError(f"ShardSampler.load_state_dict: the state's samples {state['samples']} do not split "
                              f"into {w} replicas' shares of at most {self.num_samples}")
         self.seed, self.epoch = state["seed"], state["epoch"]
-        self._start, self._handed = state["samples"] // w, 0
+        self._start, self._began, self._handed = state["samples"] // w, 0, 0
 
     def __len__(self) -> int:
         return self.num_samples
@@ -196,7 +200,7 @@ class ShardSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         start = self._start or 0
-        self._start, self._handed = None, start
+        self._start, self._began, self._handed = None, start, start
         return self._walk(start)
 
     def _walk(self, start: int) -> Iterator[int]:

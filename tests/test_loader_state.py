@@ -401,6 +401,10 @@ def test_a_shard_sampler_resumes_a_stock_dataloader_exactly_on_other_workers(out
                          "epoch": (k - 1) // 6, "samples": taken}
         rest, _, _ = stock_run(out, stock(then), 2, first_epoch=state["epoch"], state=state)
         assert_same(head + rest, whole)  # at an epoch's end its rest is empty, then the next epoch whole
+    again, _, sampler = stock_run(out, stock(2), 2, state=states[3], stop=2)  # resumed at 12, 2 batches more
+    assert sampler.state_dict(consumed=8)["samples"] == 20  # counted from where that iter() began
+    rest, _, _ = stock_run(out, stock(0), 2, state=sampler.state_dict(consumed=8))
+    assert_same(whole[:3] + again + rest, whole)  # a second resume in the epoch
     after, _, _ = stock_run(out, stock(0), 2, first_epoch=1, state=states[6])  # a loop counting epoch 0 done
     assert_same(after, whole[6:])  # set_epoch(1): epoch 1 from its start (the state was epoch 0's)
 
