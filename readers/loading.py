@@ -55,8 +55,7 @@ MODES = ("main", "threads", "processes")
 
 
 class Batch(list):
-    """The indices of one batch, sorted, with the ``seed`` and ``epoch`` its batch transform's
-    draws are keyed by (with each sample's index: readers/draws.py)."""
+    """The indices of one batch, sorted, with the ``seed`` and ``epoch`` its draws are keyed by."""
 
     seed: int | None = None
     epoch: int = 0
@@ -68,12 +67,14 @@ class SortedBatchSampler(Sampler):
 
     Every ``iter()`` is one epoch: it calls ``sampler.set_epoch(epoch)`` when the sampler has it
     (ShardSampler, DistributedSampler) and then counts the epoch up; ``set_epoch`` sets the next
-    one. ``start``: the batch that epoch begins at (a resumed epoch, readers/state.py; this rank's
-    ``start * batch_size``-th index on, computed, not skipped through, for a ShardSampler); it
-    goes back to 0 for the epochs after.
+    one. ``start``: the batch that epoch begins at (a resumed epoch: readers/state.py; computed, not
+    skipped through, for a ShardSampler), 0 for the epochs after.
     """
 
-    def __init__(self, sampler, batch_size: int, drop_last: bool, seed: int):
+    def __init__(self, sampler, batch_size: int, drop_last: bool, seed: int | None = None):
+        if seed is None:  # rebuilt by someone else around their sampler (Lightning's DistributedSampler)
+            raise TypeError("make_loader's loader cannot be rebuilt around another sampler; it shards by rank itself: "
+                            "with PyTorch Lightning under DDP pass Trainer(use_distributed_sampler=False)")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.sampler, self.batch_size, self.drop_last = sampler, int(batch_size), bool(drop_last)
@@ -322,9 +323,8 @@ def make_loader(ds, batch_size: int, train: bool = True, *, batch_transform=None
     - ``batch_transform(imgs, generator=...)``: runs once per batch on the stacked uint8 batch,
       e.g. ``transforms.Compose([RandomResizedCrop(224), RandomHorizontalFlip()])``; its
       ``generator`` is a ``readers.draws.SampleDraws``: each image's draws keyed by (seed, epoch,
-      sample index), the same whatever the mode, workers, batch size or world size (a transform
-      of your own draws with ``shardpack.transforms.uniform(shape, generator)``, a (B, ...)
-      shape). ``ds.transform`` runs per sample (torch's global generator).
+      sample index), the same in any mode, batch size or world size (a transform of your own
+      draws with ``shardpack.transforms.uniform((B, ...), generator)``). ``ds.transform`` runs per sample.
     - ``mode``: "main" (in this process, the reads of the next ``prefetch_factor`` batches
       in flight while one is used), "threads" (``num_workers`` threads), "processes"
       (``num_workers`` DataLoader worker processes, ``prefetch_factor`` each, kept between

@@ -493,3 +493,14 @@ def test_ranks_worker_processes_draw_apart_for_a_per_sample_transform(out):
                              sampler=ShardSampler(ds, seed=0, num_replicas=2, rank=rank))
         firsts.append(next(iter(loader))[0])
     assert firsts[0].shape == (4, 3) and not torch.equal(firsts[0], firsts[1])
+
+
+def test_rebuilding_the_loaders_batches_around_another_sampler_is_refused_saying_what_to_do(out):
+    """PyTorch Lightning under DDP (use_distributed_sampler=True, mode="processes") rebuilds a
+    map-style loader's batch sampler as ``type(bs)(DistributedSampler(...), batch_size=, drop_last=)``
+    (seen with Lightning 2.6.6 and ddp_spawn): that gets one line saying what to pass instead."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    loader = make(out, mode="processes")
+    with pytest.raises(TypeError, match=r"pass Trainer\(use_distributed_sampler=False\)"):
+        type(loader.batch_sampler)(DistributedSampler(range(N), num_replicas=2, rank=0), batch_size=2, drop_last=True)
