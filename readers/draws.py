@@ -39,6 +39,13 @@ def sample_keys(seed: int, epoch: int, indices) -> np.ndarray:
     return _mix(head ^ (idx * _M2 + _GOLDEN))
 
 
+def worker_seed(seed: int, rank: int) -> int:
+    """The seed of the DataLoader ``generator`` that make_loader's worker processes take their
+    torch seeds from (a per-sample ``ds.transform`` draws from those): (seed, rank), so ranks of
+    a DDP run do not draw alike."""
+    return int(np.random.SeedSequence([int(seed) & (2**64 - 1), int(rank)]).generate_state(1, np.uint64)[0]) >> 1
+
+
 class SampleDraws:
     """A stand-in for ``torch.Generator`` that shardpack.transforms accept: uniforms for a batch
     whose row k comes from ``keys[k]`` alone. Every :meth:`uniform` call moves one shared counter

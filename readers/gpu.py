@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .draws import uniform
 from .transforms import _pair, resized_crop_params
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)  # torchvision's ImageNet normalisation constants
@@ -48,7 +49,7 @@ class BatchAugment:
         int64 tensors (B,) and a bool tensor (B,), on the CPU."""
         top, left, h, w = resized_crop_params(torch.full((batch,), height), torch.full((batch,), width),
                                               self.scale, self.ratio, generator)
-        flip = torch.rand(batch, generator=generator) < self.flip_p
+        flip = uniform((batch,), generator) < self.flip_p  # torch.rand, or a SampleDraws' keyed draws
         return top, left, h, w, flip
 
     def __call__(self, imgs: torch.Tensor, generator=None) -> torch.Tensor:

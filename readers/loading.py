@@ -16,10 +16,12 @@ the real sample"):
 - Batches are read whole: a batch sampler hands each fetch a sorted list of indices (sorting
   within a batch changes nothing for training; reads run forwards through the file) and
   ``ShardDataset.read_batch`` fills one (B, H, W, 3) buffer with one vectorised copy.
-- ``batch_transform`` runs once per batch on that uint8 (B, 3, H, W) tensor with a
-  ``torch.Generator`` seeded from (seed, epoch, batch number), so augmented batches are the same
-  whichever mode and however many workers. A per-sample ``ds.transform`` still runs per sample
-  (torch's global generator, which DataLoader seeds per worker and per epoch).
+- ``batch_transform`` runs once per batch on that uint8 (B, 3, H, W) tensor, each image with its
+  own draws keyed by (seed, epoch, sample index) (readers/draws.py, the rule ShardDataset's
+  ``batch_transform`` follows too), so augmented batches are the same whichever mode, however
+  many workers, whatever the batch size or world size, and differ across DDP ranks. A per-sample
+  ``ds.transform`` still runs per sample (torch's global generator, which DataLoader seeds per
+  worker and per epoch).
 - Reads come off the disk when the data is larger than the page cache (issue 15): the readers
   read each batch's exact bytes with many reads in flight (readers/diskio.py), and "main" mode
   keeps the next ``prefetch_factor`` batches' reads in flight while one is used. Depth 2 is the
@@ -41,34 +43,42 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
+from torch.utils.data import Dataset, IterableDataset, Sampler
 
+from .draws import SampleDraws, sample_keys, worker_seed
 from .loader_checks import check_arguments, check_batch_shape, check_shared_memory, positive_int
 from .sampler import ShardSampler, batches_of
+from .state import ShardLoader
 from .system import usable_cpus
 
 MODES = ("main", "threads", "processes")
 
 
 class Batch(list):
-    """The indices of one batch, sorted, with ``seed`` for its batch transform's generator."""
+    """The indices of one batch, sorted, with the ``seed`` and ``epoch`` its draws are keyed by."""
 
     seed: int | None = None
+    epoch: int = 0
 
 
 class SortedBatchSampler(Sampler):
     """Groups ``sampler``'s indices into batches of ``batch_size``, each sorted ascending, as
-    :class:`Batch` lists carrying a seed derived from (``seed``, epoch, batch number).
+    :class:`Batch` lists carrying ``seed`` and their epoch (the key of their draws).
 
     Every ``iter()`` is one epoch: it calls ``sampler.set_epoch(epoch)`` when the sampler has it
-    (ShardSampler, DistributedSampler) and then counts the epoch up; ``set_epoch`` sets the next one.
+    (ShardSampler, DistributedSampler) and then counts the epoch up; ``set_epoch`` sets the next
+    one. ``start``: the batch that epoch begins at (a resumed epoch: readers/state.py; computed, not
+    skipped through, for a ShardSampler), 0 for the epochs after.
     """
 
-    def __init__(self, sampler, batch_size: int, drop_last: bool, seed: int):
+    def __init__(self, sampler, batch_size: int, drop_last: bool, seed: int | None = None):
+        if seed is None:  # rebuilt by someone else around their sampler (Lightning's DistributedSampler)
+            raise TypeError("make_loader's loader cannot be rebuilt around another sampler; it shards by rank itself: "
+                            "with PyTorch Lightning under DDP pass Trainer(use_distributed_sampler=False)")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.sampler, self.batch_size, self.drop_last = sampler, int(batch_size), bool(drop_last)
-        self.seed, self.epoch = int(seed), 0
+        self.seed, self.epoch, self.start = int(seed), 0, 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
@@ -78,15 +88,15 @@ class SortedBatchSampler(Sampler):
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def __iter__(self):
-        epoch = self.epoch
-        self.epoch += 1
+        epoch, start = self.epoch, self.start
+        self.epoch, self.start = epoch + 1, 0
         if hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)
-        for n, chunk in enumerate(batches_of(self.sampler, self.batch_size)):
+        for chunk in batches_of(self.sampler, self.batch_size, start * self.batch_size):
             if len(chunk) < self.batch_size and self.drop_last:
                 break
             batch = Batch(np.sort(chunk).tolist())
-            batch.seed = int(np.random.SeedSequence([self.seed, epoch, n]).generate_state(1, np.uint64)[0]) >> 1
+            batch.seed, batch.epoch = self.seed, epoch
             yield batch
 
 
@@ -175,15 +185,15 @@ class BatchedDataset(Dataset):
 
     def finish(self, indices, imgs, labels, scratch=None):
         """``(imgs, labels)`` of the batch ``indices`` read whole, after ``target_transform``
-        and ``batch_transform`` (seeded from ``indices.seed``: every random draw of a batch comes
-        from this one generator); ``imgs`` a (B, 3, H, W) batch, or a list of (3, H, W) images
-        when :attr:`ragged`; ``scratch``: the reused buffer imgs is a view of, which the result
-        must not be."""
+        and ``batch_transform`` (given a :class:`SampleDraws` keyed by ``indices.seed``,
+        ``indices.epoch`` and each sample's index, when ``indices`` is a :class:`Batch`); ``imgs``
+        a (B, 3, H, W) batch, or a list of (3, H, W) images when :attr:`ragged`; ``scratch``: the
+        reused buffer imgs is a view of, which the result must not be."""
         if self.whole_batches and self.ds.target_transform is not None:
             labels = torch.as_tensor([self.ds.target_transform(int(v)) for v in labels])
         if self.batch_transform is not None:
             seed = getattr(indices, "seed", None)
-            gen = None if seed is None else torch.Generator().manual_seed(seed)
+            gen = None if seed is None else SampleDraws(sample_keys(seed, indices.epoch, indices))
             imgs = self.batch_transform(imgs, generator=gen)
             if scratch is not None and imgs.untyped_storage().data_ptr() == scratch.ctypes.data:
                 imgs = imgs.clone()  # a view of the reused buffer (e.g. CenterCrop) must not escape
@@ -300,8 +310,10 @@ def make_loader(ds, batch_size: int, train: bool = True, *, batch_transform=None
                 num_workers: int | None = None, prefetch_factor: int = 2,
                 pin_memory: bool | None = None, seed: int | None = None,
                 drop_last: bool | None = None, sampler=None, multiprocessing_context=None,
-                persistent_workers: bool = True) -> DataLoader:
-    """A DataLoader yielding ``(imgs, labels)`` batches of ``ds`` (a ShardDataset).
+                persistent_workers: bool = True) -> ShardLoader:
+    """A DataLoader (a :class:`~readers.state.ShardLoader`) yielding ``(imgs, labels)`` batches of
+    ``ds`` (a ShardDataset), with ``state_dict()`` / ``load_state_dict(state)`` to resume
+    mid-epoch exactly, in any mode or world size with the same global batch (readers/state.py).
 
     imgs: ``torch.uint8`` (B, 3, H, W) channels_last (HWC memory) unless ``batch_transform``
     or ``ds.transform`` makes something else; labels: int64 (B,).
@@ -310,7 +322,9 @@ def make_loader(ds, batch_size: int, train: bool = True, *, batch_transform=None
       initialised) and ``drop_last``; otherwise in order and keep the last batch.
     - ``batch_transform(imgs, generator=...)``: runs once per batch on the stacked uint8 batch,
       e.g. ``transforms.Compose([RandomResizedCrop(224), RandomHorizontalFlip()])``; its
-      generator is seeded from (seed, epoch, batch number). ``ds.transform`` runs per sample.
+      ``generator`` is a ``readers.draws.SampleDraws``: each image's draws keyed by (seed, epoch,
+      sample index), the same in any mode, batch size or world size (a transform of your own
+      draws with ``shardpack.transforms.uniform((B, ...), generator)``). ``ds.transform`` runs per sample.
     - ``mode``: "main" (in this process, the reads of the next ``prefetch_factor`` batches
       in flight while one is used), "threads" (``num_workers`` threads), "processes"
       (``num_workers`` DataLoader worker processes, ``prefetch_factor`` each, kept between
@@ -318,8 +332,8 @@ def make_loader(ds, batch_size: int, train: bool = True, *, batch_transform=None
       ``num_workers`` defaults to ``usable_cpus()``.
     - ``pin_memory`` defaults to ``torch.cuda.is_available()``.
     - ``seed``: shuffling and augmentation; by default drawn from torch's global generator (so
-      ``torch.manual_seed`` makes runs repeat). With torch.distributed the sampler gets ``seed``
-      or 0, the same on every rank.
+      ``torch.manual_seed`` makes runs repeat), or 0 with torch.distributed (the same on every
+      rank, as DistributedSampler).
     - ``sampler``: replaces the default sampler (e.g. ``RandomSampler(ds, num_samples=N)``); any
       sampler's indices are taken a chunk at a time, never the whole epoch at once.
 
@@ -352,32 +366,33 @@ def make_loader(ds, batch_size: int, train: bool = True, *, batch_transform=None
     workers = num_workers or max(1, usable_cpus())
     pin = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
     drop_last = train if drop_last is None else drop_last
-    base = int(torch.randint(0, 2**62, (1,)).item()) if seed is None else int(seed)
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    base = int(seed) if seed is not None else 0 if distributed else int(torch.randint(0, 2**62, (1,)).item())
     if sampler is None:  # this rank's share when torch.distributed is initialised
-        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-        sampler = ShardSampler(ds, shuffle=train, seed=(0 if seed is None else seed) if distributed else base,
-                               drop_last=drop_last)
+        sampler = ShardSampler(ds, shuffle=train, seed=base, drop_last=drop_last)
     batches = SortedBatchSampler(sampler, batch_size, drop_last, base)
     if drop_last and len(batches) == 0 and len(sampler):
         raise ValueError(f"make_loader: batch_size {batch_size} is larger than the {len(sampler)} samples per "
                          f"epoch, and a train loader drops the last incomplete batch (drop_last), so it would "
                          f"yield no batches; pass a batch_size of at most {len(sampler)}, or drop_last=False")
     view = BatchedDataset(ds, batch_transform)
+    stateful = {"ds": ds, "batches": batches, "seed_given": seed is not None}  # readers/state.py
     if mode == "main" and view.whole_batches and hasattr(ds, "start_batch"):
-        return DataLoader(PrefetchedBatches(view, batches, prefetch_factor), batch_size=None,
-                          collate_fn=_identity, pin_memory=pin)
+        return ShardLoader(PrefetchedBatches(view, batches, prefetch_factor), batch_size=None,
+                           collate_fn=_identity, pin_memory=pin, **stateful)
     if mode == "main":
-        return DataLoader(view, batch_sampler=batches, collate_fn=_identity, pin_memory=pin)
+        return ShardLoader(view, batch_sampler=batches, collate_fn=_identity, pin_memory=pin, **stateful)
     if mode == "threads":
-        return DataLoader(ThreadedBatches(view, batches, workers, prefetch_factor), batch_size=None,
-                          collate_fn=_identity, pin_memory=pin)
+        return ShardLoader(ThreadedBatches(view, batches, workers, prefetch_factor), batch_size=None,
+                           collate_fn=_identity, pin_memory=pin, **stateful)
     warning = check_shared_memory(_batch_bytes(view, batch_size), workers, prefetch_factor)
     if warning:
         warnings.warn(warning, RuntimeWarning, stacklevel=2)
-    return DataLoader(view, batch_sampler=batches, num_workers=workers, collate_fn=_identity,
-                      pin_memory=pin, persistent_workers=persistent_workers, prefetch_factor=prefetch_factor,
-                      worker_init_fn=seed_worker, multiprocessing_context=multiprocessing_context,
-                      generator=torch.Generator().manual_seed(base))
+    return ShardLoader(view, batch_sampler=batches, num_workers=workers, collate_fn=_identity,
+                       pin_memory=pin, persistent_workers=persistent_workers, prefetch_factor=prefetch_factor,
+                       worker_init_fn=seed_worker, multiprocessing_context=multiprocessing_context,
+                       generator=torch.Generator().manual_seed(worker_seed(base, getattr(sampler, "rank", 0))),
+                       **stateful)
 
 
 def _batch_bytes(view: BatchedDataset, batch_size: int) -> int:

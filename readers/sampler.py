@@ -102,6 +102,12 @@ class ShardSampler(Sampler[int]):
     order dropped), otherwise padded with the order's first positions up to one, exactly as
     DistributedSampler pads; rank r takes positions r, r + W, ... of that order.
 
+    ``state_dict()`` / ``load_state_dict(state)`` (the names torchdata's ``StatefulDataLoader``
+    calls) resume inside an epoch: the state is a few numbers, the epoch and the samples consumed
+    across all ranks (this rank's count x the world size), so it resumes on another world size
+    too; the next ``iter()`` starts there (``set_epoch`` to another epoch starts that one from its
+    beginning). See :meth:`state_dict` for what a stock DataLoader with workers needs.
+
     Memory: O(1): the order is computed :data:`CHUNK` positions at a time (0.5 MB), never stored.
     """
 
@@ -112,15 +118,60 @@ class ShardSampler(Sampler[int]):
             raise ValueError(f"ShardSampler: a dataset of {n} samples; give a dataset or a count >= 0")
         self.n = int(n)
         self.num_replicas, self.rank = _world(num_replicas, rank)
+        self._seed_given = seed is not None
         if seed is None:
             seed = 0 if self.num_replicas > 1 else int(torch.randint(0, 2**62, (1,)).item())
         self.shuffle, self.seed, self.drop_last, self.epoch = bool(shuffle), int(seed), bool(drop_last), 0
+        self._start, self._began, self._handed = None, 0, 0  # a loaded position; where iter() began; handed out
         w = self.num_replicas
         self.num_samples = self.n // w if self.drop_last else -(-self.n // w)  # per rank
         self.total_size = self.num_samples * w  # global positions in an epoch, padding included
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
+        epoch = int(epoch)
+        if epoch != self.epoch:  # a loaded position belongs to its own epoch
+            self._start, self._began, self._handed = None, 0, 0
+        self.epoch = epoch
+
+    def state_dict(self, consumed: int | None = None) -> dict:
+        """``{"version", "n", "seed", "shuffle", "drop_last", "epoch", "samples"}`` (JSON-serialisable):
+        ``samples`` the epoch's samples consumed across all ranks (this rank's times the world
+        size). ``consumed``: this rank's samples the training loop has received from the current
+        ``iter()`` (a resumed one adds where it began); by default the indices this sampler has
+        handed out, which is exact under torchdata's StatefulDataLoader (it keeps the sampler's
+        state of each step) and a stock DataLoader with ``num_workers=0``; a stock DataLoader
+        with workers takes ``prefetch_factor x num_workers`` batches ahead, so pass ``consumed``
+        there. Raises ValueError for a ``consumed`` beyond the epoch."""
+        if self._start is not None:  # loaded, not iterated yet
+            mine = self._start
+        else:
+            mine = self._handed if consumed is None else self._began + int(consumed)
+        if not 0 <= mine <= self.num_samples:
+            raise ValueError(f"ShardSampler.state_dict: consumed={consumed} (from position {self._began}) is not "
+                             f"within this rank's {self.num_samples} samples of an epoch")
+        return {"version": 1, "n": self.n, "seed": self.seed, "shuffle": self.shuffle, "drop_last": self.drop_last,
+                "epoch": self.epoch, "samples": mine * self.num_replicas}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Start the next ``iter()`` where ``state`` (a :meth:`state_dict`, maybe of another world
+        size) stands: its epoch, this rank's ``samples / world size``-th index. A sampler made
+        with ``seed=None`` takes the state's seed. Raises ValueError in one line naming what
+        differs: a malformed state, another number of samples, seed (one given), ``shuffle``
+        or ``drop_last``, or ``samples`` that do not split over this world size."""
+        fields = {"version": int, "n": int, "seed": int, "shuffle": bool, "drop_last": bool, "epoch": int,
+                  "samples": int}
+        state = check_fields(state, fields, "ShardSampler.load_state_dict")
+        given = {"n": True, "seed": self._seed_given, "shuffle": True, "drop_last": True}
+        for name, refuse in given.items():
+            if state[name] != getattr(self, name) and refuse:
+                raise ValueError(f"ShardSampler.load_state_dict: the state's {name} is {state[name]}, this "
+                                 f"sampler's {getattr(self, name)}")
+        w = self.num_replicas
+        if state["samples"] % w or not 0 <= state["samples"] // w <= self.num_samples:
+            raise ValueError(f"ShardSampler.load_state_dict: the state's samples {state['samples']} do not split "
+                             f"into {w} replicas' shares of at most {self.num_samples}")
+        self.seed, self.epoch = state["seed"], state["epoch"]
+        self._start, self._began, self._handed = state["samples"] // w, 0, 0
 
     def __len__(self) -> int:
         return self.num_samples
@@ -148,18 +199,49 @@ class ShardSampler(Sampler[int]):
             yield perm[p] if perm is not None else p
 
     def __iter__(self) -> Iterator[int]:
-        for chunk in self.chunks():
-            yield from chunk.tolist()
+        start = self._start or 0
+        self._start, self._began, self._handed = None, start, start
+        return self._walk(start)
+
+    def _walk(self, start: int) -> Iterator[int]:
+        for chunk in self.chunks(start):
+            for i in chunk.tolist():
+                self._handed += 1
+                yield i
 
     def __repr__(self):
         return (f"ShardSampler({self.n} samples, shuffle={self.shuffle}, seed={self.seed}, epoch={self.epoch}, "
                 f"rank {self.rank} of {self.num_replicas}, drop_last={self.drop_last})")
 
 
-def batches_of(sampler, size: int):
-    """``sampler``'s indices in int64 arrays of ``size`` (the last may be shorter), taken a chunk
-    at a time (``ShardSampler.chunks``, or islices of any other sampler), never the epoch whole."""
-    chunks = sampler.chunks() if isinstance(sampler, ShardSampler) else _islices(sampler, max(size, CHUNK))
+def check_fields(state, fields: dict, who: str) -> dict:
+    """``state`` if it is a dict holding every one of ``fields`` (name -> type) and ``version`` 1,
+    else ValueError in one line, from ``who``, naming the field missing or of the wrong type."""
+    if not isinstance(state, dict):
+        raise ValueError(f"{who}: a state is a dict (from state_dict()), got {type(state).__name__}")
+    for name, kind in fields.items():
+        if name not in state:
+            raise ValueError(f"{who}: not a shardpack state: it has no {name!r} (it has {sorted(state)[:9]})")
+        value = state[name]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise ValueError(f"{who}: the state's {name!r} is {value!r}; it must be {kind.__name__}")
+    if state["version"] != 1:
+        raise ValueError(f"{who}: a state of version {state['version']}; this shardpack reads version 1")
+    for name in ("epoch", "samples"):
+        if state.get(name, 0) < 0:
+            raise ValueError(f"{who}: the state's {name!r} is {state[name]}")
+    return state
+
+
+def batches_of(sampler, size: int, start: int = 0):
+    """``sampler``'s indices from its ``start``-th on in int64 arrays of ``size`` (the last may be
+    shorter), taken a chunk at a time (``ShardSampler.chunks``, which starts anywhere at no cost,
+    or islices of any other sampler, the first ``start`` indices drawn and dropped), never the epoch whole."""
+    if isinstance(sampler, ShardSampler):
+        chunks = sampler.chunks(start)
+    else:
+        chunks = _islices(sampler, max(size, CHUNK))
+        chunks = _dropping(chunks, start) if start else chunks
     rest = np.empty(0, np.int64)
     for chunk in chunks:
         rest = np.concatenate([rest, chunk]) if len(rest) else chunk
@@ -169,6 +251,15 @@ def batches_of(sampler, size: int):
         rest = rest[whole:]
     if len(rest):
         yield rest
+
+
+def _dropping(chunks, n: int):
+    for chunk in chunks:
+        if n < len(chunk):
+            yield chunk[n:]
+            n = 0
+        else:
+            n -= len(chunk)
 
 
 def _islices(sampler, size: int):
