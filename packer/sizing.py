@@ -46,6 +46,11 @@ MAX_WORKERS_PER_CPU = 4  # --workers above this many per usable CPU is refused
 # spare for the paths' own table; the path's bytes are added (index_bytes)
 INDEX_COLUMN_BYTES = 48
 FILES_BYTES = 64 << 10  # manifest.json, skipped.json, index/ and the format's small files: a few KB each, whole blocks
+# the run directory besides the output: the ledger per file (ledger.py: status 1, checksum 8, source size 8,
+# mode 1, shape 8 bytes) and the kept listing (sameness.save_listings: the path, a NUL, the int64 label), and
+# its small files: plan.json (~8 KB), progress.json, durable.json, skipped.jsonl, the folders, whole blocks
+LEDGER_BYTES = 26 + 1 + 8
+RUN_FILES_BYTES = 64 << 10
 OUTPUT_MARGIN = 1.03  # over the output's modelled bytes (an estimate of JPEG sizes from 16 files is within ~5%)
 
 
@@ -140,14 +145,20 @@ def estimate_record_bytes(root, paths, recipe, files: int = ESTIMATE_FILES) -> t
     return float(np.mean(raw)), float(np.mean(enc)), len(enc)
 
 
-def index_bytes(listing: Listing) -> int:
-    """Bytes of index/, manifest.json and the small files beside them for ``listing``: per
-    sample INDEX_COLUMN_BYTES and its path (the mean UTF-8 length of up to 1,000 paths spread
-    over the listing), and FILES_BYTES, with the class names, for the files themselves."""
+def mean_path_bytes(listing: Listing) -> float:
+    """The mean UTF-8 length of up to 1,000 of ``listing``'s paths spread over it (0 when empty)."""
     n = len(listing)
     picks = np.unique(np.linspace(0, n - 1, min(n, 1000)).round().astype(int)) if n else []
-    path = float(np.mean([len(listing.paths[i].encode("utf-8", "surrogateescape")) for i in picks])) if n else 0.0
-    return int(n * (INDEX_COLUMN_BYTES + path) + FILES_BYTES + 2 * sum(len(c) + 8 for c in listing.classes))
+    return float(np.mean([len(listing.paths[i].encode("utf-8", "surrogateescape")) for i in picks])) if n else 0.0
+
+
+def index_bytes(listing: Listing) -> int:
+    """Bytes of index/, manifest.json and the small files beside them for ``listing``: per
+    sample INDEX_COLUMN_BYTES and its path (mean_path_bytes), and FILES_BYTES, with the class
+    names, for the files themselves."""
+    n = len(listing)
+    return int(n * (INDEX_COLUMN_BYTES + mean_path_bytes(listing)) + FILES_BYTES
+               + 2 * sum(len(c) + 8 for c in listing.classes))
 
 
 def output_bytes(listing: Listing, recipe: Recipe, fmt: str, estimate: SizeEstimate | None = None) -> int:
@@ -155,7 +166,7 @@ def output_bytes(listing: Listing, recipe: Recipe, fmt: str, estimate: SizeEstim
     files (its writer's ``stored_bytes``: LMDB's pages, tar's headers), the index and
     OUTPUT_MARGIN; ``estimate``: estimate_size's result when already taken (it may open HEADERS
     files). Measured against ``du`` of outputs: 1.0-1.3x for 16 px and 256 px samples of every
-    format (tests/test_cli_output.py). Raises ValueError for an unknown format."""
+    format (tests/test_space_check.py). Raises ValueError for an unknown format."""
     from .writers import writer_class
     estimate = estimate or estimate_size(listing, recipe)
     fixed = recipe.shape() is not None
@@ -165,14 +176,15 @@ def output_bytes(listing: Listing, recipe: Recipe, fmt: str, estimate: SizeEstim
 
 def scratch_bytes(listing: Listing, recipe: Recipe, fmt: str, workers: int, estimate: SizeEstimate,
                   engine: str = "local") -> int:
-    """Bytes a run writes besides its output, for the free-space check: the ledger's columns,
-    skip log and checkpoints, the ring buffer (streamed samples, K > 1), and what the format's
-    writer class says it needs (its ``scratch_bytes``: its own state, LMDB's whole pages per
-    value, the second copy of variable-shape HDF5...). Raises ValueError for an unknown format."""
+    """Bytes a run writes besides its output, for the free-space check: the ledger's columns and
+    the kept listing (LEDGER_BYTES and the path a file), the skip log and checkpoints
+    (RUN_FILES_BYTES), the ring buffer (streamed samples, K > 1), and what the format's writer
+    class says it needs (its ``scratch_bytes``: its own state, LMDB's whole pages per value, the
+    second copy of variable-shape HDF5...). Raises ValueError for an unknown format."""
     from .writers import writer_class
     n, fixed = len(listing), recipe.shape() is not None
     writer = writer_class(fmt, not fixed, recipe.encoding)
-    total = n * 26 + (1 << 20)  # status, checksum, size, mode, shape per file; logs, checkpoints
+    total = n * (LEDGER_BYTES + mean_path_bytes(listing)) + RUN_FILES_BYTES  # was a flat 1 MiB: 1.5x of a tiny output
     if engine != "local":  # unit parts decoded ahead of the commit (units.py; a cluster's CPUs are not known here)
         from .units import unit_files, units_ahead
         total += units_ahead(workers) * unit_files(recipe) * int(estimate.sample_bytes)

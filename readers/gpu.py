@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import transform_checks as checks
 from .draws import uniform
 from .transforms import _pair, resized_crop_params
 
@@ -39,10 +40,11 @@ class BatchAugment:
     def __init__(self, size, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), flip_p: float = 0.5,
                  mean=IMAGENET_MEAN, std=IMAGENET_STD, dtype=torch.float32, channels_last=False):
         self.size = _pair(size)
-        self.scale, self.ratio, self.flip_p = tuple(scale), tuple(ratio), float(flip_p)
+        self.scale = checks.crop_range("BatchAugment", "scale", scale, 1)
+        self.ratio = checks.crop_range("BatchAugment", "ratio", ratio)
+        self.flip_p = checks.probability("BatchAugment", "flip_p", flip_p)
         self.mean, self.std = tuple(mean), tuple(std)
         self.dtype, self.channels_last = dtype, channels_last
-        resized_crop_params([1], [1], self.scale, self.ratio)  # validate now
 
     def params(self, batch: int, height: int, width: int, generator=None):
         """Random ``(top, left, h, w, flip)`` for ``batch`` images of ``height`` x ``width``:
@@ -53,6 +55,7 @@ class BatchAugment:
         return top, left, h, w, flip
 
     def __call__(self, imgs: torch.Tensor, generator=None) -> torch.Tensor:
+        checks.check_layout("BatchAugment", imgs.shape, False)
         b, _, height, width = imgs.shape
         return self.apply(imgs, *self.params(b, height, width, generator))
 

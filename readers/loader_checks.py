@@ -5,6 +5,7 @@ TypeError, naming the argument and its value), and whether worker processes' bat
 
 from __future__ import annotations
 
+import multiprocessing.context
 import operator
 import shutil
 
@@ -30,12 +31,18 @@ def positive_int(name: str, value, hint: str = "") -> int:
     raise TypeError(f"make_loader: {name} must be a positive int, got {value!r} ({type(value).__name__})")
 
 
-def check_arguments(ds, train, batch_transform, seed) -> None:
+START_METHODS = ("fork", "spawn", "forkserver")
+SEED_END = 2**63  # torch.Generator().manual_seed takes up to 2**64 - 1; numpy's SeedSequence no negatives
+
+
+def check_arguments(ds, train, batch_transform, seed, multiprocessing_context=None) -> None:
     """make_loader's other arguments, each refused in one line naming it (TypeError): ``ds`` a
     map-style dataset that reads batches (a ShardDataset: ``__len__`` and ``__getitems__``), not a
-    path; ``train`` a bool; ``batch_transform`` None or callable; ``seed`` None or an int; and
-    ValueError for a ``ds`` opened with its own ``batch_transform`` (the stock DataLoader's: two
-    places for one batch step would leave which one runs unclear)."""
+    path; ``train`` a bool; ``batch_transform`` None or callable; ``seed`` None or an int (and
+    ValueError outside 0 <= seed < 2**63); ``multiprocessing_context`` None, a start method name
+    ("fork", "spawn", "forkserver"; ValueError for another string) or a multiprocessing context
+    object; and ValueError for a ``ds`` opened with its own ``batch_transform`` (the stock
+    DataLoader's: two places for one batch step would leave which one runs unclear)."""
     if not (hasattr(ds, "__getitems__") and hasattr(ds, "__len__")):
         hint = (f"; open it first: make_loader(ShardDataset({str(ds)!r}), ...)"
                 if isinstance(ds, (str, bytes)) or hasattr(ds, "__fspath__") else
@@ -51,6 +58,20 @@ def check_arguments(ds, train, batch_transform, seed) -> None:
                          "make_loader(batch_transform=...) instead and open ds without it")
     if seed is not None and (isinstance(seed, (bool, np.bool_)) or not _is_int(seed)):
         raise TypeError(f"make_loader: seed must be an int or None, got {seed!r} ({type(seed).__name__})")
+    if seed is not None and not 0 <= operator.index(seed) < SEED_END:
+        raise ValueError(f"make_loader: seed must be in 0 <= seed < 2**63, got {operator.index(seed)}")
+    check_context(multiprocessing_context)
+
+
+def check_context(context) -> None:
+    """``multiprocessing_context`` as DataLoader takes it, checked in every mode (one line)."""
+    if context is None or isinstance(context, multiprocessing.context.BaseContext) or context in START_METHODS:
+        return
+    says = ("make_loader: multiprocessing_context must be None, 'fork', 'spawn', 'forkserver' or a "
+            f"multiprocessing context object, got {context!r}")
+    if isinstance(context, str):
+        raise ValueError(says)
+    raise TypeError(f"{says} ({type(context).__name__})")
 
 
 def _is_int(value) -> bool:

@@ -347,12 +347,14 @@ def make_loader(ds, batch_size: int, train: bool = True, *, batch_transform=None
     ValueError for an unknown ``mode``; TypeError for a ``batch_size``, ``num_workers`` or
     ``prefetch_factor`` that is not an int (floats, bools, strings), ValueError when one is
     below 1; TypeError for a ``ds`` that is not a ShardDataset (a path, say), a ``train`` that
-    is not a bool, a ``batch_transform`` that is not callable, a ``seed`` that is not an int;
+    is not a bool, a ``batch_transform`` that is not callable, a ``seed`` that is not an int
+    (ValueError outside 0 <= seed < 2**63), a ``multiprocessing_context`` that is not None, a
+    start method name or a context object (ValueError for an unknown name);
     ValueError when ``drop_last`` (a train loader) would leave no batch at all (a
     batch larger than the samples of an epoch), and for a variable-shape output whose batches
     cannot be brought to one size (no such batch transform).
     """
-    check_arguments(ds, train, batch_transform, seed)
+    check_arguments(ds, train, batch_transform, seed, multiprocessing_context)
     batch_size = positive_int("batch_size", batch_size)
     prefetch_factor = positive_int("prefetch_factor", prefetch_factor)
     if num_workers is not None:

@@ -14,7 +14,9 @@ output, as ``make_loader`` gives it) works too: each image gets its own box draw
 H, W (the same draws, in the same order, as a batch of those sizes would get), is cropped on its
 own, and a fixed-size step (RandomResizedCrop, RandomCrop, CenterCrop) stacks the results into a
 uint8 (B, 3, h, w) batch; steps that keep the size (RandomHorizontalFlip) return a list.
-``out_size`` tells the size a transform gives (None when it keeps its input's). Randomness comes
+``out_size`` tells the size a transform gives (None when it keeps its input's). A tensor in the
+other order ((B, H, W, 3), or numpy (B, 3, H, W)) is refused in one line (ValueError), as are
+parameters out of range when a transform is made (readers/transform_checks.py). Randomness comes
 from ``generator`` (a ``torch.Generator``, or a ``readers.draws.SampleDraws``: each image's draws
 keyed by its own (seed, epoch, sample index), as ``ShardDataset(batch_transform=...)`` gives) or
 torch's global generator, which DataLoader seeds per worker, as torchvision does; every
@@ -37,6 +39,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from . import transform_checks as checks
 from .draws import uniform
 
 TRIES = 10  # torchvision's RandomResizedCrop tries before the fallback
@@ -63,11 +66,11 @@ def resized_crop_params(height, width, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), 
     int64 tensors ``(top, left, h, w)``, each (B,). Per image: up to 10 tries of area fraction
     ``U(scale)`` and aspect ratio ``exp(U(log ratio))`` (uniforms drawn in float32 as torchvision
     does); the first box that fits is placed uniformly (``randint(0, H - h + 1)``); if none fits,
-    the central crop of the whole image clamped to ``ratio``. Raises ValueError on an empty scale
-    or ratio range given in the wrong order (torchvision warns; we refuse).
+    the central crop of the whole image clamped to ``ratio``. Raises ValueError unless ``scale``
+    and ``ratio`` are (lo, hi) with 0 < lo <= hi (torchvision warns on some of these; we refuse;
+    a scale above 1 is left to the fallback here, refused by the transforms when made).
     """
-    if scale[0] > scale[1] or ratio[0] > ratio[1]:
-        raise ValueError(f"scale {scale} and ratio {ratio} must be (min, max)")
+    scale, ratio = checks.crop_range("", "scale", scale), checks.crop_range("", "ratio", ratio)
     height = torch.as_tensor(height, dtype=torch.int64).reshape(-1)
     width = torch.as_tensor(width, dtype=torch.int64).reshape(-1)
     n = len(height)
@@ -126,6 +129,7 @@ class _Transform:
             raise TypeError(f"{type(self).__name__} takes uint8 (3, H, W) / (B, 3, H, W) tensors, "
                             f"(H, W, 3) / (B, H, W, 3) numpy arrays or a list of (3, H, W) tensors, "
                             f"got {_kind(img)}")
+        checks.check_layout(type(self).__name__, img.shape, is_numpy)
         single = x.ndim == 3
         out = self._batch(x[None] if single else x, generator)
         out = out[0] if single else out
@@ -150,6 +154,7 @@ def _checked_images(t, images) -> list:
     for k, im in enumerate(images):
         if not isinstance(im, torch.Tensor) or im.dtype != torch.uint8 or im.ndim != 3:
             raise TypeError(f"{type(t).__name__} takes a list of uint8 (3, H, W) tensors; image {k} is {_kind(im)}")
+        checks.check_list_image(type(t).__name__, k, im.shape)
     return list(images)
 
 
@@ -201,13 +206,17 @@ def _crop_into(images, top, left, out: torch.Tensor) -> torch.Tensor:
 
 def _pad(x: torch.Tensor, ltrb, fill=0, mode="constant") -> torch.Tensor:
     """torchvision's pad: (left, top, right, bottom) pixels, ``mode`` as np.pad's
-    (constant with ``fill``, edge, reflect, symmetric)."""
+    (constant with ``fill``: an int, or one per channel (R, G, B); edge, reflect, symmetric)."""
     lf, t, r, b = ltrb
     if not any(ltrb):
         return x
     hwc = x.movedim(1, -1).cpu().numpy()
-    kw = {"constant_values": fill} if mode == "constant" else {}
-    padded = np.pad(hwc, ((0, 0), (t, b), (lf, r), (0, 0)), mode=mode, **kw)
+    widths = ((0, 0), (t, b), (lf, r), (0, 0))
+    if mode == "constant" and isinstance(fill, tuple):  # a value per channel
+        padded = np.stack([np.pad(hwc[..., c], widths[:3], constant_values=fill[c % len(fill)])
+                           for c in range(hwc.shape[-1])], axis=-1)
+    else:
+        padded = np.pad(hwc, widths, mode=mode, **({"constant_values": fill} if mode == "constant" else {}))
     return torch.from_numpy(padded).to(x.device).permute(0, 3, 1, 2)
 
 
@@ -220,9 +229,9 @@ class RandomResizedCrop(_Transform):
     def __init__(self, size, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), interpolation="bilinear",
                  antialias=True):
         self.size = self.out_size = _pair(size)
-        self.scale, self.ratio = tuple(scale), tuple(ratio)
+        self.scale = checks.crop_range("RandomResizedCrop", "scale", scale, 1)
+        self.ratio = checks.crop_range("RandomResizedCrop", "ratio", ratio)
         self.interpolation, self.antialias = interpolation, antialias
-        resized_crop_params([1], [1], self.scale, self.ratio)  # validate now, not in a worker
 
     def _batch(self, x, generator):
         b, _, height, width = x.shape
@@ -253,19 +262,17 @@ class RandomCrop(_Transform):
     ``padding``: int, (lr, tb) or (l, t, r, b) pixels added first; ``pad_if_needed`` pads an image
     smaller than ``size`` on both sides by the shortfall (as torchvision does). Then a uniform
     random (h, w) box. Output (…, 3, h, w) uint8 (a view of the input for a single image).
-    Raises ValueError when an image is smaller than ``size`` without padding.
+    ``fill``: an int 0..255 or (R, G, B). Raises ValueError when made for a ``fill``,
+    ``padding`` or ``padding_mode`` out of range, and when an image is smaller than ``size``
+    without padding.
     """
 
     def __init__(self, size, padding=None, pad_if_needed=False, fill=0, padding_mode="constant"):
         self.size = self.out_size = _pair(size)
-        if padding is None:
-            padding = 0
-        if isinstance(padding, int):
-            padding = (padding,) * 4
-        elif len(padding) == 2:
-            padding = (padding[0], padding[1], padding[0], padding[1])
-        self.padding = tuple(int(p) for p in padding)
-        self.pad_if_needed, self.fill, self.padding_mode = pad_if_needed, fill, padding_mode
+        self.padding = checks.padding_pixels("RandomCrop", padding)
+        self.pad_if_needed = pad_if_needed
+        self.fill = checks.fill_value("RandomCrop", fill)
+        self.padding_mode = checks.padding_mode("RandomCrop", padding_mode)
 
     def _padded(self, x):
         """x (B, 3, H, W) with ``padding``, then padded up to ``size`` when ``pad_if_needed``."""
@@ -320,7 +327,7 @@ class RandomHorizontalFlip(_Transform):
     right after a crop, which returns a new batch)."""
 
     def __init__(self, p=0.5, inplace=False):
-        self.p, self.inplace = float(p), bool(inplace)
+        self.p, self.inplace = checks.probability("RandomHorizontalFlip", "p", p), bool(inplace)
 
     def _coins(self, n: int, generator) -> list[bool]:
         return (uniform((n,), generator) < self.p).tolist()

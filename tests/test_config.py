@@ -58,6 +58,17 @@ def test_bad_files_are_named(tree, tmp_path):
     assert result.exit_code != 0 and "--format" in result.output  # still required without a file
 
 
+def test_a_url_as_the_config_is_refused_in_one_line_as_the_other_paths_are(tree, tmp_path, monkeypatch):
+    """It said "is no file and no shipped preset", as for a typo, where -o and --labels say URL."""
+    monkeypatch.chdir(tmp_path)
+    result = run_cli(tree, "--config", "s3://bucket/x.toml", "-o", tmp_path / "o")
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert result.exit_code == 2 and lines == [
+        "Error: Invalid value for '--config': s3://bucket/x.toml is a URL; object storage is not supported yet: "
+        "copy the file to a local disk, or pass a shipped preset's name"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]  # no s3: folder, no o
+
+
 @pytest.mark.parametrize("cfg", CONFIGS, ids=[c.stem for c in CONFIGS])
 def test_shipped_presets_load_and_plan(cfg, tree):
     import sys

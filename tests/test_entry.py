@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -99,6 +100,51 @@ def test_ctrl_c_at_any_moment_exits_130_with_one_line_and_no_traceback(command, 
         lines = stderr.strip().splitlines()
         assert len(lines) == 1 and "interrupted" in lines[0], (moment, stderr)
     assert interrupted >= 3  # the imports after the entry module take ~0.3 s: most moments land there
+
+
+def forkserver_catching_sigint(pid: int) -> int | None:
+    """The pid of PID's multiprocessing forkserver child (its command line names it) once Python
+    has installed its SIGINT handler there (before that, a SIGINT kills it silently), or None."""
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            pids = children.read_text().split()
+        except OSError:
+            continue
+        for child in pids:
+            try:
+                status = Path(f"/proc/{child}/status").read_text()
+                if b"forkserver" not in Path(f"/proc/{child}/cmdline").read_bytes():
+                    continue
+            except OSError:
+                continue
+            caught = int(status.split("SigCgt:")[1].split()[0], 16)
+            if caught & (1 << (signal.SIGINT - 1)):
+                return int(child)
+    return None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the packer's pool uses forkserver on Linux")
+def test_ctrl_c_to_the_group_while_the_forkserver_starts_is_one_line_and_130(src, tmp_path):
+    """A terminal's Ctrl-C goes to its whole foreground process group, and so to the forkserver
+    child, started early to import the packer while SRC is listed: it printed KeyboardInterrupt's
+    traceback from those imports under the main process's one line. The signal is sent once the
+    child's Python catches SIGINT, while it imports (a few hundred ms)."""
+    argv = entry_argv("pack-dataset", src, "--format", "npy", "--size", "16", "-o", tmp_path / "x", "--workers", "2")
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=ENV, cwd=tmp_path, start_new_session=True, preexec_fn=_sigint_default)
+    deadline = time.monotonic() + 60
+    while (server := forkserver_catching_sigint(proc.pid)) is None and proc.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    assert server is not None, proc.communicate(timeout=60)
+    os.killpg(proc.pid, signal.SIGINT)  # as the terminal does: the group, the forkserver included
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    for word in ("Traceback", "KeyboardInterrupt", "Exception ignored"):
+        assert word not in stderr, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "interrupted" in lines[0], stderr
+    assert not (tmp_path / "x").exists()
 
 
 def closed_stdout_run(argv, cwd) -> subprocess.CompletedProcess:

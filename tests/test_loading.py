@@ -251,6 +251,38 @@ def test_arguments_of_the_wrong_kind_are_refused_at_build_naming_them(packed, kw
                                                      seed=np.int64(3), mode="main")] == [4, 4, 4, 4, 4, 3]
 
 
+@pytest.mark.parametrize("kw,error,says", [
+    ({"seed": -1}, ValueError, "make_loader: seed must be in 0 <= seed < 2**63, got -1"),
+    ({"seed": 2**70}, ValueError, "make_loader: seed must be in 0 <= seed < 2**63, got 1180591620717411303424"),
+    ({"seed": 2**63}, ValueError, "make_loader: seed must be in 0 <= seed < 2**63, got 9223372036854775808"),
+    ({"multiprocessing_context": "bogus"}, ValueError,
+     "make_loader: multiprocessing_context must be None, 'fork', 'spawn', 'forkserver' or a multiprocessing "
+     "context object, got 'bogus'"),
+    ({"multiprocessing_context": 3}, TypeError,
+     "make_loader: multiprocessing_context must be None, 'fork', 'spawn', 'forkserver' or a multiprocessing "
+     "context object, got 3 (int)"),
+])
+@pytest.mark.parametrize("mode", ["main", "processes"])
+def test_a_seed_out_of_range_or_an_unknown_start_method_is_refused_at_build(packed, mode, kw, error, says):
+    """seed=-1 was built and failed at the first batch in numpy's words ("expected non-negative
+    integer"), 2**70 was taken (and overflowed torch's generator in processes mode); a bad
+    multiprocessing_context was ignored outside processes mode and refused in torch's words in it."""
+    ds = ShardDataset(packed["npy"])
+    with pytest.raises(error) as err:
+        make_loader(ds, 4, mode=mode, num_workers=1, **kw)
+    assert str(err.value) == says
+
+
+def test_the_ends_of_the_seed_range_and_a_context_object_are_taken(packed):
+    import multiprocessing
+    ds = ShardDataset(packed["npy"])
+    for seed in (0, 2**63 - 1):
+        assert [len(labels) for _, labels in make_loader(ds, 4, train=False, mode="main", seed=seed)] == [4] * 5 + [3]
+    loader = make_loader(ds, 8, train=False, mode="processes", num_workers=1, persistent_workers=False,
+                         multiprocessing_context=multiprocessing.get_context("spawn"))
+    assert torch.cat([labels for _, labels in loader]).tolist() == ds.targets.tolist()
+
+
 def test_a_dataset_opened_with_its_own_batch_transform_is_refused_by_make_loader(packed):
     """make_loader ignored ds.batch_transform when it read whole batches and ran it when ds also had
     a per-sample transform: which batch step ran depended on something else."""

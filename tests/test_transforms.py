@@ -11,6 +11,7 @@ from PIL import Image
 
 from helpers import noise_image
 from reference import random_resized_crop_params
+from shardpack.readers.gpu import BatchAugment
 from shardpack.readers.transforms import (CenterCrop, Compose, RandomCrop, RandomHorizontalFlip,
                                 RandomResizedCrop, crop_params, resized_crop_params)
 
@@ -178,7 +179,7 @@ def test_channels_last_views_of_any_shape():
 def test_bad_input_is_named():
     with pytest.raises(TypeError, match=r"RandomCrop takes uint8.*float32"):
         RandomCrop(4)(torch.zeros(3, 8, 8))
-    with pytest.raises(ValueError, match="must be \\(min, max\\)"):
+    with pytest.raises(ValueError, match=r"scale must be \(lo, hi\) with 0 < lo <= hi <= 1"):
         RandomResizedCrop(8, scale=(1.0, 0.5))
 
 
@@ -199,3 +200,88 @@ def test_a_size_below_one_pixel_or_not_a_size_is_refused_when_made(make, size):
     with pytest.raises(ValueError, match="size must be"):
         make(size)
     assert make(1).out_size == (1, 1) and make((3, 2)).out_size == (3, 2) and make([5]).out_size == (5, 5)
+
+
+STEPS = {"RandomResizedCrop": lambda: RandomResizedCrop(16), "RandomCrop": lambda: RandomCrop(16),
+         "CenterCrop": lambda: CenterCrop(16), "RandomHorizontalFlip": lambda: RandomHorizontalFlip(),
+         "BatchAugment": lambda: BatchAugment(16)}
+
+
+@pytest.mark.parametrize("name", STEPS)
+def test_a_channels_last_shaped_batch_is_refused_naming_the_layout(name):
+    """A (B, H, W, 3) tensor was taken as (B, C=H, W', 3'): RandomResizedCrop(16) gave (4, 32, 16, 16)."""
+    step = STEPS[name]()
+    hwc = torch.stack([image(32, 40, seed=s) for s in range(4)]).permute(0, 2, 3, 1)  # (4, 32, 40, 3)
+    with pytest.raises(ValueError) as err:
+        step(hwc)
+    assert str(err.value) == (f"{name} takes uint8 (B, 3, H, W) batches and (3, H, W) images (channels first), "
+                              f"got shape (4, 32, 40, 3): pass x.permute(0, 3, 1, 2) for a (B, H, W, 3) batch")
+    if name == "BatchAugment":
+        return
+    with pytest.raises(ValueError) as err:
+        step(hwc[0])
+    assert str(err.value).endswith("got shape (32, 40, 3): pass x.permute(2, 0, 1) for an (H, W, 3) image")
+    with pytest.raises(ValueError) as err:
+        step(hwc.permute(0, 3, 1, 2).numpy())  # numpy is channels last
+    assert str(err.value) == (f"{name} takes numpy (B, H, W, 3) batches and (H, W, 3) images (channels last), "
+                              f"got shape (4, 3, 32, 40)")
+    with pytest.raises(ValueError) as err:
+        step([image(32, 40), image(20, 24).permute(1, 2, 0)])
+    assert str(err.value) == f"{name} takes a list of uint8 (3, H, W) images; image 1 has shape (20, 24, 3)"
+
+
+def test_a_one_channel_batch_is_taken():
+    gray = torch.stack([image(20, 24, seed=s)[:1] for s in range(3)])  # (3, 1, 20, 24)
+    assert torch.equal(CenterCrop(16)(gray), gray[:, :, 2:18, 4:20])
+    assert RandomResizedCrop(8)(gray).shape == (3, 1, 8, 8)
+
+
+@pytest.mark.parametrize("make,says", [
+    (lambda: RandomCrop(8, fill=256), "RandomCrop: fill must be an int in 0..255 or (R, G, B) of them, got 256"),
+    (lambda: RandomCrop(8, fill=-1), "RandomCrop: fill must be an int in 0..255 or (R, G, B) of them, got -1"),
+    (lambda: RandomCrop(8, fill=1.5), "RandomCrop: fill must be an int in 0..255 or (R, G, B) of them, got 1.5"),
+    (lambda: RandomCrop(8, fill=(0, 0, 300)),
+     "RandomCrop: fill must be an int in 0..255 or (R, G, B) of them, got (0, 0, 300)"),
+    (lambda: RandomCrop(8, fill=(1, 2)), "RandomCrop: fill must be an int in 0..255 or (R, G, B) of them, got (1, 2)"),
+    (lambda: RandomCrop(8, padding=-2), "RandomCrop: padding must be pixels >= 0 (an int, (lr, tb) or "
+                                        "(l, t, r, b)), got -2"),
+    (lambda: RandomCrop(8, padding_mode="wrap"), "RandomCrop: padding_mode must be one of constant, edge, "
+                                                 "reflect, symmetric, got 'wrap'"),
+    (lambda: RandomHorizontalFlip(1.5), "RandomHorizontalFlip: p must be a number in [0, 1], got 1.5"),
+    (lambda: RandomHorizontalFlip(-0.1), "RandomHorizontalFlip: p must be a number in [0, 1], got -0.1"),
+    (lambda: RandomHorizontalFlip("0.5"), "RandomHorizontalFlip: p must be a number in [0, 1], got '0.5'"),
+    (lambda: BatchAugment(8, flip_p=2), "BatchAugment: flip_p must be a number in [0, 1], got 2"),
+    (lambda: RandomResizedCrop(8, scale=(0, 1)),
+     "RandomResizedCrop: scale must be (lo, hi) with 0 < lo <= hi <= 1, got (0, 1)"),
+    (lambda: RandomResizedCrop(8, scale=(0.5, 2)),
+     "RandomResizedCrop: scale must be (lo, hi) with 0 < lo <= hi <= 1, got (0.5, 2)"),
+    (lambda: RandomResizedCrop(8, scale=(1.0, 0.5)),
+     "RandomResizedCrop: scale must be (lo, hi) with 0 < lo <= hi <= 1, got (1.0, 0.5)"),
+    (lambda: RandomResizedCrop(8, scale=0.5), "RandomResizedCrop: scale must be (lo, hi) with 0 < lo <= hi <= 1, "
+                                              "got 0.5"),
+    (lambda: RandomResizedCrop(8, scale=(0.1, 0.5, 1)),
+     "RandomResizedCrop: scale must be (lo, hi) with 0 < lo <= hi <= 1, got (0.1, 0.5, 1)"),
+    (lambda: RandomResizedCrop(8, ratio=(0, 1)), "RandomResizedCrop: ratio must be (lo, hi) with 0 < lo <= hi, "
+                                                 "got (0, 1)"),
+    (lambda: RandomResizedCrop(8, ratio=(2, 1)), "RandomResizedCrop: ratio must be (lo, hi) with 0 < lo <= hi, "
+                                                 "got (2, 1)"),
+    (lambda: BatchAugment(8, scale=(-1, 1)), "BatchAugment: scale must be (lo, hi) with 0 < lo <= hi <= 1, "
+                                             "got (-1, 1)"),
+])
+def test_parameters_out_of_range_are_refused_when_made_naming_them(make, says):
+    """Each was taken: fill=300 wrapped, p=1.5 flipped all, scale=(0.5, 2) drew boxes beyond the image
+    (then fell back to the whole one), scale=0 gave empty boxes; a tuple fill, a negative padding and
+    padding_mode='wrap' failed at the first batch in numpy's words."""
+    with pytest.raises(ValueError) as err:
+        make()
+    assert str(err.value) == says
+
+
+def test_an_rgb_fill_pads_each_channel_with_its_value_and_the_range_ends_are_taken():
+    img = image(6, 6)
+    out = RandomCrop(10, padding=2, fill=(0, 128, 255))(img)
+    assert out.shape == (3, 10, 10) and torch.equal(out[:, 2:8, 2:8], img)
+    assert out[:, 0, 0].tolist() == [0, 128, 255] and out[:, 9, 5].tolist() == [0, 128, 255]
+    assert int(RandomCrop(10, padding=2, fill=np.uint8(255))(img)[1, 0, 0]) == 255
+    assert torch.equal(RandomHorizontalFlip(1)(img), img.flip(-1)) and torch.equal(RandomHorizontalFlip(0)(img), img)
+    assert RandomResizedCrop(8, scale=(1, 1), ratio=(1, 1))(img).shape == (3, 8, 8)

@@ -399,3 +399,60 @@ def test_readers_refuse_damaged_outputs_by_name(tree, tmp_path, damage):
         match = "interrupted run"
     with pytest.raises(ShardFormatError, match=match):
         ShardDataset(out)
+
+
+def _verify_json(out, tmp_path, marker):
+    """``shardpack verify OUT --json --quiet`` as installed (test_entry's launcher), touching
+    MARKER once the entry module is imported; SIGINT at its default, as at a terminal."""
+    import subprocess
+    from test_entry import ENV, _sigint_default, entry_argv, marked_argv
+    argv = marked_argv(entry_argv("shardpack", "verify", out, "--json", "--quiet"), marker)
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=ENV, cwd=tmp_path, preexec_fn=_sigint_default)
+
+
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_verify_json_gives_one_document_whatever_the_moment_of_a_signal(tmp_path, signame):
+    """Landing in the imports, before the command ran, Ctrl-C gave one line and no document, and
+    SIGTERM killed it silently (-15); landing after the document was printed it gave -2 or -15
+    for a passing output. Now: exactly one JSON document every time, "interrupted": true and
+    128 + the signal when it landed before the end, else the verdict's status and nothing more."""
+    import signal
+    import time
+    signum = getattr(signal, signame)
+    said = "interrupted" if signum == signal.SIGINT else "stopped by SIGTERM"
+    out = helpers.packed("npy", make_tree(tmp_path / "src", {"a": 2, "b": 2}), tmp_path / "o.npy", size=8)
+    before_the_end = 0
+    for i, moment in enumerate((0.005, 0.03, 0.1, 0.2)):  # the imports take ~0.4 s
+        marker = tmp_path / f"m{i}"
+        proc = _verify_json(out, tmp_path, marker)
+        deadline = time.monotonic() + 60
+        while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.001)
+        time.sleep(moment)
+        sent = proc.poll() is None
+        if sent:
+            proc.send_signal(signum)
+        stdout, stderr = proc.communicate(timeout=60)
+        doc = json.loads(stdout)  # exactly one document, complete
+        assert "Traceback" not in stderr, stderr
+        if doc["interrupted"]:
+            before_the_end += 1
+            assert proc.returncode == 128 + signum and doc["ok"] is False and said in doc["error"], (moment, stderr)
+            assert doc["command"] == "verify" and doc["path"] == str(out) and doc["schema"] == 1
+            lines = [ln for ln in stderr.splitlines() if ln.strip()]
+            assert len(lines) == 1 and said in lines[0], stderr
+        else:  # it landed after the document: the verdict
+            assert proc.returncode == 0 and doc["ok"] is True and stderr == "", (moment, proc.returncode, stderr)
+    assert before_the_end >= 2, "most moments land before the end: the imports alone take ~0.4 s"
+    # the document printed, then the signal, while the process ends: the verdict, nothing more
+    proc = _verify_json(out, tmp_path, tmp_path / "late")
+    lines = [proc.stdout.readline()]
+    while lines[-1] not in ("}\n", ""):  # the document's last line (indent 1: its only unindented "}")
+        lines.append(proc.stdout.readline())
+    proc.send_signal(signum)
+    rest, stderr = proc.stdout.read(), proc.stderr.read()
+    proc.wait(timeout=60)
+    doc = json.loads("".join(lines) + rest)
+    assert doc["ok"] is True and doc["interrupted"] is False and doc["datasets"][0]["count"] == 4
+    assert proc.returncode == 0 and stderr == "", (proc.returncode, stderr)

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from shardpack.packer import Recipe
-from shardpack.packer.sizing import ring_bytes
+from shardpack.packer.sizing import LEDGER_BYTES, RUN_FILES_BYTES, ring_bytes
 from shardpack.packer.sizing import scratch_bytes
 from shardpack.packer.sizing import SizeEstimate
 from shardpack.packer.units import unit_files
@@ -18,9 +18,11 @@ from helpers import FORMATS
 
 
 def formula_before(n, recipe, fmt, workers, estimate, engine):
-    """sizing.scratch_bytes as it was before the writers answered their own costs (ebb6898)."""
+    """sizing.scratch_bytes as it was before the writers answered their own costs (ebb6898), with
+    the run directory's own bytes as issue 25 counts them (the ledger and the kept listing a file,
+    a few small files; was a flat 1 MiB)."""
     fixed = recipe.shape() is not None
-    total = n * 26 + (1 << 20)
+    total = n * (LEDGER_BYTES + len(Files.PATH)) + RUN_FILES_BYTES
     if engine != "local":
         total += (2 * workers + 2) * unit_files(recipe) * int(estimate.sample_bytes)
     elif workers > 1 and not (fixed and fmt in ("npy", "hdf5") and recipe.encoding == "raw"):
@@ -33,10 +35,12 @@ def formula_before(n, recipe, fmt, workers, estimate, engine):
 
 
 class Files:
-    """A listing as scratch_bytes sees it: its length."""
+    """A listing as scratch_bytes sees it: its length and paths."""
+
+    PATH = "n01440764/n01440764_10026.JPEG"
 
     def __init__(self, n):
-        self.n = n
+        self.n, self.paths = n, [self.PATH] * n
 
     def __len__(self):
         return self.n

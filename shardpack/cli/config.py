@@ -20,6 +20,7 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
+from ..readers.paths import url_refusal
 from ..readers.text import squeezed
 
 if sys.version_info >= (3, 11):
@@ -120,8 +121,10 @@ def presets() -> dict[str, Path]:
 
 def resolve_config(value: str, param=None) -> Path:
     """``--config`` VALUE -> a TOML file: an existing file as given, else the shipped preset of
-    that name (``imagenet-256-lmdb`` or ``imagenet-256-lmdb.toml``). Raises ConfigError
-    listing the shipped presets when it is neither."""
+    that name (``imagenet-256-lmdb`` or ``imagenet-256-lmdb.toml``). Raises ConfigError for a
+    URL (as the other path options do), and listing the shipped presets when it is neither."""
+    if (refusal := url_refusal(value, "copy the file to a local disk, or pass a shipped preset's name")) is not None:
+        raise _bad(refusal, param)
     path = Path(value).expanduser()
     if path.is_file():
         return path

@@ -7,7 +7,8 @@ SIGPIPE, what a shell reports for git or any C tool killed by SIGPIPE). SIGPIPE 
 ignored, as Python sets it: a pipe to a decode worker or a Ray socket breaking is an error said in
 one line, exit 1, never a silent death. A command that handles Ctrl-C itself (a pack checkpoints
 and says how to resume, verify --json still prints its document) keeps doing so: its exit status
-passes through.
+passes through. ``shardpack verify OUT --json`` prints its one document whatever the moment of a
+Ctrl-C or SIGTERM, the imports included (document.py).
 
 This module imports nothing heavy at its top (click, numpy and Pillow load inside :func:`run`),
 nor does ``import shardpack``.
@@ -20,6 +21,8 @@ import os
 import select
 import signal
 import sys
+
+from . import document
 
 INTERRUPTED = 128 + signal.SIGINT  # 130
 CLOSED_PIPE = 128 + signal.SIGPIPE  # 141
@@ -59,20 +62,45 @@ def _commands():
 
 def run(prog: str, load) -> int:
     """Load the click command (``load()``) and run it on ``sys.argv``; its exit status, with
-    Ctrl-C (130) and a closed stdout (141) handled here, whenever they come."""
+    Ctrl-C (130) and a closed stdout (141) handled here, whenever they come; for
+    ``verify ... --json`` SIGTERM too (143), and either one prints the document."""
+    json_out = None
     try:
-        code = _invoke(prog, load)
+        document.forget()
+        json_out = document.verify_json_out(prog, sys.argv[1:])
+        if json_out is not None:
+            document.stop_on_sigterm()  # from now: SIGTERM is a Ctrl-C, which gets its document
+        code = _invoke(prog, load, json_out)
         sys.stdout.flush()  # what is still buffered: a closed pipe shows here, not at exit
-    except KeyboardInterrupt:  # while importing, or where click does not see it
-        code = _say(f"\n{prog}: interrupted", INTERRUPTED)
+    except KeyboardInterrupt as err:  # while importing, or where click does not see it
+        code = _interrupted(prog, err, json_out, "\n")
     except OSError as err:  # a closed stdout, or stdout's disk full at the last flush
         code = _broken_pipe() if pipe_closed(err) else _say(f"Error: {prog}: {err}", 1)
     finally:
-        _late_ctrl_c_ends_quietly()
+        if document.verdict() is not None:  # a JSON document printed: a signal now leaves its verdict
+            _ignore_late_signals()
+        else:
+            _late_ctrl_c_ends_quietly()
     return code
 
 
-def _invoke(prog: str, load) -> int:
+def _interrupted(prog: str, err: KeyboardInterrupt, json_out: str | None, lead: str) -> int:
+    """128 + the signal (SIGINT: 130; SIGTERM, as ``verify --json`` and a pack take it: 143),
+    after one line on stderr, and for ``verify --json`` the document, unless one was printed."""
+    signum = getattr(err, "signum", signal.SIGINT)
+    if document.verdict() is not None:  # after the document: it stands, and its exit status
+        return document.verdict()
+    if json_out is not None:
+        try:
+            document.early_verify_document(json_out, signum)  # the document, and its line on stderr
+        except OSError as closed:
+            return _broken_pipe() if pipe_closed(closed) else _say(f"Error: {prog}: {closed}", 1)
+        return 128 + signum
+    what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+    return _say(f"{lead}{prog}: {what}", 128 + signum)
+
+
+def _invoke(prog: str, load, json_out: str | None = None) -> int:
     """``load()``'s command run as click's standalone mode would, except that click's own
     answers to Ctrl-C ("Aborted!", exit 1) and to a broken pipe (exit 1) come back as the
     exceptions they were, for :func:`run`."""
@@ -83,7 +111,7 @@ def _invoke(prog: str, load) -> int:
         rv = command.main(standalone_mode=False)
     except click.Abort as err:
         if isinstance(err.__context__, KeyboardInterrupt):  # click has put the line break after ^C
-            return _say(f"{prog}: interrupted", INTERRUPTED)
+            return _interrupted(prog, err.__context__, json_out, "")
         return _say("Aborted!", 1)
     except click.ClickException as err:
         err.show()
@@ -122,6 +150,16 @@ def _say(line: str, code: int) -> int:
     except OSError:
         pass
     return code
+
+
+def _ignore_late_signals() -> None:
+    """After a JSON document was printed: SIGINT and SIGTERM while the interpreter shuts down
+    change nothing (the document's exit status stands)."""
+    try:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)
+    except ValueError:
+        pass
 
 
 def _late_ctrl_c_ends_quietly() -> None:

@@ -22,7 +22,8 @@ from .entry import pipe_closed
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout (also on failure).")
 def info(out, as_json):
     """Describe the packed output OUT: count, classes, shape, size, how the pixels were made."""
-    from .records import failure, info_document, print_document
+    from .document import print_document
+    from .records import failure, info_document
     if as_json:
         print_document(*info_document(out))
     from ..readers.text import shown
@@ -49,7 +50,8 @@ def verify(out, quiet, as_json):
     Exit status 1 when anything differs: each problem and each differing sample (by index and
     source path) on a line of its own, then a summary on stderr."""
     from ..packer.options import stop_on_sigterm
-    from .records import failure, print_document, verify_document
+    from .document import print_document
+    from .records import failure, verify_document
     stop_on_sigterm()  # SIGTERM (a scheduler, timeout) as Ctrl-C: the line, the document, 143
     if as_json:
         doc, status = verify_document(out, progress=not quiet)
@@ -74,7 +76,7 @@ def verify(out, quiet, as_json):
             click.echo(one_line(result.summary()), err=not result.ok)
             failed, checked = failed or not result.ok, checked + 1
     except KeyboardInterrupt as err:  # 130 (143: SIGTERM), as pack-dataset (click would say "Aborted!", exit 1)
-        from .records import interrupted_text
+        from .document import interrupted_text
         signum = getattr(err, "signum", signal.SIGINT)
         click.echo("\n" + interrupted_text(out, checked, len(roots), signum), err=True)
         sys.exit(128 + signum)

@@ -18,9 +18,8 @@ from pathlib import Path
 import click
 
 from ..readers.manifest import SKIPPED, ShardFormatError, bytes_on_disk, dataset_dirs, load_manifest, write_json_atomic
+from .document import SCHEMA, interrupted_text
 from .entry import pipe_closed
-
-SCHEMA = 1  # every document's "schema"; bumped when a field changes meaning
 
 
 # ---------------------------------------------------------------- pack-dataset --report
@@ -138,22 +137,3 @@ def verify_document(out, progress: bool = False) -> tuple[dict, int]:
             raise
         doc.update(ok=False, error=failure(out, err))
     return doc, 0 if doc["ok"] else 1
-
-
-def interrupted_text(out, checked: int, datasets: int, signum: int = signal.SIGINT) -> str:
-    """What Ctrl-C (or SIGTERM: ``signum``) during ``verify`` leaves known: ``checked`` of
-    ``datasets`` finished."""
-    done = f"{checked} of {datasets} datasets checked" if datasets > 1 else "not finished"
-    what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
-    return f"{out}: verify {what} ({done}); nothing is concluded about the rest: rerun it to check"
-
-
-def dumps(doc: dict) -> str:
-    """The document as printed: indented JSON, names that are not valid text escaped."""
-    return json.dumps(doc, indent=1, default=str)
-
-
-def print_document(doc: dict, status: int) -> None:
-    """Print ``doc`` on stdout and exit with ``status``."""
-    print(dumps(doc), flush=True)
-    raise SystemExit(status)
