@@ -10,43 +10,19 @@ from ..advice import BOTTLENECK_SHARE
 from ..noise import Spread, load_average
 from ..plotting import model_rate, pyplot, save, star
 from ..timing import machine
+from .paste import paste_line as line_and_names
 
 
 def paste_line(res) -> str:
-    """The recommendation as one ``DataLoader(dataset, key=value, ...)`` line: the dataset first,
-    every value a literal or a ``shardpack.`` name, nothing after the closing parenthesis. The
-    user's own callables and samplers cannot be written as literals: :func:`kept_note` names them."""
-    s, base = res.rec.setting, res.base
-    parts = ["dataset"]
-    if base.batch_sampler is None:
-        parts.append(f"batch_size={base.batch_size}")
-    if base.shuffle:
-        parts.append("shuffle=True")
-    parts.append(f"num_workers={s.workers}")
-    if s.workers:
-        parts += [f"prefetch_factor={s.prefetch}", f"persistent_workers={bool(s.persistent)}"]
-    parts.append(f"pin_memory={s.pin}")
-    if base.fixed.get("drop_last"):
-        parts.append("drop_last=True")
-    if base.fixed.get("timeout"):
-        parts.append(f"timeout={base.fixed['timeout']!r}")
-    if base.fixed.get("in_order") is False:
-        parts.append("in_order=False")
-    if use_stack(res):
-        parts.append("collate_fn=shardpack.stack_collate")
-    return "DataLoader(" + ", ".join(parts) + ")"
-
-
-def use_stack(res) -> bool:
-    """True when the stack-only collate measured faster than the user's, beyond the spread."""
-    return any(f["variant"] == "stack" and f["resolved"] and f["fixed_ms"] < f["yours_ms"] for f in res.fixes)
+    """The recommendation as one ``torch.utils.data.DataLoader(...)`` line (see ``paste.py``)."""
+    return line_and_names(res)[0]
 
 
 def kept_note(res) -> str | None:
-    notes = [n for n in res.base.notes if not (use_stack(res) and n.startswith("collate_fn="))]
-    if not notes:
-        return None
-    return f"  keep your loader's own {', '.join(notes)}: add them to that line (bench ran with them)"
+    """The line under the pasted one: the names from the user's code it needs in scope."""
+    needs = [n for n in line_and_names(res)[1] if not n.startswith("shardpack.")]
+    return (f"  runs after `import torch, shardpack` with these of your names in scope: {', '.join(needs)}"
+            if needs else None)
 
 
 def _row(c, rec, knee_at, given=None) -> str:

@@ -25,6 +25,7 @@ from ..result import BenchResult
 from ..timing import NO_CUDA
 from .loader import Base, user_grid
 from .passes import epoch_starts, measure_interleaved, plain_check
+from .paste import Scope
 from .render import paste_line, plot_user, render_json, render_text
 from .target import TargetError, load_data, load_model
 
@@ -55,6 +56,7 @@ class UserBenchResult(BenchResult):
     epoch: list[dict] = field(default_factory=list)
     share: dict | None = None
     gpu: dict | None = None
+    scope: Scope | None = None  # where the pasted line finds the user's names
 
     def paste(self) -> str | None:
         return paste_line(self) if self.rec is not None else None
@@ -165,6 +167,7 @@ def run_user_bench(target, model=None, *, batch_size: int | None = None, workers
     device = "cuda" if torch.cuda.is_available() else None
     res = UserBenchResult(name, kind if kind != "loader" else f"loader ({base.kind})", base, seconds, repeats,
                           tolerance, device)
+    res.scope = Scope.of(target, obj, kind)
     res.load["start"] = load_average()
     res.cores = {"usable": cores, "physical": physical_cores(), "logical": os.cpu_count()}
     if base.kind == "iterable":
