@@ -74,8 +74,11 @@ def recommend(grid: Grid) -> tuple[PathCell, str] | None:
                 order=lambda s: (*_rank(by[s]), -by[s].rate))
     pick, best = by[ch.pick], by[ch.best]
     why = f"{pick.rate:,.0f} samples/s, "
-    if pick is best:
-        why += f"the fastest cell, and no lighter setting came within {grid.tolerance:.0%} of it"
+    if pick is best and not ch.resolved:
+        why += "the fastest cell by the medians"
+    elif pick is best:
+        why += (f"the fastest cell, and every lighter setting is more than {grid.tolerance:.0%} slower, "
+                f"beyond the spread")
     else:
         why += (f"the lightest setting within {grid.tolerance:.0%} of the fastest cell "
                 f"({best.rate:,.0f} samples/s, {best.setting.label})")

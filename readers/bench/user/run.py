@@ -83,29 +83,65 @@ def default_prefetch(mb_per_batch: float, workers: list[int]) -> list[int]:
 def recommend_user(cells: list[UserCell], tolerance: float, cores: int) -> tuple[Choice | None, UserCell | None, str]:
     """The lightest setting within ``tolerance`` of the fastest, at most ``cores`` workers unless
     a cell above beats every cell within by more than the tolerance beyond its spread (then
-    said why); ``(choice, cell, why)``; (None, None, reason) when nothing was measured."""
+    said why); ``(choice, cell, why)``; (None, None, reason) when nothing was measured.
+
+    persistent_workers does not change the steady-state rate a pass times (only the epoch
+    start), so cells differing only in it are chosen between as one, their passes pooled, and
+    persistent workers taken unless the non-persistent cell was faster beyond the spread: noise
+    between the two cannot flip the recommendation from one run to the next. ``why`` claims
+    only what the spread supports (a choice with rivals says it is not resolved)."""
     ok = [c for c in cells if c.ok]
     if not ok:
         return None, None, "no setting could be measured"
     within = [c for c in ok if c.setting.workers <= cores] or ok
-    by = {c.setting: c for c in ok}
-    choice = choose({c.setting: c.rates for c in within}, tolerance, order=lambda s: s.rank)
-    pick = by[choice.pick]
+    groups: dict[UserSetting, list[UserCell]] = {}
+    for c in within:
+        groups.setdefault(_pooled(c.setting), []).append(c)
+    ch = choose({g: [r for c in cs for r in c.rates] for g, cs in groups.items()}, tolerance,
+                order=lambda g: g.rank)
+    pick, keep_why = _persistent_of(groups[ch.pick])
+    best = max(groups[ch.best], key=lambda c: c.rate)
+    rivals = [groups[g][0].setting if len(groups[g]) == 1 else g for g in ch.rivals]
+    choice = Choice(pick.setting, best.setting, rivals)
     over = [c for c in ok if c.setting.workers > cores]
-    why = (f"the lightest setting whose median is within {tolerance:.0%} of the fastest "
-           f"({by[choice.best].rate:,.0f} samples/s, {choice.best.label})"
-           if choice.pick != choice.best else
-           f"the fastest setting; no lighter one's median came within {tolerance:.0%} of it")
+    if not choice.resolved:
+        why = (f"the lightest setting whose median is within {tolerance:.0%} of the fastest median "
+               f"({best.rate:,.0f} samples/s, {best.setting.label}); the spread does not resolve it against "
+               f"{'; '.join(s.label for s in rivals)}")
+    elif ch.pick != ch.best:
+        why = (f"the lightest setting whose median is within {tolerance:.0%} of the fastest "
+               f"({best.rate:,.0f} samples/s, {best.setting.label}); every lighter one is slower beyond the spread")
+    else:
+        why = f"the fastest setting; every lighter one is more than {tolerance:.0%} slower, beyond the spread"
+    why += keep_why
     if over:
         top = max(over, key=lambda c: c.rate)
-        if min(top.rates) > (1 + tolerance) * max(by[choice.best].rates):
+        if min(top.rates) > (1 + tolerance) * max(r for c in groups[ch.best] for r in c.rates):
             why = (f"{top.setting.workers} workers is more than the {cores} usable cores: chosen because it "
-                   f"measured {top.rate / by[choice.best].rate - 1:.0%} faster than the best within the cores, "
+                   f"measured {top.rate / best.rate - 1:.0%} faster than the best within the cores, "
                    f"beyond the spread (workers that wait on I/O, e.g. a network mount, can outnumber cores)")
             return Choice(top.setting, top.setting, []), top, why
         why += (f"; {', '.join(sorted({str(c.setting.workers) for c in over}))} workers (more than the "
                 f"{cores} usable cores) were measured but not chosen: no gain beyond the spread")
     return choice, pick, why
+
+
+def _pooled(s: UserSetting) -> UserSetting:
+    """The setting with persistent_workers left open (None), for cells with workers."""
+    return replace(s, persistent=None) if s.workers else s
+
+
+def _persistent_of(cells: list[UserCell]) -> tuple[UserCell, str]:
+    """Of cells differing only in persistent_workers: the persistent one, unless the other was
+    faster beyond the spread; with the reason to append to ``why`` (empty for a lone cell)."""
+    if len(cells) < 2:
+        return cells[0], ""
+    on = next(c for c in cells if c.setting.persistent)
+    off = next(c for c in cells if not c.setting.persistent)
+    if min(off.rates) > max(on.rates):
+        return off, "; persistent_workers=False: it read faster than persistent workers beyond the spread"
+    return on, ("; persistent_workers=True: on and off read alike within the spread (their passes taken "
+                "together), and persistent workers skip the worker start of every later epoch")
 
 
 def knees_of(cells: list[UserCell], tolerance: float) -> list[dict]:

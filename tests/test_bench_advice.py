@@ -1,0 +1,110 @@
+"""bench's advice on synthetic timings: what-ifs said in words (never a negative saving), a
+recommendation that claims only what the spread supports, and the same pick from noise alone."""
+
+import itertools
+from statistics import median
+
+import pytest
+from torch.utils.data import Dataset
+
+from shardpack.readers.bench.cells import UserCell, UserSetting
+from shardpack.readers.bench.noise import Gain
+from shardpack.readers.bench.timing import UserPass
+from shardpack.readers.bench.user.loader import Base
+from shardpack.readers.bench.user.run import UserBenchResult, knees_of, recommend_user
+
+
+class Tiny(Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return i, i % 2
+
+
+def cell(workers, rates, prefetch=2, persistent=True):
+    s = UserSetting(workers, prefetch if workers else None, persistent if workers else None, False)
+    return UserCell(s, [UserPass(0.01, 10, 10 * 8, 10 * 8 / r, warmup=2) for r in rates])
+
+
+def result(cells, fixes=()):
+    res = UserBenchResult("x", "dataset", Base.of(Tiny(), "dataset", 8), 1.0, 3, 0.10, None, cells=list(cells),
+                          cores={"usable": 2, "physical": 2, "logical": 2})
+    res.choice, res.rec, res.why = recommend_user(res.cells, 0.10, 2)
+    res.knees = knees_of(res.cells, 0.10)
+    res.fixes = list(fixes)
+    return res
+
+
+def test_a_gain_is_said_in_words_slower_as_slower():
+    slower = Gain.of([40.0, 41.0, 39.0], [52.0, 55.0, 50.0])  # the fix took longer every round
+    assert slower.saved == [-12.0, -14.0, -11.0] and slower.saved_ms == -12.0 and slower.pm == 1.5
+    assert slower.words() == "slower here by 12.0 ms ± 1.5 per batch (30% of yours), beyond the spread"
+    faster = Gain.of([40.0, 41.0, 39.0], [30.0, 29.0, 31.0])
+    assert faster.words() == "faster by 10.0 ms ± 2.0 per batch (25% of yours), beyond the spread"
+    noisy = Gain.of([40.0, 48.0, 36.0], [42.0, 38.0, 44.0])  # overlapping rounds
+    assert not noisy.resolved and noisy.words().endswith("not resolved at this noise")
+    assert Gain.of([40.0], [30.0]).words() == ("faster by 10.0 ms (one round: no spread) per batch (25% of "
+                                               "yours), beyond the spread")
+
+
+def fix_row(variant, yours, fixed):
+    g = Gain.of(yours, fixed)
+    return {"variant": variant, "what": f"{variant} what-if", "setting": "2 workers", "yours_ms": median(yours),
+            "fixed_ms": median(fixed), "saved_ms": g.saved_ms, "saved_pm_ms": g.pm, "resolved": g.resolved,
+            "verdict": g.words()}
+
+
+def test_the_report_never_prints_a_negative_saving():
+    res = result([cell(0, [100, 100, 100]), cell(2, [280, 300, 310])],
+                 [fix_row("uint8", [40.0, 41.0, 39.0], [130.0, 133.0, 128.0])])
+    res.breakdown = {"num_workers": 1, "getitem_ms": 30.0, "collate_ms": 5.0, "handoff_ms": 4.0, "h2d_ms": None,
+                     "batches": 10, "ms_per_batch": 40.0, "mb_per_batch": 1.0, "flags": [],
+                     "sample": {"type": "numpy", "dtype": "float32", "shape": [8, 8, 3], "layout": "HWC",
+                                "contiguous": True}}
+    text = res.text()
+    line = next(ln for ln in text.splitlines() if "uint8 what-if" in ln)
+    assert line.endswith("slower here by 90.0 ms ± 1.5 per batch (225% of yours), beyond the spread")
+    assert "saved" not in text and "-90" not in text
+    assert "pays for both" in text  # why the what-if is slower than the real change
+
+
+def test_not_resolved_is_never_followed_by_a_claim():
+    # 1 worker's median is 13% under 2 workers', but its fastest pass reaches 2 workers' slowest
+    res = result([cell(1, [150, 200, 250]), cell(2, [200, 230, 260])])
+    assert not res.choice.resolved
+    text = res.text()
+    lines = text.splitlines()
+    at = next(k for k, ln in enumerate(lines) if "NOT RESOLVED" in ln)
+    after = "\n".join(lines[at:])
+    why = next(ln for ln in lines[at:] if ln.startswith("  why:"))
+    assert "the spread does not resolve it against 1 worker, prefetch 2, persistent, pin off" in why
+    for claim in ("no lighter one", "came within", "beyond the spread", "slower beyond"):
+        assert claim not in why, claim
+    assert "knee at 2 workers (not resolved" in text and "runs after `import torch, shardpack`" in after
+    # resolved: the claim is made, and said as what the spread supports
+    clear = result([cell(1, [100, 101, 99]), cell(2, [229, 230, 231])])
+    assert clear.choice.resolved and "every lighter one is more than 10% slower, beyond the spread" in clear.why
+
+
+PERSISTENT_NOISE = [(205, 200, 195), (190, 200, 215), (180, 185, 210), (212, 199, 204)]
+
+
+@pytest.mark.parametrize("on_rates,off_rates", list(itertools.permutations(PERSISTENT_NOISE, 2)))
+def test_persistent_workers_does_not_flip_on_noise(on_rates, off_rates):
+    """Runs whose persistent on/off cells differ by noise alone (each set of passes overlaps the
+    other) recommend the same setting, persistent_workers=True, every time; the same timings
+    twice give the same line."""
+    cells = [cell(0, [100, 101, 99]), cell(1, [150, 152, 149]), cell(1, [151, 150, 153], persistent=False),
+             cell(2, on_rates), cell(2, off_rates, persistent=False)]
+    res = result(cells)
+    assert res.rec.setting == UserSetting(2, 2, True, False)
+    assert "persistent_workers=True: on and off read alike within the spread" in res.why
+    assert result(cells).paste() == res.paste() and "persistent_workers=True" in res.paste()
+
+
+def test_persistent_off_only_when_faster_beyond_the_spread():
+    cells = [cell(0, [100, 101, 99]), cell(2, [180, 182, 185]), cell(2, [200, 202, 204], persistent=False)]
+    res = result(cells)
+    assert res.rec.setting == UserSetting(2, 2, False, False)
+    assert "persistent_workers=False: it read faster than persistent workers beyond the spread" in res.why
