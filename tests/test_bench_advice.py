@@ -108,3 +108,90 @@ def test_persistent_off_only_when_faster_beyond_the_spread():
     res = result(cells)
     assert res.rec.setting == UserSetting(2, 2, False, False)
     assert "persistent_workers=False: it read faster than persistent workers beyond the spread" in res.why
+
+
+# --- packing as the first fix, on a Pillow Dataset over real files ---------------------------------
+
+PIL_CODE = '''
+import os
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+from torch.utils.data import Dataset
+
+ROOT = {root!r}
+
+
+class PilFolder(Dataset):
+    """A first attempt: Pillow decode + squash resize in __getitem__, HWC float32 in [0, 1]."""
+
+    def __init__(self, root=ROOT, size=32):
+        classes = sorted(os.listdir(root))
+        self.samples = sorted((str(p), classes.index(p.parent.name)) for p in Path(root).glob("*/*"))
+        self.size = size
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, i):
+        path, label = self.samples[i]
+        with Image.open(path) as im:
+            img = im.convert("RGB").resize((self.size, self.size), Image.Resampling.BILINEAR)
+        return np.asarray(img, np.float32) / 255.0, label
+
+
+train_set = PilFolder()
+'''
+
+
+@pytest.fixture
+def pil_user(tmp_path):
+    from helpers import make_tree
+    root = make_tree(tmp_path / "photos", {"cat": 20, "dog": 20}, sizes=[(640, 480), (480, 640), (600, 600)])
+    path = tmp_path / f"piluser_{tmp_path.name[-8:].replace('-', '_')}.py"
+    path.write_text(PIL_CODE.format(root=str(root)))
+    return path, root
+
+
+def test_packing_is_the_first_fix_with_a_command_that_runs_and_a_measured_gain(pil_user, tmp_path):
+    import shlex
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import numpy as np
+
+    import shardpack
+    path, root = pil_user
+    res = shardpack.bench(f"{path}:train_set", workers=[0, 1], prefetch=[2], persistent="on", seconds=0.1,
+                          repeats=2, batch_size=8, epoch_start=False, check=False)
+    p = res.packing
+    assert p is not None, res.text()
+    assert p["side"] == 32 and p["resize"] == "squash" and p["root"] == str(root) and p["missing"] == []
+    assert p["match"]["squash"] < p["match"]["center-crop"]
+    assert p["command"] == f"pack-dataset {root} --format npy --size 32 --resize squash -o photos-32.npy"
+    m = p["measured"]
+    assert m["files"] == 40 and len(m["packed_ms"]) == len(m["yours_ms"]) == 2
+    assert m["verdict"] == Gain.of(m["yours_ms"], m["packed_ms"]).words()
+    text = res.text()
+    section = text[text.index("what to change, ranked by what it buys"):]
+    first = section.splitlines()[1]
+    assert first.startswith("  1. pack your images once: your __getitem__ (decode and resize) is the bound")
+    assert p["command"] in section and "measured: a trial pack of 40 of your files" in section
+    assert "  2. loader settings: " in section and "  3. " in section  # then the collate/layout what-if
+    assert "saved" not in text
+    # the command runs as printed, and its samples are the user's, as uint8 CHW
+    bin_dir = Path(sys.executable).parent
+    argv = shlex.split(p["command"])
+    done = subprocess.run([str(bin_dir / argv[0]), *argv[1:], "--quiet", "--workers", "1"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    packed = shardpack.ShardDataset(str(tmp_path / "photos-32.npy"))
+    ds = res.base.dataset
+    assert len(packed) == len(ds)
+    for i in (0, 7, 39):
+        img, label = packed[i]
+        mine, my_label = ds[i]
+        assert label == my_label and img.shape == (3, 32, 32)
+        assert np.array_equal(img.permute(1, 2, 0).numpy(), np.rint(mine * 255).astype(np.uint8))

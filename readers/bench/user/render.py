@@ -11,6 +11,7 @@ from ..noise import Spread, load_average
 from ..plotting import model_rate, pyplot, save, star
 from ..timing import machine
 from .paste import paste_line as line_and_names
+from .ranked import ranked_lines, settings_json
 
 
 def paste_line(res) -> str:
@@ -136,6 +137,7 @@ def render_text(res) -> str:
     lines += breakdown_lines(res)
     lines += epoch_rows(res)
     lines += step_lines(res)
+    lines += ranked_lines(res)
     if res.warnings:
         lines += ["", "warnings:"] + [f"  - {w}" for w in res.warnings]
     return "\n".join(lines)
@@ -188,7 +190,7 @@ def step_lines(res) -> list[str]:
                      f"loop waits max(0, d - s) = {sh['overlapped_wait_ms']:.1f} ms) = {sh['overlapped']:.1%}")
         used = sh[sh["applies"]]
         lines.append(f"verdict ({sh['applies']}, as the recommended setting runs): data is {used:.1%} of a step: "
-                     + (f"DATA-BOUND (>= {line:.0%}): the loader starves the model; see the fixes above"
+                     + (f"DATA-BOUND (>= {line:.0%}): the loader starves the model; what to change is below"
                         if sh["bottleneck"] else
                         f"NOT data-bound (< {line:.0%}): the model sets the pace; more workers will not train faster"))
     if res.check is not None:
@@ -237,7 +239,8 @@ def render_json(res) -> dict:
                 **res.rec.setting.as_dict(), "samples_per_s": res.rec.rate, "ms_per_batch": res.rec.ms_per_batch,
                 "reason": res.why, "resolved": ch.resolved if ch else True,
                 "rivals": [s.label for s in ch.rivals] if ch else [], "dataloader": paste_line(res)},
-            "breakdown": res.breakdown, "fixes": res.fixes, "epoch_start_spawn": res.epoch, "step": res.step,
+            "breakdown": res.breakdown, "fixes": res.fixes, "packing": res.packing,
+            "settings_gain": settings_json(res), "epoch_start_spawn": res.epoch, "step": res.step,
             "data_share": res.share, "check": res.check, "gpu": res.gpu, "warnings": res.warnings,
             "interrupted": res.interrupted}
 

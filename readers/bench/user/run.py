@@ -56,6 +56,7 @@ class UserBenchResult(BenchResult):
     epoch: list[dict] = field(default_factory=list)
     share: dict | None = None
     gpu: dict | None = None
+    packing: dict | None = None  # packing as a fix (packing.py): the command, the trial's gain or a projection
     scope: Scope | None = None  # where the pasted line finds the user's names
 
     def paste(self) -> str | None:
@@ -250,6 +251,9 @@ def run_user_bench(target, model=None, *, batch_size: int | None = None, workers
                 res.breakdown = breakdown(base, 1 if any(w > 0 for w in workers) else 0, seconds, device)
                 if fixes and res.rec is not None:
                     res.fixes = compare(base, res.rec.setting, seconds, repeats, device)
+                    from .packing import getitem_bound, pack_fix
+                    if getitem_bound(res.breakdown) and base.kind == "dataset":
+                        res.packing = pack_fix(base, res.rec.setting, res.breakdown, seconds, repeats, cores, device)
             except ValueError as err:
                 res.skipped.append(f"where a batch's time goes: not measured ({str(err).splitlines()[0]})")
             if epoch_start and base.kind == "dataset":
