@@ -75,7 +75,7 @@ class UserBenchResult(BenchResult):
 def default_prefetch(mb_per_batch: float, workers: list[int]) -> list[int]:
     """prefetch_factor values to try: 2 (torch's default) and 8 (rides out slow batches); 1 too
     when 8 batches in flight per worker would fill a quarter of /dev/shm."""
-    from .warn import shm_free
+    from ..notices import shm_free
     free = shm_free()
     tight = free is not None and mb_per_batch * 1e6 * max(workers or [1]) * 8 > free / 4
     return [1, 2, 8] if tight else [2, 8]
