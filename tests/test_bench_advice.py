@@ -195,3 +195,31 @@ def test_packing_is_the_first_fix_with_a_command_that_runs_and_a_measured_gain(p
         mine, my_label = ds[i]
         assert label == my_label and img.shape == (3, 32, 32)
         assert np.array_equal(img.permute(1, 2, 0).numpy(), np.rint(mine * 255).astype(np.uint8))
+
+
+def test_the_resize_mode_is_seen_through_a_normalisation(tmp_path):
+    """Samples normalised with a mean and std (HWC float32) or uint8 CHW: the mode whose pixels
+    they are is found; a sample of neither is left to the user (None)."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from helpers import make_tree
+    from shardpack.readers.bench.baseline import PilResizeCenterCrop
+    from shardpack.readers.bench.user.packing import match_resize
+    root = make_tree(tmp_path / "p", {"a": 3}, sizes=[(90, 60), (60, 90), (80, 50)])
+    files = sorted(str(p) for p in root.glob("a/*"))
+    mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
+
+    def rgb(f):
+        with Image.open(f) as im:
+            return im.convert("RGB")
+    squash = [((np.asarray(rgb(f).resize((24, 24), Image.Resampling.BILINEAR), np.float32) / 255 - mean) / std, f)
+              for f in files]
+    mode, diff = match_resize(squash, 24, "HWC")
+    assert mode == "squash" and diff["squash"] < 0.01 and diff["center-crop"] > 6
+    crop = [(torch.from_numpy(np.asarray(PilResizeCenterCrop(24)(rgb(f)))).permute(2, 0, 1), f) for f in files]
+    mode, diff = match_resize(crop, 24, "CHW")
+    assert mode == "center-crop" and diff["center-crop"] < 1e-6 and diff["squash"] > 6
+    flipped = [(np.ascontiguousarray(np.asarray(rgb(f).resize((24, 24)))[:, ::-1]), f) for f in files]
+    assert match_resize(flipped, 24, "HWC")[0] is None

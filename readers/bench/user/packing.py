@@ -78,39 +78,49 @@ def output_side(sample: dict) -> int | None:
     return h if h == w else None
 
 
-def as_uint8_hwc(x, layout: str) -> np.ndarray | None:
-    """The user's image as uint8 HWC pixel values, when its range says how (uint8, or floats in
-    [0, 1] or [0, 255]); None for normalised values (mean/std) that cannot be compared."""
+def as_hwc(x, layout: str) -> np.ndarray:
+    """The user's image as a float64 HWC array (its values as they are: uint8, [0, 1], normalised)."""
     a = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
-    if layout == "CHW":
-        a = a.transpose(1, 2, 0)
-    if a.dtype == np.uint8:
-        return a
-    lo, hi = float(a.min()), float(a.max())
-    if lo < -1e-3 or hi > 255.5:
-        return None
-    scale = 255.0 if hi <= 1.0 + 1e-3 else 1.0
-    return np.clip(np.rint(a.astype(np.float64) * scale), 0, 255).astype(np.uint8)
+    return (a.transpose(1, 2, 0) if layout == "CHW" else a).astype(np.float64)
+
+
+def levels_off(made: np.ndarray, mine: np.ndarray) -> float:
+    """How far the user's image ``mine`` is from the uint8 candidate ``made``, in 0-255 levels,
+    after the best per-channel ``a * made + b`` (so a /255 or a mean/std normalisation does not
+    count): the mean absolute residual divided by ``a``. inf when a channel does not follow."""
+    out = []
+    x_all, y_all = made.astype(np.float64), mine
+    for c in range(3):
+        x, y = x_all[..., c].ravel(), y_all[..., c].ravel()
+        if x.std() < 1e-9:  # a flat channel: no slope to fit
+            out.append(0.0 if np.ptp(y) < 1e-6 else float("inf"))
+            continue
+        a, b = np.polyfit(x, y, 1)
+        if a <= 1e-12:
+            return float("inf")
+        out.append(float(np.abs(y - (a * x + b)).mean() / a))
+    return float(np.mean(out))
 
 
 def match_resize(samples: list, side: int, layout: str) -> tuple[str | None, dict]:
     """Which ``--resize`` reproduces the user's images: ``samples`` is [(image, file)], the user's
     sample and the file it came from. Returns ``("center-crop" | "squash" | None, {mode: mean
-    absolute difference in 0-255 levels over the samples})`` (the two agree on square files)."""
+    absolute difference in 0-255 levels over the samples, after undoing a per-channel scale and
+    offset})``; the two modes agree on square files."""
     from PIL import Image, ImageOps
 
     from ..baseline import PilResizeCenterCrop
     diff = {"center-crop": [], "squash": []}
     for image, path in samples:
-        mine = as_uint8_hwc(image, layout)
-        if mine is None or mine.shape != (side, side, 3):
+        mine = as_hwc(image, layout)
+        if mine.shape != (side, side, 3):
             return None, {}
         with Image.open(path) as im:
             rgb = ImageOps.exif_transpose(im).convert("RGB")
         made = {"center-crop": PilResizeCenterCrop(side)(rgb),
                 "squash": rgb.resize((side, side), Image.Resampling.BILINEAR)}
         for k, v in made.items():
-            diff[k].append(float(np.abs(np.asarray(v, np.int16) - mine.astype(np.int16)).mean()))
+            diff[k].append(levels_off(np.asarray(v), mine))
     if not samples:
         return None, {}
     mean = {k: float(np.mean(v)) for k, v in diff.items()}
