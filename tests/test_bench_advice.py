@@ -223,3 +223,14 @@ def test_the_resize_mode_is_seen_through_a_normalisation(tmp_path):
     assert mode == "center-crop" and diff["center-crop"] < 1e-6 and diff["squash"] > 6
     flipped = [(np.ascontiguousarray(np.asarray(rgb(f).resize((24, 24)))[:, ::-1]), f) for f in files]
     assert match_resize(flipped, 24, "HWC")[0] is None
+
+
+def test_a_raw_folder_that_is_data_bound_gets_the_pack_command(tmp_path):
+    import shardpack
+    from helpers import make_tree
+    root = make_tree(tmp_path / "photos", {"a": 4, "b": 4})
+    res = shardpack.bench(str(root), modes=["main"], workers=[0], prefetch=[2], seconds=0.05, repeats=1,
+                          check=False, batch_size=4, size=24, step_ms=0.001)
+    cmd = f"pack-dataset {root} --format npy --size 24 --resize center-crop -o photos-24.npy"
+    line = next(ln for ln in res.advice if "pack the images once" in ln)
+    assert cmd in line and f"shardpack bench photos-24.npy --compare {root}" in line

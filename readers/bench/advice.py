@@ -6,6 +6,8 @@ The knee of each curve, the recommended setting, the speed-up over raw JPEGs, an
 
 from __future__ import annotations
 
+import shlex
+
 from ..loading import MODES
 from .baseline import RAW_FOLDER
 from .cells import PathCell, PathSetting
@@ -101,9 +103,10 @@ def data_share(data_ms: float, step_ms: float) -> float:
     return data_ms / (data_ms + step_ms)
 
 
-def advice(grid: Grid, cell: PathCell, step_ms: float, raw: Grid | None = None) -> list[str]:
+def advice(grid: Grid, cell: PathCell, step_ms: float, raw: Grid | None = None, side: int | None = None) -> list[str]:
     """Lines saying whether loading is the bottleneck for ``cell`` against a model step of
-    ``step_ms`` (the 40% rule) and what to change."""
+    ``step_ms`` (the 40% rule) and what to change; for a raw folder read at ``side`` (its
+    Resize + CenterCrop), the ``pack-dataset`` command that stores those pixels first."""
     share = data_share(cell.ms_per_batch, step_ms)
     head = (f"data {cell.ms_per_batch:.1f} ms + compute {step_ms:.1f} ms per batch of {grid.batch_size}: "
             f"data is {share:.1%} of a step")
@@ -112,8 +115,11 @@ def advice(grid: Grid, cell: PathCell, step_ms: float, raw: Grid | None = None) 
                        f"sets the pace. Keep {cell.setting.make_loader_args()}; more workers will not train faster."]
     lines = [head + f" (>= {BOTTLENECK_SHARE:.0%}): data loading IS the bottleneck. What to change:"]
     if grid.kind == RAW_FOLDER:
-        lines.append("  - pack the images once (shardpack pack SRC --format npy --size N): no decode "
-                     "or resize per epoch; measure the gain with bench OUT --compare SRC")
+        from .user.packing import pack_command
+        cmd = pack_command(grid.source, side, "center-crop")
+        lines.append(f"  - pack the images once, the same Resize + CenterCrop stored: {cmd} (no decode or "
+                     f"resize per epoch); measure the gain with shardpack bench {cmd.split(' -o ')[-1]} "
+                     f"--compare {shlex.quote(grid.source)}")
     elif raw is not None and raw.measured:
         lines.append(f"  - packing already gave {cell.rate / max(c.rate for c in raw.measured):.1f}x "
                      f"over the best raw-JPEG setting")

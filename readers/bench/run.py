@@ -133,7 +133,8 @@ def run_bench(path, *, batch_size: int = 64, modes=MODES, workers=None, pin_memo
     share = data_share(rec[0].ms_per_batch, result.step["ms"])
     result.step.update({"setting": rec[0].setting.as_dict(), "data_ms": rec[0].ms_per_batch,
                         "data_share": share, "bottleneck": share >= BOTTLENECK_SHARE})
-    result.advice = advice(result.grid, rec[0], result.step["ms"], result.compare)
+    side = getattr(getattr(ds, "transform", None), "size", None)  # a raw folder's Resize + CenterCrop
+    result.advice = advice(result.grid, rec[0], result.step["ms"], result.compare, side)
     if result.compare is not None and (raw_rec := recommend(result.compare)):
         share = data_share(raw_rec[0].ms_per_batch, result.step["ms"])
         result.advice.append(f"before packing (raw JPEGs, {raw_rec[0].setting.label}): data would be "
