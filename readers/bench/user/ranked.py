@@ -66,6 +66,9 @@ def ranked_lines(res) -> list[str]:
         return []
     out = ["", "what to change, ranked by what it buys (each gain measured against your loader, interleaved; "
                "± = half the spread of the per-round differences):"]
+    if res.share is not None and not res.share["bottleneck"]:
+        out.append("  (NOT data-bound at your model's step: these make loading faster; training gets faster only "
+                   "once data is 40% or more of a step, e.g. on a faster GPU)")
     for k, lines in enumerate(items, 1):
         out.append(f"  {k}. {lines[0]}")
         out += [f"     {ln}" for ln in lines[1:]]
