@@ -93,7 +93,9 @@ def _packing_lines(p: dict, breakdown: dict | None) -> list[str]:
             lines.append(f"  ({seen})")
         n = p["side"] or "N"
         lines.append(f"  then read it: shardpack.ShardDataset('{p['command'].split(' -o ')[-1]}') gives uint8 "
-                     f"(3, {n}, {n}) CHW tensors; run .float().div(255) (and your normalisation) on the device")
+                     f"(3, {n}, {n}) CHW tensors; run .float().div(255) (and your normalisation) on the device"
+                     + ("; your samples were HWC, so a permute(0, 3, 1, 2) in your model goes"
+                        if breakdown and breakdown["sample"].get("layout") == "HWC" else ""))
     else:
         lines.append("no pack-dataset command: " + "; ".join(p["missing"]))
     if p.get("measured"):
