@@ -218,7 +218,7 @@ def test_the_resize_mode_is_seen_through_a_normalisation(tmp_path):
               for f in files]
     mode, diff = match_resize(squash, 24, "HWC")
     assert mode == "squash" and diff["squash"] < 0.01 and diff["center-crop"] > 6
-    crop = [(torch.from_numpy(np.asarray(PilResizeCenterCrop(24)(rgb(f)))).permute(2, 0, 1), f) for f in files]
+    crop = [(torch.from_numpy(np.array(PilResizeCenterCrop(24)(rgb(f)))).permute(2, 0, 1), f) for f in files]
     mode, diff = match_resize(crop, 24, "CHW")
     assert mode == "center-crop" and diff["center-crop"] < 1e-6 and diff["squash"] > 6
     flipped = [(np.ascontiguousarray(np.asarray(rgb(f).resize((24, 24)))[:, ::-1]), f) for f in files]

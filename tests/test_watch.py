@@ -97,6 +97,7 @@ def test_the_report_line_and_stderr(capsys):
                         "the step; to see why: shardpack bench t.py:ds")
 
 
+@pytest.mark.filterwarnings("ignore:`isinstance.treespec, LeafSpec.` is deprecated")  # lightning's own
 def test_lightning_callback_reports_the_wait_share():
     pl = pytest.importorskip("lightning.pytorch")
 
