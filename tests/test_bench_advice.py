@@ -234,3 +234,22 @@ def test_a_raw_folder_that_is_data_bound_gets_the_pack_command(tmp_path):
     cmd = f"pack-dataset {root} --format npy --size 24 --resize center-crop -o photos-24.npy"
     line = next(ln for ln in res.advice if "pack the images once" in ln)
     assert cmd in line and f"shardpack bench photos-24.npy --compare {root}" in line
+
+
+def path_cell(mode, workers, rates, persistent=None):
+    from shardpack.readers.bench.cells import PathCell, PathSetting
+    from shardpack.readers.bench.timing import Pass
+    s = PathSetting(mode, workers, None if mode == "main" else 2, persistent if mode == "processes" else None, False)
+    return PathCell(s, [Pass(0.01, 10, 100, 100 / r) for r in rates], cold=Pass(0.5, 1, 10, 0.01))
+
+
+@pytest.mark.parametrize("on_rates,off_rates", list(itertools.permutations(PERSISTENT_NOISE, 2)))
+def test_a_paths_persistent_workers_does_not_flip_on_noise(on_rates, off_rates):
+    from shardpack.readers.bench.advice import recommend
+    from shardpack.readers.bench.grid import Grid
+    g = Grid("x", "packed", "synthetic", 100, (3, 8, 8), 10, "none", 1.0, 3, 0.10, None)
+    g.cells = [path_cell("main", 0, [100, 101, 99]), path_cell("processes", 2, on_rates, True),
+               path_cell("processes", 2, off_rates, False)]
+    pick, why = recommend(g)
+    assert (pick.setting.mode, pick.setting.workers, pick.setting.persistent) == ("processes", 2, True)
+    assert "NOT RESOLVED" not in why and "every lighter setting is more than 10% slower" in why

@@ -7,6 +7,8 @@ The knee of each curve, the recommended setting, the speed-up over raw JPEGs, an
 from __future__ import annotations
 
 import shlex
+import statistics
+from dataclasses import replace
 
 from ..loading import MODES
 from .baseline import RAW_FOLDER
@@ -58,27 +60,31 @@ def knee_choices(grid: Grid) -> dict[tuple, Choice]:
             for line, pts in curves(grid.cells).items() if len(pts) > 1}
 
 
-def _rank(c: PathCell) -> tuple:
-    return (c.setting.workers, MODE_RANK[c.setting.mode], c.setting.persistent is False, c.setting.pin)
-
-
 def recommend(grid: Grid) -> tuple[PathCell, str] | None:
     """The setting to use and why, in one line: the lightest measured setting (fewest workers,
-    then main < threads < processes, then persistent workers) within the tolerance of the
-    fastest cell (medians). When a lighter setting's passes reach within the tolerance of the
-    fastest cell's slowest pass, the choice is "not resolved at this noise" and ``why`` says so.
-    None when nothing was measured."""
+    then main < threads < processes) within the tolerance of the fastest cell (medians). Cells
+    differing only in persistent_workers (which changes the epoch start, not a pass's rate) are
+    chosen between as one, their passes pooled, and persistent workers kept unless the other was
+    faster beyond the spread, so noise between them cannot flip the pick from run to run. When
+    a lighter setting's passes reach within the tolerance of the fastest cell's slowest pass, the
+    choice is "not resolved at this noise" and ``why`` says so, claiming nothing more. None when
+    nothing was measured."""
     cells = grid.measured
     if not cells:
         return None
-    by = {c.setting: c for c in cells}
-    ch = choose({c.setting: [p.rate for p in c.passes] for c in cells}, grid.tolerance,
-                order=lambda s: (*_rank(by[s]), -by[s].rate))
-    pick, best = by[ch.pick], by[ch.best]
+    groups: dict[PathSetting, list[PathCell]] = {}
+    for c in cells:
+        groups.setdefault(replace(c.setting, persistent=None), []).append(c)
+    rates = {g: [p.rate for c in cs for p in c.passes] for g, cs in groups.items()}
+    ch = choose(rates, grid.tolerance,
+                order=lambda g: (g.workers, MODE_RANK[g.mode], g.pin, -statistics.median(rates[g])))
+    pick = _persistent_pick(groups[ch.pick])
+    best = max(groups[ch.best], key=lambda c: c.rate)
+    rivals = [groups[g][0].setting if len(groups[g]) == 1 else g for g in ch.rivals]
     why = f"{pick.rate:,.0f} samples/s, "
-    if pick is best and not ch.resolved:
+    if ch.pick == ch.best and rivals:
         why += "the fastest cell by the medians"
-    elif pick is best:
+    elif ch.pick == ch.best:
         why += (f"the fastest cell, and every lighter setting is more than {grid.tolerance:.0%} slower, "
                 f"beyond the spread")
     else:
@@ -86,10 +92,20 @@ def recommend(grid: Grid) -> tuple[PathCell, str] | None:
                 f"({best.rate:,.0f} samples/s, {best.setting.label})")
     if pick.setting.persistent:
         why += f"; persistent workers start an epoch in {pick.epoch_start_ms:.0f} ms"
-    if not ch.resolved:
-        why += (f"; NOT RESOLVED at this noise: {'; '.join(s.label for s in ch.rivals)} "
+    if rivals:
+        why += (f"; NOT RESOLVED at this noise: {'; '.join(s.label for s in rivals)} "
                 f"lies within the spread (rerun with a larger --seconds)")
     return pick, why
+
+
+def _persistent_pick(cells: list[PathCell]) -> PathCell:
+    """Of cells differing only in persistent_workers: the persistent one, unless the other read
+    faster beyond the spread (its slowest pass above the persistent one's fastest)."""
+    if len(cells) < 2:
+        return cells[0]
+    on = next(c for c in cells if c.setting.persistent)
+    off = next(c for c in cells if not c.setting.persistent)
+    return off if min(off.rates) > max(on.rates) else on
 
 
 def speedups(packed: Grid, raw: Grid) -> dict[PathSetting, float]:
