@@ -177,7 +177,7 @@ def test_cli_runs_the_users_dataset_and_model(user_file, tmp_path):
         (1, False, 2, None), (1, True, 2, None)]
     # (c) the paste-able line
     line = next(ln for ln in text.splitlines() if "DataLoader(" in ln)
-    assert line.startswith("torch.utils.data.DataLoader(dataset, batch_size=8, shuffle=True, num_workers=")
+    assert line.startswith("torch.utils.data.DataLoader(HwcFloat(), batch_size=8, shuffle=True, num_workers=")
     assert line.endswith(")")
     assert report["recommended"]["dataloader"] == line
     if not torch.cuda.is_available():
@@ -390,6 +390,14 @@ def test_the_pasted_line_keeps_a_custom_sampler_collate_and_worker_init(user_fil
     assert len(batches) == 3 and all(x.shape == (8, 3, 8, 8) and x.dtype == torch.uint8 for x, _ in batches)
     for x, y in batches:  # each label is the user's own for the sample it came with
         assert y.tolist() == [int(v) % 4 for v in x[:, 0, 0, 0]]
+    # a Dataset built by a class (or a no-argument factory) the target names: the line calls it
+    res = shardpack.bench(f"{path}:ChwU8", workers=[0], seconds=0.05, repeats=1, epoch_start=False, check=False,
+                          fixes=False, batch_size=16)
+    assert res.paste() == "torch.utils.data.DataLoader(ChwU8(), batch_size=16, shuffle=True, num_workers=0, " \
+                          "pin_memory=False)"
+    assert "in scope: ChwU8 (it builds your Dataset)" in res.text()
+    x, y = next(iter(pasted(res, module)))
+    assert x.shape == (16, 3, 8, 8) and y.tolist() == [int(v) % 4 for v in x[:, 0, 0, 0]]
 
 
 def test_a_str_or_dict_is_not_taken_for_a_dataset_but_a_list_of_samples_is():

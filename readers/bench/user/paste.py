@@ -25,6 +25,7 @@ class Scope:
 
     modules: list = field(default_factory=list)
     loader_name: str | None = None
+    made_by: str | None = None  # ``NAME()``: the no-argument factory (or class) that built the dataset or loader
 
     @classmethod
     def of(cls, target, obj, kind: str) -> Scope:
@@ -42,6 +43,11 @@ class Scope:
             if mod is not None and mod not in mods and not mod.__name__.startswith(("torch", "builtins")):
                 mods.append(mod)
         scope = cls(mods)
+        maker = target
+        if isinstance(target, str) and ":" in target and mods:
+            maker = getattr(mods[0], target.rpartition(":")[2], None)
+        if callable(maker) and maker is not obj and (name := scope.name_of(maker)) is not None:
+            scope.made_by = f"{name}()"
         if kind == "loader":
             scope.loader_name = scope.name_of(obj)
         return scope
@@ -127,7 +133,10 @@ def paste_line(res) -> tuple[str, list[str]]:
         return f"{loader}.{attr}"
 
     ds_name = scope.name_of(base.dataset)
-    if ds_name is None and scope.loader_name is not None:
+    if ds_name is None and scope.made_by is not None and base.given is None:
+        ds_name = scope.made_by  # e.g. train_set(): the factory that gave the Dataset
+        needs.append(f"{ds_name[:-2]} (it builds your Dataset)")
+    elif ds_name is None and scope.loader_name is not None:
         ds_name = f"{scope.loader_name}.dataset"
         needs.append(f"{scope.loader_name} (your DataLoader)")
     elif ds_name is None:
