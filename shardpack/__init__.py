@@ -42,6 +42,8 @@ _LAZY = {
     "verify": ".readers.verify",
     "export_imagefolder": ".packer.export",
     "bench": ".readers.bench",
+    "watch": ".readers.watch",
+    "WatchCallback": ".readers.watch_lightning",
 }
 # the names that need torch: a clear ImportError for them when it is not installed
 _TORCH = {"ShardDataset", "ShardSampler", "make_loader", "stack_collate", "BatchAugment", "transforms", "bench"}

@@ -62,9 +62,9 @@ def test_cli_tiny_grid_table_json_and_plot(tiny, tmp_path):
     assert "recommended: make_loader(ds, 4, " in text and "check: the recommended setting" in text
     # the same recommendation as a plain DataLoader line that builds over the packed dataset
     line = next(ln for ln in text.splitlines() if "DataLoader(" in ln)
-    assert line.startswith("DataLoader(dataset, batch_size=4, shuffle=True, drop_last=True, num_workers=")
-    loader = eval(line, {"torch": torch, "shardpack": shardpack, "dataset": ShardDataset(out),  # noqa: S307
-                         "DataLoader": torch.utils.data.DataLoader})
+    assert line.startswith("torch.utils.data.DataLoader(dataset, batch_size=4, shuffle=True, drop_last=True, "
+                           "num_workers=")
+    loader = eval(line, {"torch": torch, "shardpack": shardpack, "dataset": ShardDataset(out)})  # noqa: S307
     imgs, labels = next(iter(loader))
     assert imgs.shape == (4, 3, 24, 24) and imgs.dtype == torch.uint8 and labels.dtype == torch.int64
     assert "training step:" in text and ("IS the bottleneck" in text or "NOT the bottleneck" in text)

@@ -104,6 +104,19 @@ def batched():
                       collate_fn=stack_dicts)
 
 
+def seed_workers(worker_id):
+    torch.manual_seed(worker_id)
+
+
+def stack_pairs(items):
+    return torch.stack([x for x, _ in items]), torch.tensor([y for _, y in items])
+
+
+chw = ChwU8()
+custom = DataLoader(chw, batch_size=8, sampler=torch.utils.data.RandomSampler(chw, num_samples=24),
+                    collate_fn=stack_pairs, drop_last=True, worker_init_fn=seed_workers)
+
+
 def broken():
     raise RuntimeError("no data here")
 
@@ -164,7 +177,8 @@ def test_cli_runs_the_users_dataset_and_model(user_file, tmp_path):
         (1, False, 2, None), (1, True, 2, None)]
     # (c) the paste-able line
     line = next(ln for ln in text.splitlines() if "DataLoader(" in ln)
-    assert line.startswith("DataLoader(dataset, batch_size=8, shuffle=True, num_workers=") and line.endswith(")")
+    assert line.startswith("torch.utils.data.DataLoader(HwcFloat(), batch_size=8, shuffle=True, num_workers=")
+    assert line.endswith(")")
     assert report["recommended"]["dataloader"] == line
     if not torch.cuda.is_available():
         assert "pin_memory=True not measured: no CUDA device" in text and "skipped: GPU utilisation" in text
@@ -172,9 +186,20 @@ def test_cli_runs_the_users_dataset_and_model(user_file, tmp_path):
 
 def build_from_line(line, dataset):
     """Build what a user would by pasting ``line`` after ``import torch, shardpack``."""
-    assert line.count("DataLoader(") == 1 and line.startswith("DataLoader(dataset, ")
-    return eval(line, {"torch": torch, "shardpack": shardpack, "dataset": dataset,  # noqa: S307
-                       "DataLoader": torch.utils.data.DataLoader})
+    assert line.count("DataLoader(") == 1 and line.startswith("torch.utils.data.DataLoader(dataset, ")
+    return eval(line, {"torch": torch, "shardpack": shardpack, "dataset": dataset})  # noqa: S307
+
+
+def pasted(res, module):
+    """The recommended line run as a user pastes it: after only ``import torch, shardpack``, with
+    the names the report says it needs taken from the user's module."""
+    scope: dict = {}
+    exec("import torch, shardpack", scope)  # noqa: S102
+    note = next(ln for ln in res.text().splitlines() if "runs after `import torch, shardpack`" in ln)
+    for need in note.split("in scope: ", 1)[1].split(", "):
+        name = need.split(" ")[0]
+        scope[name] = getattr(module, name)
+    return eval(res.paste(), scope)  # noqa: S307
 
 
 def test_api_on_a_users_dataloader_pastes_a_working_line(user_file):
@@ -302,7 +327,7 @@ def test_report_says_not_resolved(user_file):
     assert "NOT RESOLVED at this noise: lighter settings came within the spread of the fastest" in text
     assert "fastest (2 workers, prefetch 2, persistent, pin off): 1 worker, prefetch 2, persistent, pin off." in text
     assert "knee at 2 workers (not resolved at this noise: 1 workers lie within the spread)" in text
-    line = next(ln for ln in text.splitlines() if ln.startswith("DataLoader("))
+    line = next(ln for ln in text.splitlines() if ln.startswith("torch.utils.data.DataLoader("))
     assert "num_workers=2" in line
 
 
@@ -334,9 +359,45 @@ def test_a_loaders_own_batch_sampler_and_collate_are_kept(user_file):
     # the check: 5 s of batches of 5 at the cell's rate (batches, not samples, as the sampler's unit)
     assert res.check["samples"] == 5 * res.check["batches"] == 5 * max(3, round(res.rec.rate * 5.0 / 5))
     text = res.text()
-    assert "DataLoader(dataset, num_workers=0, pin_memory=False)" in text
-    assert "keep your loader's own collate_fn=stack_dicts, batch_sampler=BatchSampler" in text
+    assert ("torch.utils.data.DataLoader(dataset, batch_sampler=torch.utils.data.BatchSampler("
+            "torch.utils.data.SequentialSampler(dataset), 5, False), num_workers=0, pin_memory=False, "
+            "collate_fn=stack_dicts)") in text
+    assert "with these of your names in scope: dataset (your Dataset), stack_dicts" in text
+    module = sys.modules[path.stem]
+    again = pasted(res, type("M", (), {"dataset": res.base.dataset, "stack_dicts": module.stack_dicts}))
+    xs, ys = zip(*again)
+    assert [x[:, 0, 0, 0].tolist() for x in xs] == [list(range(k, k + 5)) for k in range(0, 40, 5)]
+    assert [y.tolist() for y in ys] == [[i % 2 for i in range(k, k + 5)] for k in range(0, 40, 5)]
     assert res.breakdown["collate_ms"] > 0 and res.breakdown["sample"]["dtype"] == "uint8"
+
+
+def test_the_pasted_line_keeps_a_custom_sampler_collate_and_worker_init(user_file):
+    """A RandomSampler with num_samples, the user's collate_fn and worker_init_fn, drop_last: all in
+    the line (not shown as shuffle=True), which runs after `import torch, shardpack` with the
+    user's names in scope and yields the user's batches."""
+    path, _ = user_file
+    res = shardpack.bench(f"{path}:custom", workers=[0, 1], prefetch=[2], persistent="on", seconds=0.05,
+                          repeats=1, epoch_start=False, check=False, fixes=False)
+    line = res.paste()
+    assert "shuffle=True" not in line
+    assert line.startswith("torch.utils.data.DataLoader(chw, batch_size=8, "
+                           "sampler=torch.utils.data.RandomSampler(chw, num_samples=24), num_workers=")
+    assert line.endswith("drop_last=True, collate_fn=stack_pairs, worker_init_fn=seed_workers)")
+    module = sys.modules[path.stem]
+    loader = pasted(res, module)
+    assert loader.worker_init_fn is module.seed_workers and loader.collate_fn is module.stack_pairs
+    batches = list(loader)
+    assert len(batches) == 3 and all(x.shape == (8, 3, 8, 8) and x.dtype == torch.uint8 for x, _ in batches)
+    for x, y in batches:  # each label is the user's own for the sample it came with
+        assert y.tolist() == [int(v) % 4 for v in x[:, 0, 0, 0]]
+    # a Dataset built by a class (or a no-argument factory) the target names: the line calls it
+    res = shardpack.bench(f"{path}:ChwU8", workers=[0], seconds=0.05, repeats=1, epoch_start=False, check=False,
+                          fixes=False, batch_size=16)
+    assert res.paste() == "torch.utils.data.DataLoader(ChwU8(), batch_size=16, shuffle=True, num_workers=0, " \
+                          "pin_memory=False)"
+    assert "in scope: ChwU8 (it builds your Dataset)" in res.text()
+    x, y = next(iter(pasted(res, module)))
+    assert x.shape == (16, 3, 8, 8) and y.tolist() == [int(v) % 4 for v in x[:, 0, 0, 0]]
 
 
 def test_a_str_or_dict_is_not_taken_for_a_dataset_but_a_list_of_samples_is():

@@ -31,11 +31,16 @@ DataLoader or factory), the same method drives torch's own DataLoader, in the ``
 - ``user.loader`` (the loader rebuilt per setting) and ``user.passes`` (passes with floors,
   interleaved cells, spawn epoch starts, the plain-loop check);
 - ``user.breakdown``: ``__getitem__``, collate, hand-off per batch, flags, the fixes measured;
-- ``user.gpu``: the real loop's data wait, the GPU saw-tooth, a profiler trace; ``user.warn``: slow
-  mount, /dev/shm, ROCm; ``user.run`` / ``user.render``: :func:`run_user_bench`, its report and plot;
+- ``user.gpu``: the real loop's data wait, the GPU saw-tooth, a profiler trace; ``user.warn``: the
+  notices for the user's code (``notices``: slow mount, larger than RAM, /dev/shm, ROCm, the texts
+  every form prints); ``user.packing``: packing as the fix (the ``pack-dataset`` command, a trial
+  pack's gain); ``user.ranked``: what to change, ranked by what it buys; ``user.paste``: the
+  ``torch.utils.data.DataLoader(...)`` line; ``user.run`` / ``user.render``: :func:`run_user_bench`,
+  its report and plot;
 - ``cli``: the ``shardpack bench`` click command (imports torch only when run).
 
-``scripts/bench_read.py`` uses the timing and baseline pieces on their own.
+``scripts/bench_read.py`` uses the timing and baseline pieces on their own; ``readers/watch.py``
+(``shardpack.watch``) reuses ``user.gpu``'s NVML sampler inside the user's own training loop.
 """
 
 import importlib

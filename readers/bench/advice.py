@@ -6,6 +6,10 @@ The knee of each curve, the recommended setting, the speed-up over raw JPEGs, an
 
 from __future__ import annotations
 
+import shlex
+import statistics
+from dataclasses import replace
+
 from ..loading import MODES
 from .baseline import RAW_FOLDER
 from .cells import PathCell, PathSetting
@@ -56,35 +60,52 @@ def knee_choices(grid: Grid) -> dict[tuple, Choice]:
             for line, pts in curves(grid.cells).items() if len(pts) > 1}
 
 
-def _rank(c: PathCell) -> tuple:
-    return (c.setting.workers, MODE_RANK[c.setting.mode], c.setting.persistent is False, c.setting.pin)
-
-
 def recommend(grid: Grid) -> tuple[PathCell, str] | None:
     """The setting to use and why, in one line: the lightest measured setting (fewest workers,
-    then main < threads < processes, then persistent workers) within the tolerance of the
-    fastest cell (medians). When a lighter setting's passes reach within the tolerance of the
-    fastest cell's slowest pass, the choice is "not resolved at this noise" and ``why`` says so.
-    None when nothing was measured."""
+    then main < threads < processes) within the tolerance of the fastest cell (medians). Cells
+    differing only in persistent_workers (which changes the epoch start, not a pass's rate) are
+    chosen between as one, their passes pooled, and persistent workers kept unless the other was
+    faster beyond the spread, so noise between them cannot flip the pick from run to run. When
+    a lighter setting's passes reach within the tolerance of the fastest cell's slowest pass, the
+    choice is "not resolved at this noise" and ``why`` says so, claiming nothing more. None when
+    nothing was measured."""
     cells = grid.measured
     if not cells:
         return None
-    by = {c.setting: c for c in cells}
-    ch = choose({c.setting: [p.rate for p in c.passes] for c in cells}, grid.tolerance,
-                order=lambda s: (*_rank(by[s]), -by[s].rate))
-    pick, best = by[ch.pick], by[ch.best]
+    groups: dict[PathSetting, list[PathCell]] = {}
+    for c in cells:
+        groups.setdefault(replace(c.setting, persistent=None), []).append(c)
+    rates = {g: [p.rate for c in cs for p in c.passes] for g, cs in groups.items()}
+    ch = choose(rates, grid.tolerance,
+                order=lambda g: (g.workers, MODE_RANK[g.mode], g.pin, -statistics.median(rates[g])))
+    pick = _persistent_pick(groups[ch.pick])
+    best = max(groups[ch.best], key=lambda c: c.rate)
+    rivals = [groups[g][0].setting if len(groups[g]) == 1 else g for g in ch.rivals]
     why = f"{pick.rate:,.0f} samples/s, "
-    if pick is best:
-        why += f"the fastest cell, and no lighter setting came within {grid.tolerance:.0%} of it"
+    if ch.pick == ch.best and rivals:
+        why += "the fastest cell by the medians"
+    elif ch.pick == ch.best:
+        why += (f"the fastest cell, and every lighter setting is more than {grid.tolerance:.0%} slower, "
+                f"beyond the spread")
     else:
         why += (f"the lightest setting within {grid.tolerance:.0%} of the fastest cell "
                 f"({best.rate:,.0f} samples/s, {best.setting.label})")
     if pick.setting.persistent:
         why += f"; persistent workers start an epoch in {pick.epoch_start_ms:.0f} ms"
-    if not ch.resolved:
-        why += (f"; NOT RESOLVED at this noise: {'; '.join(s.label for s in ch.rivals)} "
+    if rivals:
+        why += (f"; NOT RESOLVED at this noise: {'; '.join(s.label for s in rivals)} "
                 f"lies within the spread (rerun with a larger --seconds)")
     return pick, why
+
+
+def _persistent_pick(cells: list[PathCell]) -> PathCell:
+    """Of cells differing only in persistent_workers: the persistent one, unless the other read
+    faster beyond the spread (its slowest pass above the persistent one's fastest)."""
+    if len(cells) < 2:
+        return cells[0]
+    on = next(c for c in cells if c.setting.persistent)
+    off = next(c for c in cells if not c.setting.persistent)
+    return off if min(off.rates) > max(on.rates) else on
 
 
 def speedups(packed: Grid, raw: Grid) -> dict[PathSetting, float]:
@@ -98,9 +119,10 @@ def data_share(data_ms: float, step_ms: float) -> float:
     return data_ms / (data_ms + step_ms)
 
 
-def advice(grid: Grid, cell: PathCell, step_ms: float, raw: Grid | None = None) -> list[str]:
+def advice(grid: Grid, cell: PathCell, step_ms: float, raw: Grid | None = None, side: int | None = None) -> list[str]:
     """Lines saying whether loading is the bottleneck for ``cell`` against a model step of
-    ``step_ms`` (the 40% rule) and what to change."""
+    ``step_ms`` (the 40% rule) and what to change; for a raw folder read at ``side`` (its
+    Resize + CenterCrop), the ``pack-dataset`` command that stores those pixels first."""
     share = data_share(cell.ms_per_batch, step_ms)
     head = (f"data {cell.ms_per_batch:.1f} ms + compute {step_ms:.1f} ms per batch of {grid.batch_size}: "
             f"data is {share:.1%} of a step")
@@ -109,8 +131,11 @@ def advice(grid: Grid, cell: PathCell, step_ms: float, raw: Grid | None = None) 
                        f"sets the pace. Keep {cell.setting.make_loader_args()}; more workers will not train faster."]
     lines = [head + f" (>= {BOTTLENECK_SHARE:.0%}): data loading IS the bottleneck. What to change:"]
     if grid.kind == RAW_FOLDER:
-        lines.append("  - pack the images once (shardpack pack SRC --format npy --size N): no decode "
-                     "or resize per epoch; measure the gain with bench OUT --compare SRC")
+        from .user.packing import pack_command
+        cmd = pack_command(grid.source, side, "center-crop")
+        lines.append(f"  - pack the images once, the same Resize + CenterCrop stored: {cmd} (no decode or "
+                     f"resize per epoch); measure the gain with shardpack bench {cmd.split(' -o ')[-1]} "
+                     f"--compare {shlex.quote(grid.source)}")
     elif raw is not None and raw.measured:
         lines.append(f"  - packing already gave {cell.rate / max(c.rate for c in raw.measured):.1f}x "
                      f"over the best raw-JPEG setting")

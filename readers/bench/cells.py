@@ -132,8 +132,9 @@ class UserSetting(Setting):
         if not self.workers:
             parts = ["0 workers (main process)"]
         else:
-            parts = [f"{self.workers} worker{'s' if self.workers > 1 else ''}", f"prefetch {self.prefetch}",
-                     "persistent" if self.persistent else "not persistent"]
+            parts = [f"{self.workers} worker{'s' if self.workers > 1 else ''}", f"prefetch {self.prefetch}"]
+            if self.persistent is not None:  # None with workers: persistent on and off taken together
+                parts.append("persistent" if self.persistent else "not persistent")
         parts.append(f"pin {'on' if self.pin else 'off'}")
         if self.collate == "stack":
             parts.append("shardpack.stack_collate")

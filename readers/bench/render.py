@@ -82,9 +82,10 @@ def render(grid: Grid, compare: Grid | None = None) -> str:
 
 
 def dataloader_line(grid: Grid):
-    """``(cell, "DataLoader(dataset, ...)")``: the recommendation among the cells a plain
-    DataLoader can express (main = num_workers=0, processes), every value a literal or a
-    ``shardpack.`` name, with shardpack.stack_collate (make_loader's batches, stacked); None
+    """``(cell, "torch.utils.data.DataLoader(dataset, ...)")``: the recommendation among the cells a
+    plain DataLoader can express (main = num_workers=0, processes), every value a literal or a
+    ``shardpack.`` name (it runs after ``import torch, shardpack`` with ``dataset`` in scope), with
+    shardpack.stack_collate (make_loader's batches, stacked); None
     when no such cell was measured."""
     from dataclasses import replace
     sub = replace(grid, cells=[c for c in grid.cells if c.setting.mode != "threads"])
@@ -96,7 +97,7 @@ def dataloader_line(grid: Grid):
     if s.workers:
         parts += [f"prefetch_factor={s.prefetch}", f"persistent_workers={bool(s.persistent)}"]
     parts += [f"pin_memory={s.pin}", "collate_fn=shardpack.stack_collate"]
-    return rec[0], "DataLoader(dataset, " + ", ".join(parts) + ")"
+    return rec[0], "torch.utils.data.DataLoader(dataset, " + ", ".join(parts) + ")"
 
 
 def to_json(grid: Grid) -> dict:

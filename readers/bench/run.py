@@ -114,8 +114,8 @@ def run_bench(path, *, batch_size: int = 64, modes=MODES, workers=None, pin_memo
             result.compare = run_grid(raw[0], settings, source=str(compare), kind=RAW_FOLDER,
                                       description=raw[2], bar=bar, **common)
             result.interrupted = result.compare.interrupted
-    result.warnings = ram_warning(ds) if kind == PACKED else []
     rec = recommend(result.grid)
+    result.warnings = path_notices(path, ds, kind, result.grid, rec[0] if rec else None, compare)
     if rec is None or result.interrupted:
         return result
     try:
@@ -133,7 +133,8 @@ def run_bench(path, *, batch_size: int = 64, modes=MODES, workers=None, pin_memo
     share = data_share(rec[0].ms_per_batch, result.step["ms"])
     result.step.update({"setting": rec[0].setting.as_dict(), "data_ms": rec[0].ms_per_batch,
                         "data_share": share, "bottleneck": share >= BOTTLENECK_SHARE})
-    result.advice = advice(result.grid, rec[0], result.step["ms"], result.compare)
+    side = getattr(getattr(ds, "transform", None), "size", None)  # a raw folder's Resize + CenterCrop
+    result.advice = advice(result.grid, rec[0], result.step["ms"], result.compare, side)
     if result.compare is not None and (raw_rec := recommend(result.compare)):
         share = data_share(raw_rec[0].ms_per_batch, result.step["ms"])
         result.advice.append(f"before packing (raw JPEGs, {raw_rec[0].setting.label}): data would be "
@@ -141,16 +142,22 @@ def run_bench(path, *, batch_size: int = 64, modes=MODES, workers=None, pin_memo
     return result
 
 
-def ram_warning(ds) -> list[str]:
-    """"data larger than RAM" for a packed output whose files exceed what the page cache may hold:
-    the grid ran on cached pages, a real epoch reads from disk."""
-    from .. import system
+def path_notices(path, ds, kind: str, grid: Grid, rec, compare=None) -> list[str]:
+    """The notices (``notices.py``, the same as for the user's code): PATH (and ``compare``) on a
+    slow mount; the data larger than RAM (a packed output's shards, a raw folder's JPEGs: the grid
+    ran on cached pages, an epoch reads from disk); /dev/shm small for the recommended cell's
+    worker processes; ROCm."""
+    from math import prod
+
+    from . import notices
     try:
-        found = system.larger_than_ram(ds.reader.data_paths())
-    except (AttributeError, OSError):  # a reader without data_paths, or files gone
-        return []
-    if found is None:
-        return []
-    size, room, source = found
-    return [f"data larger than RAM: {size / 2**30:.1f} GiB of shards, {room / 2**30:.1f} GiB for the page cache "
-            f"({source}): every epoch reads from disk, slower than the cached passes measured here"]
+        files, what = ((ds.reader.data_paths(), "shards") if kind == PACKED else
+                       ([f for f, _ in ds.files], "JPEGs"))
+    except (AttributeError, OSError, TypeError, ValueError):  # a reader without data_paths, or files gone
+        files, what = [], ""
+    shm = None
+    if rec is not None and rec.setting.mode == "processes":
+        mb = grid.batch_size * prod(grid.batch_shape) / 1e6  # uint8 batches
+        shm = notices.shm_tight(mb, rec.setting.workers, rec.setting.prefetch)
+    return notices.all_of(notices.slow_mount(path), compare is not None and notices.slow_mount(compare),
+                          files and notices.larger_than_ram(files, what), shm, notices.rocm())

@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset
 
 from ..cells import UserSetting, warmup_batches
-from ..noise import Spread
+from ..noise import Gain
 from .loader import Base
 from .passes import run_pass
 
@@ -278,12 +278,13 @@ def compare(base: Base, setting: UserSetting, seconds: float, repeats: int = 3, 
                          device=device)
             rates[name].append(p.rate)
             ms[name].append(p.ms_per_batch)
-    mine = Spread(rates["yours"])
     rows = []
     for name, (_, _, note) in alts.items():
-        theirs = Spread(rates[name])
+        gain = Gain.of(ms["yours"], ms[name])
         rows.append({"variant": name, "what": note, "setting": s.label,
                      "yours_ms": statistics.median(ms["yours"]), "fixed_ms": statistics.median(ms[name]),
                      "yours_samples_per_s": rates["yours"], "fixed_samples_per_s": rates[name],
-                     "resolved": theirs.low > mine.high or theirs.high < mine.low})
+                     "yours_ms_rounds": ms["yours"], "fixed_ms_rounds": ms[name],
+                     "saved_ms": gain.saved_ms, "saved_pm_ms": gain.pm, "resolved": gain.resolved,
+                     "verdict": gain.words()})
     return rows

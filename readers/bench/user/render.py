@@ -10,43 +10,20 @@ from ..advice import BOTTLENECK_SHARE
 from ..noise import Spread, load_average
 from ..plotting import model_rate, pyplot, save, star
 from ..timing import machine
+from .paste import paste_line as line_and_names
+from .ranked import ranked_lines, settings_json
 
 
 def paste_line(res) -> str:
-    """The recommendation as one ``DataLoader(dataset, key=value, ...)`` line: the dataset first,
-    every value a literal or a ``shardpack.`` name, nothing after the closing parenthesis. The
-    user's own callables and samplers cannot be written as literals: :func:`kept_note` names them."""
-    s, base = res.rec.setting, res.base
-    parts = ["dataset"]
-    if base.batch_sampler is None:
-        parts.append(f"batch_size={base.batch_size}")
-    if base.shuffle:
-        parts.append("shuffle=True")
-    parts.append(f"num_workers={s.workers}")
-    if s.workers:
-        parts += [f"prefetch_factor={s.prefetch}", f"persistent_workers={bool(s.persistent)}"]
-    parts.append(f"pin_memory={s.pin}")
-    if base.fixed.get("drop_last"):
-        parts.append("drop_last=True")
-    if base.fixed.get("timeout"):
-        parts.append(f"timeout={base.fixed['timeout']!r}")
-    if base.fixed.get("in_order") is False:
-        parts.append("in_order=False")
-    if use_stack(res):
-        parts.append("collate_fn=shardpack.stack_collate")
-    return "DataLoader(" + ", ".join(parts) + ")"
-
-
-def use_stack(res) -> bool:
-    """True when the stack-only collate measured faster than the user's, beyond the spread."""
-    return any(f["variant"] == "stack" and f["resolved"] and f["fixed_ms"] < f["yours_ms"] for f in res.fixes)
+    """The recommendation as one ``torch.utils.data.DataLoader(...)`` line (see ``paste.py``)."""
+    return line_and_names(res)[0]
 
 
 def kept_note(res) -> str | None:
-    notes = [n for n in res.base.notes if not (use_stack(res) and n.startswith("collate_fn="))]
-    if not notes:
-        return None
-    return f"  keep your loader's own {', '.join(notes)}: add them to that line (bench ran with them)"
+    """The line under the pasted one: the names from the user's code it needs in scope."""
+    needs = [n for n in line_and_names(res)[1] if not n.startswith("shardpack.")]
+    return (f"  runs after `import torch, shardpack` with these of your names in scope: {', '.join(needs)}"
+            if needs else None)
 
 
 def _row(c, rec, knee_at, given=None) -> str:
@@ -160,6 +137,7 @@ def render_text(res) -> str:
     lines += breakdown_lines(res)
     lines += epoch_rows(res)
     lines += step_lines(res)
+    lines += ranked_lines(res)
     if res.warnings:
         lines += ["", "warnings:"] + [f"  - {w}" for w in res.warnings]
     return "\n".join(lines)
@@ -187,9 +165,12 @@ def breakdown_lines(res) -> list[str]:
     if res.fixes:
         lines.append(f"measured fixes (at {res.fixes[0]['setting']}, interleaved with yours, {res.repeats} rounds):")
         for f in res.fixes:
-            verdict = ("beyond the spread" if f["resolved"] else "not resolved at this noise")
-            lines.append(f"  - {f['what']}: {f['fixed_ms']:.1f} ms/batch vs yours {f['yours_ms']:.1f} ms "
-                         f"({f['yours_ms'] - f['fixed_ms']:+.1f} ms saved, {verdict})")
+            lines.append(f"  - {f['what']}: {f['fixed_ms']:.1f} ms/batch vs yours {f['yours_ms']:.1f} ms: "
+                         f"{f['verdict']}")
+            if f["variant"] == "uint8" and f["saved_ms"] < 0:
+                lines.append("    (the what-if converts the float samples your __getitem__ already made, so it pays "
+                             "for both; a __getitem__ that returns uint8 straight from the decode skips the float "
+                             "work: measure that change in your own code)")
     return lines
 
 
@@ -209,7 +190,7 @@ def step_lines(res) -> list[str]:
                      f"loop waits max(0, d - s) = {sh['overlapped_wait_ms']:.1f} ms) = {sh['overlapped']:.1%}")
         used = sh[sh["applies"]]
         lines.append(f"verdict ({sh['applies']}, as the recommended setting runs): data is {used:.1%} of a step: "
-                     + (f"DATA-BOUND (>= {line:.0%}): the loader starves the model; see the fixes above"
+                     + (f"DATA-BOUND (>= {line:.0%}): the loader starves the model; what to change is below"
                         if sh["bottleneck"] else
                         f"NOT data-bound (< {line:.0%}): the model sets the pace; more workers will not train faster"))
     if res.check is not None:
@@ -258,7 +239,8 @@ def render_json(res) -> dict:
                 **res.rec.setting.as_dict(), "samples_per_s": res.rec.rate, "ms_per_batch": res.rec.ms_per_batch,
                 "reason": res.why, "resolved": ch.resolved if ch else True,
                 "rivals": [s.label for s in ch.rivals] if ch else [], "dataloader": paste_line(res)},
-            "breakdown": res.breakdown, "fixes": res.fixes, "epoch_start_spawn": res.epoch, "step": res.step,
+            "breakdown": res.breakdown, "fixes": res.fixes, "packing": res.packing,
+            "settings_gain": settings_json(res), "epoch_start_spawn": res.epoch, "step": res.step,
             "data_share": res.share, "check": res.check, "gpu": res.gpu, "warnings": res.warnings,
             "interrupted": res.interrupted}
 

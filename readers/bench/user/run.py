@@ -25,6 +25,7 @@ from ..result import BenchResult
 from ..timing import NO_CUDA
 from .loader import Base, user_grid
 from .passes import epoch_starts, measure_interleaved, plain_check
+from .paste import Scope
 from .render import paste_line, plot_user, render_json, render_text
 from .target import TargetError, load_data, load_model
 
@@ -55,6 +56,8 @@ class UserBenchResult(BenchResult):
     epoch: list[dict] = field(default_factory=list)
     share: dict | None = None
     gpu: dict | None = None
+    packing: dict | None = None  # packing as a fix (packing.py): the command, the trial's gain or a projection
+    scope: Scope | None = None  # where the pasted line finds the user's names
 
     def paste(self) -> str | None:
         return paste_line(self) if self.rec is not None else None
@@ -72,7 +75,7 @@ class UserBenchResult(BenchResult):
 def default_prefetch(mb_per_batch: float, workers: list[int]) -> list[int]:
     """prefetch_factor values to try: 2 (torch's default) and 8 (rides out slow batches); 1 too
     when 8 batches in flight per worker would fill a quarter of /dev/shm."""
-    from .warn import shm_free
+    from ..notices import shm_free
     free = shm_free()
     tight = free is not None and mb_per_batch * 1e6 * max(workers or [1]) * 8 > free / 4
     return [1, 2, 8] if tight else [2, 8]
@@ -81,29 +84,65 @@ def default_prefetch(mb_per_batch: float, workers: list[int]) -> list[int]:
 def recommend_user(cells: list[UserCell], tolerance: float, cores: int) -> tuple[Choice | None, UserCell | None, str]:
     """The lightest setting within ``tolerance`` of the fastest, at most ``cores`` workers unless
     a cell above beats every cell within by more than the tolerance beyond its spread (then
-    said why); ``(choice, cell, why)``; (None, None, reason) when nothing was measured."""
+    said why); ``(choice, cell, why)``; (None, None, reason) when nothing was measured.
+
+    persistent_workers does not change the steady-state rate a pass times (only the epoch
+    start), so cells differing only in it are chosen between as one, their passes pooled, and
+    persistent workers taken unless the non-persistent cell was faster beyond the spread: noise
+    between the two cannot flip the recommendation from one run to the next. ``why`` claims
+    only what the spread supports (a choice with rivals says it is not resolved)."""
     ok = [c for c in cells if c.ok]
     if not ok:
         return None, None, "no setting could be measured"
     within = [c for c in ok if c.setting.workers <= cores] or ok
-    by = {c.setting: c for c in ok}
-    choice = choose({c.setting: c.rates for c in within}, tolerance, order=lambda s: s.rank)
-    pick = by[choice.pick]
+    groups: dict[UserSetting, list[UserCell]] = {}
+    for c in within:
+        groups.setdefault(_pooled(c.setting), []).append(c)
+    ch = choose({g: [r for c in cs for r in c.rates] for g, cs in groups.items()}, tolerance,
+                order=lambda g: g.rank)
+    pick, keep_why = _persistent_of(groups[ch.pick])
+    best = max(groups[ch.best], key=lambda c: c.rate)
+    rivals = [groups[g][0].setting if len(groups[g]) == 1 else g for g in ch.rivals]
+    choice = Choice(pick.setting, best.setting, rivals)
     over = [c for c in ok if c.setting.workers > cores]
-    why = (f"the lightest setting whose median is within {tolerance:.0%} of the fastest "
-           f"({by[choice.best].rate:,.0f} samples/s, {choice.best.label})"
-           if choice.pick != choice.best else
-           f"the fastest setting; no lighter one's median came within {tolerance:.0%} of it")
+    if not choice.resolved:
+        why = (f"the lightest setting whose median is within {tolerance:.0%} of the fastest median "
+               f"({best.rate:,.0f} samples/s, {best.setting.label}); the spread does not resolve it against "
+               f"{'; '.join(s.label for s in rivals)}")
+    elif ch.pick != ch.best:
+        why = (f"the lightest setting whose median is within {tolerance:.0%} of the fastest "
+               f"({best.rate:,.0f} samples/s, {best.setting.label}); every lighter one is slower beyond the spread")
+    else:
+        why = f"the fastest setting; every lighter one is more than {tolerance:.0%} slower, beyond the spread"
+    why += keep_why
     if over:
         top = max(over, key=lambda c: c.rate)
-        if min(top.rates) > (1 + tolerance) * max(by[choice.best].rates):
+        if min(top.rates) > (1 + tolerance) * max(r for c in groups[ch.best] for r in c.rates):
             why = (f"{top.setting.workers} workers is more than the {cores} usable cores: chosen because it "
-                   f"measured {top.rate / by[choice.best].rate - 1:.0%} faster than the best within the cores, "
+                   f"measured {top.rate / best.rate - 1:.0%} faster than the best within the cores, "
                    f"beyond the spread (workers that wait on I/O, e.g. a network mount, can outnumber cores)")
             return Choice(top.setting, top.setting, []), top, why
         why += (f"; {', '.join(sorted({str(c.setting.workers) for c in over}))} workers (more than the "
                 f"{cores} usable cores) were measured but not chosen: no gain beyond the spread")
     return choice, pick, why
+
+
+def _pooled(s: UserSetting) -> UserSetting:
+    """The setting with persistent_workers left open (None), for cells with workers."""
+    return replace(s, persistent=None) if s.workers else s
+
+
+def _persistent_of(cells: list[UserCell]) -> tuple[UserCell, str]:
+    """Of cells differing only in persistent_workers: the persistent one, unless the other was
+    faster beyond the spread; with the reason to append to ``why`` (empty for a lone cell)."""
+    if len(cells) < 2:
+        return cells[0], ""
+    on = next(c for c in cells if c.setting.persistent)
+    off = next(c for c in cells if not c.setting.persistent)
+    if min(off.rates) > max(on.rates):
+        return off, "; persistent_workers=False: it read faster than persistent workers beyond the spread"
+    return on, ("; persistent_workers=True: on and off read alike within the spread (their passes taken "
+                "together), and persistent workers skip the worker start of every later epoch")
 
 
 def knees_of(cells: list[UserCell], tolerance: float) -> list[dict]:
@@ -165,6 +204,7 @@ def run_user_bench(target, model=None, *, batch_size: int | None = None, workers
     device = "cuda" if torch.cuda.is_available() else None
     res = UserBenchResult(name, kind if kind != "loader" else f"loader ({base.kind})", base, seconds, repeats,
                           tolerance, device)
+    res.scope = Scope.of(target, obj, kind)
     res.load["start"] = load_average()
     res.cores = {"usable": cores, "physical": physical_cores(), "logical": os.cpu_count()}
     if base.kind == "iterable":
@@ -211,6 +251,9 @@ def run_user_bench(target, model=None, *, batch_size: int | None = None, workers
                 res.breakdown = breakdown(base, 1 if any(w > 0 for w in workers) else 0, seconds, device)
                 if fixes and res.rec is not None:
                     res.fixes = compare(base, res.rec.setting, seconds, repeats, device)
+                    from .packing import getitem_bound, pack_fix
+                    if getitem_bound(res.breakdown) and base.kind == "dataset":
+                        res.packing = pack_fix(base, res.rec.setting, res.breakdown, seconds, repeats, cores, device)
             except ValueError as err:
                 res.skipped.append(f"where a batch's time goes: not measured ({str(err).splitlines()[0]})")
             if epoch_start and base.kind == "dataset":

@@ -1,27 +1,14 @@
-"""Warnings for the user's loader: a slow mount under the data, /dev/shm too small, ROCm pinning.
+"""Warnings for the user's loader: a slow mount under the data, data larger than RAM, /dev/shm
+too small, ROCm pinning (the texts in ``../notices.py``, shared with a PATH's bench).
 
-The mount comes from the shared detection in ``readers/system.py`` (9P/drvfs/NFS/SMB/FUSE);
-where the data lives is ``--data PATH`` or a path the dataset names (``root``, ``samples``...).
+Where the data lives is ``--data PATH`` or a path the dataset names (``root``, ``samples``...).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-
-import torch
 
 from ..timing import NO_CUDA
-
-SHM = "/dev/shm"
-
-
-def shm_free() -> int | None:
-    """Free bytes in /dev/shm, or None where there is none."""
-    try:
-        return shutil.disk_usage(SHM).free
-    except OSError:
-        return None
 
 
 def data_path_of(ds, depth: int = 0) -> str | None:
@@ -45,32 +32,22 @@ def data_path_of(ds, depth: int = 0) -> str | None:
 
 
 def data_warnings(base, res, data_path=None) -> list[str]:
-    """Lines for the report: a slow mount, /dev/shm small for the recommended setting, ROCm and
-    pin_memory, and the usable cores against what the machine reports."""
-    from ...system import mount_of
-    out = []
+    """Lines for the report (``notices.py``, the same as a PATH's): a slow mount, the data larger
+    than RAM (the files the dataset names), /dev/shm small for the recommended setting, ROCm and
+    pin_memory; and the usable cores against what the machine reports."""
+    from .. import notices
+    from .packing import source_files
     where = os.fspath(data_path) if data_path is not None else data_path_of(base.dataset)
     if where is None:
         res.skipped.append("slow-mount check: the dataset names no path (give --data PATH)")
-    else:
-        mount = mount_of(where)
-        if mount is not None and mount.slow:
-            out.append(f"SLOW MOUNT: {where} is on {mount.in_words()}, a {mount.kind} mount: every open and read "
-                       f"is a round trip (milliseconds each). Copy the data to a local disk, or pack it once "
-                       f"(shardpack pack) so a batch is a few large reads; more workers hide latency, up to a point")
+    files = source_files(base.dataset) if base.kind == "dataset" else None
     rec = res.rec
-    if rec is not None and rec.setting.workers and res.breakdown is not None:
-        need = res.breakdown["mb_per_batch"] * 1e6 * rec.setting.workers * (rec.setting.prefetch or 2)
-        free = shm_free()
-        if free is not None and need > free / 2:
-            out.append(f"/dev/shm: {free / 2**20:.0f} MiB free, and the recommended setting keeps up to "
-                       f"{need / 2**20:.0f} MiB of batches there ({res.breakdown['mb_per_batch']:.1f} MB x "
-                       f"{rec.setting.workers} workers x prefetch {rec.setting.prefetch}): workers die with a bus "
-                       f"error when it fills; give the container more (docker run --shm-size=...) or lower "
-                       f"prefetch_factor")
-    if getattr(torch.version, "hip", None):
-        out.append("ROCm: pin_memory=True allocates pinned host memory through HIP, which has been slow to "
-                   "allocate on some ROCm versions; keep pin_memory only where its rows above are faster")
+    out = notices.all_of(
+        notices.slow_mount(where) if where is not None else None,
+        notices.larger_than_ram(files, "your files") if files else None,
+        notices.shm_tight(res.breakdown["mb_per_batch"], rec.setting.workers, rec.setting.prefetch)
+        if rec is not None and res.breakdown is not None else None,
+        notices.rocm())
     over = sorted({c.setting.workers for c in res.cells if c.setting.workers > res.cores["usable"]})
     if over:
         out.append(f"{', '.join(map(str, over))} workers is more than the {res.cores['usable']} usable cores "
