@@ -19,6 +19,7 @@ positions ``k*B*W .. (k+1)*B*W - 1``, whatever W is for a given global batch ``B
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from itertools import islice
 
@@ -105,8 +106,9 @@ class ShardSampler(Sampler[int]):
     ``state_dict()`` / ``load_state_dict(state)`` (the names torchdata's ``StatefulDataLoader``
     calls) resume inside an epoch: the state is a few numbers, the epoch and the samples consumed
     across all ranks (this rank's count x the world size), so it resumes on another world size
-    too; the next ``iter()`` starts there (``set_epoch`` to another epoch starts that one from its
-    beginning). See :meth:`state_dict` for what a stock DataLoader with workers needs.
+    and under any batch size too; the next ``iter()`` starts there (``set_epoch`` to another epoch
+    starts that one from its beginning). See :meth:`state_dict` for what a stock DataLoader with
+    workers needs, and :meth:`load_state_dict` for a world size that does not divide the samples.
 
     Memory: O(1): the order is computed :data:`CHUNK` positions at a time (0.5 MB), never stored.
     """
@@ -154,10 +156,15 @@ class ShardSampler(Sampler[int]):
 
     def load_state_dict(self, state: dict) -> None:
         """Start the next ``iter()`` where ``state`` (a :meth:`state_dict`, maybe of another world
-        size) stands: its epoch, this rank's ``samples / world size``-th index. A sampler made
-        with ``seed=None`` takes the state's seed. Raises ValueError in one line naming what
-        differs: a malformed state, another number of samples, seed (one given), ``shuffle``
-        or ``drop_last``, or ``samples`` that do not split over this world size."""
+        size or batch size: a sampler sees samples, not batches) stands: its epoch, this rank's
+        ``samples / world size``-th index. ``samples`` that the world size W does not divide
+        (another W) resume at the next multiple of W, global position P, skipping the P - samples
+        (< W) between, never repeating one, and warn so (RuntimeWarning, one line); past the
+        epoch's end (a shorter epoch: ``drop_last`` or less padding at this W) the rest is empty.
+        A sampler made with ``seed=None`` takes the state's seed. Raises ValueError in one line
+        naming what differs: a malformed state, another number of samples, seed (one given),
+        ``shuffle`` or ``drop_last``, or ``samples`` beyond any epoch of this dataset (``n``
+        with ``drop_last``, else ``2n - 1`` or this W's padded epoch)."""
         fields = {"version": int, "n": int, "seed": int, "shuffle": bool, "drop_last": bool, "epoch": int,
                   "samples": int}
         state = check_fields(state, fields, "ShardSampler.load_state_dict")
@@ -166,12 +173,21 @@ class ShardSampler(Sampler[int]):
             if state[name] != getattr(self, name) and refuse:
                 raise ValueError(f"ShardSampler.load_state_dict: the state's {name} is {state[name]}, this "
                                  f"sampler's {getattr(self, name)}")
-        w = self.num_replicas
-        if state["samples"] % w or not 0 <= state["samples"] // w <= self.num_samples:
-            raise ValueError(f"ShardSampler.load_state_dict: the state's samples {state['samples']} do not split "
-                             f"into {w} replicas' shares of at most {self.num_samples}")
+        w, done = self.num_replicas, state["samples"]
+        bound = self.n if self.drop_last else max(2 * self.n - 1, self.total_size, 0)  # padding: < W_old more
+        if done > bound:
+            raise ValueError(f"ShardSampler.load_state_dict: the state's samples {done} are past the end of any epoch "
+                             f"of {self.n} samples (drop_last={self.drop_last})")
+        mine = -(-done // w)
+        if mine * w != done:
+            skipped, at = max(0, min(mine * w, self.n) - done), min(mine, self.num_samples) * w
+            end = mine > self.num_samples  # a shorter epoch at this world size: nothing left of it
+            where = f"its end (sample {at} at {w} replicas)" if end else f"sample {at} of its order"
+            warnings.warn(f"ShardSampler.load_state_dict: the state's samples {done} do not split over {w} replicas: "
+                          f"epoch {state['epoch']} resumes at {where}, skipping {skipped} "
+                          f"sample{'s' * (skipped != 1)}", RuntimeWarning, stacklevel=2)
         self.seed, self.epoch = state["seed"], state["epoch"]
-        self._start, self._began, self._handed = state["samples"] // w, 0, 0
+        self._start, self._began, self._handed = min(mine, self.num_samples), 0, 0
 
     def __len__(self) -> int:
         return self.num_samples

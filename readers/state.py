@@ -8,7 +8,11 @@ the rest of the epoch is recomputed from there (``ShardSampler.chunks(start)``: 
 through the consumed part, no index list). Under DDP rank r takes global positions r, r + W, ...,
 so after k steps of a global batch G = per-rank batch x W the ranks together have consumed global
 positions 0 .. k*G - 1, whatever W is: the state is the same on every rank and resumes on any
-world size with the same G.
+world size with the same G. Steps of G can only start at multiples of G, so a state of another
+global batch G' (S = k*G' samples consumed) resumes at the first multiple P >= S of G (P == S, exact,
+when G divides S), skipping the P - S samples between, never repeating one, and warns saying so
+(:func:`next_boundary`); when P is past the epoch's last step of G (``drop_last``: floor(n / G)
+steps, else ceil(n / G), whatever W is) the next epoch starts.
 
 The state (a JSON-serialisable dict, ~180 bytes: 175 at 10,000,000 samples)::
 
@@ -28,6 +32,8 @@ saved there starts the next epoch, neither dropped nor repeated).
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 from torch.utils.data import DataLoader
@@ -56,6 +62,37 @@ def check_state(state) -> dict:
     if state["batch_size"] < 1:
         raise ValueError(f"load_state_dict: the state's 'batch_size' is {state['batch_size']}")
     return state
+
+
+def epoch_steps(n: int, global_batch: int, drop_last: bool) -> int:
+    """Steps of ``global_batch`` samples in an epoch of ``n``: floor(n / G) with ``drop_last``,
+    else ceil(n / G), the same on any world size (rank shares padded or cut as ShardSampler's)."""
+    return n // global_batch if drop_last else -(-n // global_batch)
+
+
+def next_boundary(state: dict, new: int, per_epoch: int, n: int) -> tuple[int, int, str | None]:
+    """Where a checked ``state`` resumes on a loader of global batch ``new`` (``per_epoch`` steps
+    in an epoch of ``n`` samples): ``(epoch, step, warning)``. The same global batch: the state's
+    own step, no warning. Another: step ceil(samples / new), i.e. global position P, the first
+    multiple of ``new`` >= samples, skipping the P - samples samples between (0 when it divides);
+    at or past the epoch's end, step 0 of the next epoch. ``warning``: one line naming both batch
+    sizes, the epoch, where it resumes and the samples skipped."""
+    old, done, epoch = state["batch_size"], state["samples"], state["epoch"]
+    step = -(-done // new)
+    if old == new:
+        return epoch, step, None
+    at = step * new
+    skipped = max(0, min(at, n) - done)
+    skipping = f"skipping {skipped} sample" + "s" * (skipped != 1)
+    head = f"load_state_dict: the state's global batch size is {old}, this loader's {new}"
+    if step == 0 or step < per_epoch:
+        return epoch, step, (f"{head}: epoch {epoch} resumes at sample {at} of its order (the state's {done} "
+                             f"rounded up to a multiple of {new}), {skipping}")
+    dropped = max(0, n - at)
+    rest = f"; its last {dropped} are dropped as in every epoch (drop_last)" if dropped else ""
+    return epoch + 1, 0, (f"{head}: epoch {epoch} (of {n} samples) has no step of {new} left at sample {at}, so "
+                          f"it resumes at epoch {epoch + 1}, sample 0, {skipping} (the state stood "
+                          f"at sample {done}){rest}")
 
 
 class ShardLoader(DataLoader):
@@ -107,10 +144,18 @@ class ShardLoader(DataLoader):
         ``iter()`` yields the rest of its epoch, the same batches of the same samples with the
         same augmentation draws as the uninterrupted run, then the epochs after.
 
-        Raises ValueError, in one line naming what differs, for a malformed state, one of another
-        dataset (manifest), another global batch size, ``shuffle`` or ``drop_last``, another seed
-        than make_loader's ``seed=`` (a loader made with ``seed=None`` takes the state's), and
-        for a loader whose sampler is not a ShardSampler (its order cannot be recomputed)."""
+        Another global batch size (per-rank batch x world size) resumes at the next step boundary
+        of this loader's, global position P = the state's ``samples`` rounded up to a multiple of
+        it, skipping the samples between (none when it divides them; none repeated), or at the
+        next epoch's start when the epoch has no step left from P; it warns so (RuntimeWarning,
+        one line: both batch sizes, the epoch, P and the samples skipped). From P on the samples
+        and their draws are the uninterrupted run's (draws are keyed per sample).
+
+        Raises ValueError, in one line naming what differs, for a malformed state (``samples``
+        not a step of its batch size inside an epoch), one of another dataset (manifest),
+        ``shuffle`` or ``drop_last``, another seed than make_loader's ``seed=`` (a loader made
+        with ``seed=None`` takes the state's), and for a loader whose sampler is not a
+        ShardSampler (its order cannot be recomputed)."""
         state = check_state(state)
         sampler = self._batches.sampler
         if not isinstance(sampler, ShardSampler):
@@ -120,24 +165,28 @@ class ShardLoader(DataLoader):
             raise ValueError(f"load_state_dict: the state is of another dataset (manifest digest {state['dataset']}; "
                              f"{self._ds.root} has {self._dataset_digest()})")
         mine = self.state_dict()
-        for name, what in (("batch_size", "global batch size (per-rank batch x world size)"),
-                           ("shuffle", "shuffle"), ("drop_last", "drop_last")):
+        for name in ("shuffle", "drop_last"):
             if state[name] != mine[name]:
-                raise ValueError(f"load_state_dict: the state's {what} is {state[name]}, this loader's "
-                                 f"{mine[name]}: the rest of its epoch would be other batches")
+                raise ValueError(f"load_state_dict: the state's {name} is {state[name]}, this loader's "
+                                 f"{mine[name]}: the rest of its epoch would be other samples")
         user_order = sampler.seed != self._batches.seed  # a ShardSampler of the user's, with its own seed
         for name, given in (("seed", self._seed_given), ("order_seed", self._seed_given or user_order)):
             if state[name] != mine[name] and given:
                 raise ValueError(f"load_state_dict: the state's {name} is {state[name]}, this loader's {mine[name]} "
                                  f"(make_loader(seed=...) or its sampler's): make it the same, or seed=None to take it")
-        per_epoch = len(self._batches)
-        if state["samples"] % state["batch_size"] or state["samples"] // state["batch_size"] >= max(per_epoch, 1):
-            raise ValueError(f"load_state_dict: the state's samples {state['samples']} is not a step of its batch "
-                             f"size {state['batch_size']} inside an epoch of {per_epoch} steps")
+        done, old = state["samples"], state["batch_size"]
+        steps = len(self._batches) if old == self.global_batch_size else epoch_steps(  # the state's loader's
+            sampler.n, old, self._batches.drop_last and sampler.drop_last)  # on any world size
+        if done % old or done // old >= max(steps, 1):
+            raise ValueError(f"load_state_dict: the state's samples {done} is not a step of its batch "
+                             f"size {old} inside an epoch of {steps} steps")
+        epoch, step, moved = next_boundary(state, self.global_batch_size, len(self._batches), sampler.n)
         self._batches.seed, sampler.seed = state["seed"], state["order_seed"]
         if self.generator is not None:  # the worker processes' base seeds (a per-sample ds.transform)
             self.generator = torch.Generator().manual_seed(worker_seed(state["seed"], getattr(sampler, "rank", 0)))
-        self._epoch, self._next, self._open = state["epoch"], state["samples"] // state["batch_size"], False
+        self._epoch, self._next, self._open = epoch, step, False
+        if moved:
+            warnings.warn(moved, RuntimeWarning, stacklevel=2)
 
     # -- counting what the loop receives
     def __iter__(self):

@@ -241,7 +241,7 @@ def test_states_that_cannot_be_honoured_are_refused_in_one_line_naming_why(out, 
     other = helpers.packed("npy", make_tree(tmp_path / "src", {"a": 5}), tmp_path / "other", size=16)
     cases = [
         (make(other, batch=2), state, r"another dataset \(manifest digest [0-9a-f]{32}; .*other has [0-9a-f]{32}\)"),
-        (make(out, batch=8), state, "global batch size \\(per-rank batch x world size\\) is 4, this loader's 8"),
+        (make(out, batch=8), {**state, "samples": 20}, "samples 20 is not a step .* inside an epoch of 5 steps"),
         (make(out, seed=4), state, "state's seed is 3, this loader's 4"),
         (make(out, drop_last=False), state, "drop_last is True, this loader's False"),
         (make(out, sampler=RandomSampler(range(N))), state, "sampler \\(RandomSampler\\) has no computed order"),
@@ -257,6 +257,90 @@ def test_states_that_cannot_be_honoured_are_refused_in_one_line_naming_why(out, 
             target.load_state_dict(bad)
         assert "\n" not in str(err.value) and str(err.value).startswith("load_state_dict: ")
         assert target.state_dict()["samples"] == 0  # nothing changed
+
+
+# ---------------------------------------------------------------- another global batch size: the next step boundary
+
+@pytest.fixture(scope="module")
+def reference8(out, reference):
+    """3 uninterrupted epochs at batch 8 (2 steps an epoch: positions 0..15), each step the samples
+    and crops of two of the batch-4 run's (draws keyed per sample)."""
+    ref8 = take(make(out, batch=8), 6)
+    for e in range(3):
+        for j in range(2):
+            four = reference[e * PER_EPOCH + 2 * j:e * PER_EPOCH + 2 * j + 2]
+            assert per_image(*ref8[2 * e + j]) == sorted(sum((per_image(*b) for b in four), []))
+    return ref8
+
+
+def resume(loader, state, message):
+    with pytest.warns(RuntimeWarning, match=message) as seen:
+        loader.load_state_dict(state)
+    assert len(seen) == 1 and "\n" not in str(seen[0].message)
+    return loader
+
+
+def test_another_global_batch_dividing_the_samples_resumes_exactly(out, reference, reference8):
+    eight = make(out, batch=8)
+    head = take(eight, 1)  # positions 0..7 of epoch 0
+    assert head[0][0] == reference8[0][0]
+    resumed = resume(make(out, mode="threads"), eight.state_dict(),
+                     r"^load_state_dict: the state's global batch size is 8, this loader's 4: epoch 0 resumes at "
+                     r"sample 8 of its order \(the state's 8 rounded up to a multiple of 4\), skipping 0 samples$")
+    assert resumed.state_dict() == expected_state(out, 2)
+    assert_same(take(resumed, 3 * PER_EPOCH - 2), reference[2:])  # from position 8 on, epochs 1 and 2 whole
+
+
+def test_another_global_batch_resumes_at_its_next_step_skipping_the_samples_between(out, reference, reference8):
+    four = make(out)
+    take(four, 1)  # positions 0..3
+    resumed = resume(make(out, batch=8), four.state_dict(),
+                     r"global batch size is 4, this loader's 8: epoch 0 resumes at sample 8 of its order "
+                     r"\(the state's 4 rounded up to a multiple of 8\), skipping 4 samples$")
+    assert resumed.state_dict() == {**expected_state(out, 0), "samples": 8, "batch_size": 8}
+    rest = take(resumed, 5)
+    assert_same(rest, reference8[1:])  # positions 8..15, then epochs 1 and 2
+    skipped = {tuple(x) for x in per_image(*reference[1])}  # positions 4..7
+    assert not skipped & {tuple(x) for x in per_image(*rest[0])}  # skipped, not delivered late
+
+
+def test_another_global_batch_past_the_epochs_last_step_starts_the_next_epoch(out, reference8):
+    four = make(out)
+    take(four, 3)  # positions 0..11; a batch of 8 has steps at 0 and 8 only (drop_last: 23 // 8)
+    resumed = resume(make(out, batch=8), four.state_dict(),
+                     r"global batch size is 4, this loader's 8: epoch 0 \(of 23 samples\) has no step of 8 left at "
+                     r"sample 16, so it resumes at epoch 1, sample 0, skipping 4 samples \(the state stood at sample "
+                     r"12\); its last 7 are dropped as in every epoch \(drop_last\)$")
+    assert resumed.state_dict() == {**expected_state(out, PER_EPOCH), "batch_size": 8}
+    assert_same(take(resumed, 4), reference8[2:])
+    whole = take(make(out, train=False, batch=8), 6)  # in order, the last batch short: 8, 8, 7
+    evaluating = make(out, train=False)
+    take(evaluating, 5)  # positions 0..19
+    resumed = resume(make(out, train=False, batch=8), evaluating.state_dict(),
+                     r"epoch 0 \(of 23 samples\) has no step of 8 left at sample 24, so it resumes at epoch 1, "
+                     r"sample 0, skipping 3 samples \(the state stood at sample 20\)$")
+    assert_same(take(resumed, 3), whole[3:])
+
+
+def test_another_world_size_and_global_batch_together_resume_at_the_next_step(out, reference8):
+    """1 rank x 4 -> 2 ranks x 4 (in one process: each rank's own ShardSampler) -> 1 x 3."""
+    four = make(out)
+    take(four, 1)
+
+    def rank(r):
+        sampler = ShardSampler(ShardDataset(out), seed=SEED, num_replicas=2, rank=r, drop_last=True)
+        return resume(make(out, sampler=sampler), four.state_dict(),
+                      r"is 4, this loader's 8: epoch 0 resumes at sample 8 .* skipping 4 samples$")
+
+    ranks = [rank(0), rank(1)]
+    steps = [take(loader, 2) for loader in ranks]  # epoch 0's step at 8, epoch 1's at 0
+    assert [sorted(per_image(*a) + per_image(*b)) for a, b in zip(*steps)] == [per_image(*b) for b in reference8[1:3]]
+    assert ranks[0].state_dict() == ranks[1].state_dict() == {**expected_state(out, PER_EPOCH), "samples": 8,
+                                                              "batch_size": 8}
+    three = resume(make(out, batch=3), ranks[1].state_dict(),
+                   r"is 8, this loader's 3: epoch 1 resumes at sample 9 of its order .* skipping 1 sample$")
+    whole3 = take(make(out, batch=3), 21)  # 7 steps an epoch
+    assert_same(take(three, 4 + 7), whole3[7 + 3:])  # epoch 1 from position 9 (step 3), epoch 2 whole
 
 
 # ---------------------------------------------------------------- DDP: 2 gloo ranks <-> 1, the same global batch
@@ -442,10 +526,45 @@ def test_a_shard_sampler_state_is_global_positions_and_resumes_on_another_world_
     assert sorted(list(halves[0]) + list(halves[1])) == sorted(order[12:] + order[:1])  # padded to 24 (2 ranks)
     for bad, message in [({**ranks[0].state_dict(), "n": 24}, "the state's n is 24, this sampler's 23"),
                          ({**ranks[0].state_dict(), "seed": 4}, "the state's seed is 4, this sampler's 3"),
-                         ({**ranks[0].state_dict(), "samples": 9}, "samples 9 do not split into 2 replicas"),
+                         ({**ranks[0].state_dict(), "samples": 46}, "samples 46 are past the end of any epoch of 23"),
                          ({"epoch": 0}, "it has no 'version'")]:
         with pytest.raises(ValueError, match=message):
             ShardSampler(N, seed=SEED, num_replicas=2, rank=0).load_state_dict(bad)
+
+
+def test_a_shard_sampler_resumes_at_the_next_multiple_of_a_world_size_that_does_not_divide_its_samples(out):
+    """A sampler sees samples, not batches: a stock DataLoader with another batch_size resumes
+    exactly; only a world size W that does not divide the samples moves on to the next multiple."""
+    from torch.utils.data import DataLoader
+
+    whole, _, _ = stock_run(out, lambda ds, sampler: DataLoader(ds, batch_size=BATCH, sampler=sampler), 1)
+    _, _, sampler = stock_run(out, lambda ds, sampler: DataLoader(ds, batch_size=BATCH, sampler=sampler), 1, stop=3)
+    rest, _, _ = stock_run(out, lambda ds, sampler: DataLoader(ds, batch_size=5, sampler=sampler), 1,
+                           state=sampler.state_dict())  # 12 samples consumed, resumed in batches of 5
+    assert [len(labels) for labels, _ in rest] == [5, 5, 1]
+
+    def samples(batches):
+        return [(label, digest(img)) for labels, imgs in batches for label, img in zip(labels, imgs)]
+
+    assert samples(rest) == samples(whole)[12:]  # exactly from position 12: labels and crops
+    order = ShardSampler(N, seed=SEED).order(range(N)).tolist()
+    state = {**sampler.state_dict(), "samples": 9}  # e.g. 3 ranks x 3, resumed on 2
+    halves = [ShardSampler(N, seed=SEED, num_replicas=2, rank=r) for r in range(2)]
+    for s in halves:
+        with pytest.warns(RuntimeWarning, match=r"^ShardSampler.load_state_dict: the state's samples 9 do not split "
+                                                r"over 2 replicas: epoch 0 resumes at sample 10 of its order, "
+                                                r"skipping 1 sample$"):
+            s.load_state_dict(state)
+    assert halves[0].state_dict() == {**state, "samples": 10}
+    assert sorted(list(halves[0]) + list(halves[1])) == sorted(order[10:] + order[:1])  # padded to 24
+    quarters = [ShardSampler(N, seed=SEED, num_replicas=4, rank=r, drop_last=True) for r in range(4)]
+    for s in quarters:  # 22 of 23 taken on 1 rank; 4 ranks with drop_last have 20 positions
+        with pytest.warns(RuntimeWarning, match=r"samples 22 do not split over 4 replicas: epoch 0 resumes at its "
+                                                r"end \(sample 20 at 4 replicas\), skipping 1 sample$"):
+            s.load_state_dict({**state, "drop_last": True, "samples": 22})
+    assert [list(s) for s in quarters] == [[]] * 4
+    with pytest.raises(ValueError, match="samples 24 are past the end of any epoch of 23 samples \\(drop_last=True"):
+        quarters[0].load_state_dict({**state, "drop_last": True, "samples": 24})
 
 
 def test_an_eval_loader_resumes_around_its_short_last_batch(out):
