@@ -21,7 +21,8 @@ import numpy as np
 
 from ..encoding import JPEG, RAW
 from ..manifest import COLUMNS, HDF5_FILE, INDEX_DIR, ShardFormatError, expect_array
-from .base import FlatReader, MemmapReader, check_value, flagged
+from .base import MemmapReader, check_value, flagged
+from .encoded import FlatReader
 
 
 def dataset_offset(path, name="images"):
@@ -112,9 +113,12 @@ class EncodedHdf5Reader(FlatReader):
     data_file, fmt = HDF5_FILE, "hdf5"
 
     def _open(self):
-        self._images = _map(self.root / HDF5_FILE, "images")
-        self._offsets = _map(self.root / HDF5_FILE, "offsets")
-        self._check_flat()
+        path = self.root / HDF5_FILE
+        where, offsets = dataset_offset(path, "images"), dataset_offset(path, "offsets")
+        self._images = _map(path, "images", where)
+        self._offsets = _map(path, "offsets", offsets)
+        self._offsets_at = offsets[0]
+        self._check_flat(where[0])
 
     def own_labels(self):
         return _labels(self.root, self.count)
