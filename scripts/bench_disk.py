@@ -20,10 +20,12 @@ bytes read are not known: the table says so.
 per round, format and loader, a pass from disk (in the cgroup, pages evicted: bytes read from
 disk per byte of the records delivered) and a pass in RAM (the files read into the page cache
 first, outside the cgroup), so each loader's rate from disk is given as a share of its own rate
-in RAM, the median of the per-round ratios. With ``--against REV`` every pass runs for this
-checkout and for git revision REV (a temporary git worktree), interleaved in the same rounds::
+in RAM, the median of the per-round ratios. The measuring process itself holds about 205 MB of
+the limit (torch, the batches), so 256 MiB leaves about 50 MB of page cache for the ~250 MB of
+records of the sample x16. With ``--against REV`` every pass runs for this checkout and for git
+revision REV (a temporary git worktree), interleaved in the same rounds::
 
-    python scripts/bench_disk.py --encoding jpeg --limit 96MiB --samples 2000 --against main
+    python scripts/bench_disk.py --encoding jpeg --limit 256MiB --samples 2000 --rounds 5 --against main
 """
 
 from __future__ import annotations

@@ -157,3 +157,19 @@ def test_a_wds_member_not_named_for_the_sample_is_refused(packed, in_ram, tmp_pa
     with pytest.raises(ShardFormatError, match=rf"{re.escape(file.path.name)}: no member 0000000002\.jpg before"):
         ds.read_batch([1, 2])
     assert np.array_equal(ds[1][0].permute(1, 2, 0).numpy(), in_ram["wds"][0][1])
+
+
+@pytest.mark.parametrize("fmt", ["npy", "wds"])
+def test_variable_shapes_from_disk_are_the_in_ram_pixels(fmt, tmp_path, monkeypatch):
+    src = make_tree(tmp_path / "src", {"a": 4, "b": 3})
+    root = pack_quiet(src, tmp_path / fmt, fmt, size=24, resize="shorter-side", encoding="jpeg").out
+    in_ram = ShardDataset(root)
+    want = [in_ram[i][0].clone() for i in range(len(in_ram))]
+    assert len({tuple(w.shape) for w in want}) > 1
+    monkeypatch.setattr(diskio, "RESIDENT", 2.0)
+    calls, real = [], os.preadv
+    monkeypatch.setattr(diskio.os, "preadv", lambda fd, bufs, at, *f: calls.append(at) or real(fd, bufs, at, *f))
+    ds = ShardDataset(root)
+    assert all(torch.equal(ds[i][0], w) for i, w in enumerate(want))
+    assert all(torch.equal(img, want[i]) for i, (img, _) in zip([5, 0, 5], ds.__getitems__([5, 0, 5])))
+    assert len(calls) == len(want) + 3  # one preadv a sample
