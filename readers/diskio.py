@@ -6,7 +6,8 @@ time per thread, so a random 196 KB sample costs tens of times its bytes and a w
 round trip. Here every data file is opened with ``POSIX_FADV_RANDOM`` (the kernel reads only the
 bytes asked for) and a batch's samples are read straight into the caller's buffer by
 :data:`THREADS` threads at once (``preadv`` releases the GIL), so up to that many reads are in
-flight per process.
+flight per process. (JPEG records are read into a scratch buffer and decoded by the same
+threads, each as soon as it is read: readers/formats/encoded.py.)
 
 Measured on the 2-core machine of issue 15 (random 196 KB samples of a 780 MB file, cold):
 mmap + np.take 450-700 samples/s; preadv from 4/8/16/32 threads 4.5-6k samples/s (the disk's

@@ -101,11 +101,11 @@ class EncodedReader(Reader):
                 self._decode(i, data, out[k], where)
             return diskio.Pending([])
         spans = [self._on_disk(i) for i in idx]
-        ends = np.cumsum([n for _, _, n, _ in spans])
-        buf = np.empty(int(ends[-1]) if len(spans) else 0, np.uint8)
-        jobs, starts = [], (ends - [n for _, _, n, _ in spans]).tolist()
-        for i, (file, start, n, _), at in zip(idx, spans, starts):
-            jobs.append((file, start, [buf[at:at + n]], i))
+        starts = [0]  # where each sample's bytes go in the batch's buffer
+        for _, _, n, _ in spans:
+            starts.append(starts[-1] + n)
+        buf = np.empty(starts[-1], np.uint8)
+        jobs = [(file, start, [buf[at:at + n]], i) for i, (file, start, n, _), at in zip(idx, spans, starts)]
 
         def decode(k: int) -> None:
             i, (file, _, n, head), at = idx[k], spans[k], starts[k]
