@@ -6,7 +6,8 @@ time per thread, so a random 196 KB sample costs tens of times its bytes and a w
 round trip. Here every data file is opened with ``POSIX_FADV_RANDOM`` (the kernel reads only the
 bytes asked for) and a batch's samples are read straight into the caller's buffer by
 :data:`THREADS` threads at once (``preadv`` releases the GIL), so up to that many reads are in
-flight per process.
+flight per process. (JPEG records are read into a scratch buffer and decoded by the same
+threads, each as soon as it is read: readers/formats/encoded.py.)
 
 Measured on the 2-core machine of issue 15 (random 196 KB samples of a 780 MB file, cold):
 mmap + np.take 450-700 samples/s; preadv from 4/8/16/32 threads 4.5-6k samples/s (the disk's
@@ -103,7 +104,8 @@ class DataFile:
                                          f"{err.strerror}", str(self.path)) from None
             if more <= 0:
                 i, start, size = _sample_at(marks, got, want)
-                raise CutShort(self.path, i, offset + got, size, offset + start)
+                end = min(offset + got, os.fstat(self.fd).st_size)  # a read may start past the end
+                raise CutShort(self.path, i, end, size, offset + start)
             got += more
 
 
@@ -167,21 +169,27 @@ class Pending:
             then()
 
 
-def _run(jobs) -> None:
-    for file, offset, buffers, sample in jobs:
+def _run(jobs, each) -> None:
+    for file, offset, buffers, sample, numbers in jobs:
         file.read(offset, buffers, sample)
+        if each is not None:
+            for j in numbers:
+                each(j)
 
 
-def submit(jobs: list, then=None) -> Pending:
+def submit(jobs: list, then=None, each=None) -> Pending:
     """Start reading ``jobs``, each ``(DataFile, offset, [buffers], sample)``, on the pool.
 
     Jobs adjacent in the same file (the next one starts where the previous ends, as sorted
     samples of npy and HDF5 do) are merged into one ``preadv`` of up to :data:`MERGE_BYTES`
     (its errors still name the first sample not read);
     the rest are dealt to the threads in order, so each thread walks its part forwards.
+    ``each(j)``, when given, runs in the pool thread as soon as job ``j`` (its position in
+    ``jobs``) is read, e.g. to decode what it read while other reads are in flight; what it
+    raises ends that thread's part and is raised by :meth:`Pending.wait`.
     ``then``: see :class:`Pending`."""
     merged = []
-    for file, offset, buffers, sample in jobs:
+    for j, (file, offset, buffers, sample) in enumerate(jobs):
         n = sum(memoryview(b).nbytes for b in buffers)
         if merged:
             last = merged[-1]
@@ -189,14 +197,16 @@ def submit(jobs: list, then=None) -> Pending:
                 last[2].extend(buffers)
                 last[3].append((last[4], sample))  # where this sample starts in the merged read
                 last[4] += n
+                last[5].append(j)
                 continue
-        merged.append([file, offset, list(buffers), [(0, sample)], n])
+        merged.append([file, offset, list(buffers), [(0, sample)], n, [j]])
     if not merged:
         return Pending([], then)
     parts = min(THREADS, len(merged))
     step = -(-len(merged) // parts)
     ex = pool()
-    futures = [ex.submit(_run, [m[:4] for m in merged[a:a + step]]) for a in range(0, len(merged), step)]
+    futures = [ex.submit(_run, [(*m[:4], m[5]) for m in merged[a:a + step]], each)
+               for a in range(0, len(merged), step)]
     return Pending(futures, then)
 
 
@@ -233,19 +243,19 @@ class InRam:
     answer is re-checked at most every :data:`RECHECK_S` seconds (longer for big maps), so a set that was cold when
     training started moves to the memcpy once the reads have brought it in. ``file`` (the same
     data open for preadv) is checked at every call (one fstat): once it is shorter than when it
-    was opened, the answer is False for good."""
+    was opened, the answer is False for good and ``cut`` is True."""
 
     def __init__(self, array, fits: bool, file: DataFile | None = None):
         self._array, self._fits, self._file = array, fits, file
         self._answer, self._next = False, 0.0
+        self.cut = False
 
     def __call__(self) -> bool:
-        if not self._fits:
-            return False
-        if self._file is not None and os.fstat(self._file.fd).st_size < self._file.size:
+        if self._file is not None and not self.cut and os.fstat(self._file.fd).st_size < self._file.size:
             # cut short since it was opened: touching the map past its end is SIGBUS, so the
             # reads go through preadv, which raises naming the file and sample
-            self._fits = False
+            self._fits, self.cut = False, True
+        if not self._fits:
             return False
         now = time.monotonic()
         if now >= self._next:

@@ -15,6 +15,17 @@ the page cache (``posix_fadvise(DONTNEED)``) and counts the bytes the cgroup rea
 Prints medians over rounds, each as a share of the disk's rate of its round, and bytes read from
 disk per byte delivered. Without root (no cgroup) the passes only evict pages first, and the
 bytes read are not known: the table says so.
+
+``--encoding jpeg`` measures JPEG outputs (each format packed with ``--encoding jpeg``) instead:
+per round, format and loader, a pass from disk (in the cgroup, pages evicted: bytes read from
+disk per byte of the records delivered) and a pass in RAM (the files read into the page cache
+first, outside the cgroup), so each loader's rate from disk is given as a share of its own rate
+in RAM, the median of the per-round ratios. The measuring process itself holds about 205 MB of
+the limit (torch, the batches), so 256 MiB leaves about 50 MB of page cache for the ~250 MB of
+records of the sample x16. With ``--against REV`` every pass runs for this checkout and for git
+revision REV (a temporary git worktree), interleaved in the same rounds::
+
+    python scripts/bench_disk.py --encoding jpeg --limit 256MiB --samples 2000 --rounds 5 --against main
 """
 
 from __future__ import annotations
@@ -38,6 +49,7 @@ FORMATS = ("npy", "lmdb", "hdf5", "wds")
 BATCH = 64
 LOADERS = ("make_loader main", "make_loader threads", "make_loader processes",
            "DataLoader 0 workers", "DataLoader 2 workers", "DataLoader 4 workers")
+JPEG_LOADERS = ("make_loader threads", "make_loader main")
 ORDERS = ("random", "sequential")
 DISK = "disk: pread x8"
 
@@ -101,11 +113,13 @@ def _disk_rate(path: Path, offset: int, sample: int, count: int, n: int, seed: i
         os.close(fd)
 
 
-def _loader(ds, name: str, order: str, n: int, seed: int):
+def _loader(ds, name: str, order: str, n: int, seed: int, indices=None):
     import torch
     from torch.utils.data import DataLoader, RandomSampler
     from shardpack.readers.loading import make_loader
-    if order == "random":
+    if indices is not None:
+        sampler = indices
+    elif order == "random":
         sampler = RandomSampler(ds, num_samples=n, generator=torch.Generator().manual_seed(seed))
     else:
         start = int(torch.randint(0, max(1, len(ds) - n), (1,), generator=torch.Generator().manual_seed(seed)))
@@ -118,8 +132,23 @@ def _loader(ds, name: str, order: str, n: int, seed: int):
     return DataLoader(ds, BATCH, sampler=sampler, num_workers=workers)
 
 
+def _indices(count: int, order: str, n: int, seed: int) -> list[int]:
+    """The samples a JPEG pass reads (so the bytes delivered are known): ``n`` distinct ones in
+    random order, or ``n`` in a row from a random start."""
+    rng = np.random.default_rng(seed)
+    if order == "random":
+        return rng.permutation(count)[:n].tolist()
+    start = int(rng.integers(0, max(1, count - n)))
+    return list(range(start, min(count, start + n)))
+
+
 def child(job: dict) -> None:
-    """Measure ``job["configs"]`` in order over the output ``job["root"]``, one JSON line each."""
+    """Measure ``job["configs"]`` in order over the output ``job["root"]``, one JSON line each.
+    ``job["checkout"]``: import shardpack from there (another revision) instead of this one;
+    ``job["warm"]``: read the data files into the page cache first instead of evicting them;
+    ``job["sizes"]``: a .npy of each record's bytes (JPEG outputs: delivered bytes are those)."""
+    if job.get("checkout"):
+        sys.path.insert(0, job["checkout"])
     npy = job["disk_file"]
     paths, sample, ds = [], npy["sample"], None
     if any(name != DISK for name in job["configs"]):  # torch only where a loader is measured
@@ -133,15 +162,23 @@ def child(job: dict) -> None:
         gc.collect()
         gc.freeze()
     from shardpack.readers import system
+    sizes = np.load(job["sizes"]) if job.get("sizes") else None
     for name in job["configs"]:
         system.evict(paths + [Path(npy["path"])])
+        if job.get("warm"):
+            for path in paths:
+                with open(path, "rb") as f:
+                    while f.read(1 << 24):
+                        pass
         before = _read_counter(job["counter"])
+        idx = None
         if name == DISK:
             rate, n = _disk_rate(Path(npy["path"]), npy["offset"], sample, npy["count"], job["samples"],
                                  job["seed"]), job["samples"]
         else:
             loader_name, order = name.rsplit(" / ", 1)
-            loader = _loader(ds, loader_name, order, job["samples"], job["seed"])
+            idx = None if sizes is None else _indices(len(ds), order, job["samples"], job["seed"])
+            loader = _loader(ds, loader_name, order, job["samples"], job["seed"], idx)
             n, timed, t = 0, 0, None
             for k, (imgs, _) in enumerate(loader):
                 n += len(imgs)
@@ -153,7 +190,8 @@ def child(job: dict) -> None:
             del loader
         after = _read_counter(job["counter"])
         read = None if before is None else after - before
-        print(json.dumps({"name": name, "rate": rate, "read": read, "delivered": n * sample}), flush=True)
+        delivered = n * sample if idx is None else int(sizes[idx[:n]].sum())
+        print(json.dumps({"name": name, "rate": rate, "read": read, "delivered": delivered}), flush=True)
 
 
 # --- the parent ------------------------------------------------------------------------------
@@ -175,17 +213,25 @@ def _size(text: str) -> int:
 @click.option("--rounds", default=3, show_default=True)
 @click.option("--formats", default=",".join(FORMATS), show_default=True,
               help='"FORMAT+jpeg" (e.g. npy+jpeg) packs that format with --encoding jpeg (the disk\'s rate '
-                   'stays that of raw samples)')
-@click.option("--orders", default=",".join(ORDERS), show_default=True)
-@click.option("--loaders", default=",".join(LOADERS), show_default=True,
-              help='also "make_loader MODE prefetch N" (prefetch_factor N; 2 by default)')
+                   'stays that of raw samples); with --encoding jpeg every FORMAT is')
+@click.option("--orders", default=None, help=f"default {','.join(ORDERS)}; with --encoding jpeg: random")
+@click.option("--loaders", default=None,
+              help=f'default {",".join(LOADERS)}; with --encoding jpeg: {",".join(JPEG_LOADERS)}; also '
+                   '"make_loader MODE prefetch N" (prefetch_factor N; 2 by default)')
+@click.option("--encoding", type=click.Choice(["raw", "jpeg"]), default="raw", show_default=True,
+              help="jpeg: JPEG outputs, each loader from disk against itself in RAM (see above)")
+@click.option("--against", default=None, metavar="REV",
+              help="with --encoding jpeg: also git revision REV's readers, in the same rounds")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="also write the results as JSON")
-def main(src, work, copies, size, limit, samples, rounds, formats, orders, loaders, out):
+def main(src, work, copies, size, limit, samples, rounds, formats, orders, loaders, encoding, against, out):
     from shardpack.readers.formats import open_reader
     from shardpack.readers.manifest import load_manifest
     from memlimit import Cgroup, CgroupUnavailable
     machine = harness.Machine()
-    limit, formats = _size(limit), formats.split(",")
+    jpeg = encoding == "jpeg"
+    limit, formats = _size(limit), [f if "+" in f or not jpeg else f + "+jpeg" for f in formats.split(",")]
+    orders = orders or ("random" if jpeg else ",".join(ORDERS))
+    loaders = loaders or ",".join(JPEG_LOADERS if jpeg else LOADERS)
     work.mkdir(parents=True, exist_ok=True)
     tree = linked_tree(src, work / f"{src.name}-x{copies}", copies)
     packed = pack_all(tree, work, size, sorted(set(formats) | {"npy"}))
@@ -201,6 +247,19 @@ def main(src, work, copies, size, limit, samples, rounds, formats, orders, loade
     except CgroupUnavailable as err:
         group, note = None, f"NO memory limit ({err}): pages evicted before each pass; bytes read unknown"
     print(f"{note}\n", flush=True)
+    if jpeg:
+        import disk_jpeg
+
+        def run(g, job, what):  # a child of disk_jpeg's, in the cgroup ``g`` or none
+            job = dict(job, disk_file=disk_file, counter=None if g is None else str(_counter_file(g)))
+            return _run_child(g, job, what)
+
+        try:
+            results, versions = disk_jpeg.measure(packed, formats, configs, rounds, samples, group, work, against, run)
+        finally:
+            if group is not None:
+                group.close()
+        return disk_jpeg.report(results, formats, configs, versions, note, machine, limit, packed, out, rounds)
     try:
         for r in range(rounds):
             for fmt in (formats if r % 2 == 0 else formats[::-1]):

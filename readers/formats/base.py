@@ -1,5 +1,6 @@
 """What every format reader shares: lazy per-process handles, pickling without them, the checks
-of each sample served against the manifest and the index, and the decoding of encoded records."""
+of each sample served against the manifest and the index, and the raw formats' memmap reader.
+The readers of encoded records build on it in encoded.py."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from pathlib import Path
 import numpy as np
 
 from .. import diskio
-from ..encoding import UndecodableRecord, decode_into, pick_decoder
 from ..manifest import MANIFEST, ShardFormatError
 from ..system import larger_than_ram
 
@@ -302,79 +302,3 @@ class MemmapReader(Reader):
         idx = check_indices(indices, self.count).tolist()
         size = math.prod(self.shape)
         return diskio.submit([(self._file, self._base + i * size, [out[k]], i) for k, i in enumerate(idx)])
-
-
-class EncodedReader(Reader):
-    """What every format's reader of encoded records (``--encoding jpeg``) shares: decoding
-    records into ``out``. Subclasses implement ``_open`` and ``_locate(i) -> (record as a uint8
-    array, the file it is in)``, and ``record_problems``.
-
-    ``read_batch_into`` decodes sample by sample into the caller's buffer; the decoders release
-    the GIL, so make_loader's threads decode batches in parallel. A record that does not decode to
-    the shape the manifest (or ``index/shapes.npy``) gives raises ShardFormatError naming the file
-    and the sample. ``record(i)`` gives the stored bytes themselves (``verify`` checksums them)."""
-
-    decoder = "auto"  # simplejpeg when it imports, else pillow (readers/encoding.py)
-
-    def __init__(self, root, manifest):
-        super().__init__(root, manifest)
-        self.decoder = pick_decoder(self.decoder)
-
-    def _locate(self, i: int):
-        raise NotImplementedError
-
-    def record(self, i: int) -> np.ndarray:
-        """Sample i's stored record (the JPEG bytes) as a read-only uint8 array."""
-        self._ensure_open()
-        return self._locate(i)[0]
-
-    def read_into(self, i, out):
-        self._ensure_open()
-        data, where = self._locate(i)
-        try:
-            decode_into(data, out, self.decoder)
-        except UndecodableRecord as err:
-            raise ShardFormatError(f"{where}: sample {i} cannot be decoded: {err}") from None
-
-    def read_batch_into(self, indices, out):
-        check_out(out, len(indices), self.shape)
-        for k, i in enumerate(np.asarray(indices, np.int64).tolist()):
-            self.read_into(i, out[k])
-
-    def start_batch(self, indices, out):
-        """Decode the batch now, in the calling thread (Reader's default, not the raw formats'
-        preadv pool): the decoders release the GIL, so make_loader's threads decode batches in
-        parallel."""
-        return Reader.start_batch(self, indices, out)
-
-    def _span(self, i: int, start: int, end: int, size: int, where):
-        if not 0 <= start < end <= size:
-            raise ShardFormatError(f"{where}: sample {i} has bytes {start}..{end}, outside the {size} stored")
-
-
-class FlatReader(EncodedReader):
-    """npy and hdf5: one flat uint8 array of the records, ``_offsets`` (count + 1,)."""
-
-    _handles = ("_images", "_offsets")
-    data_file = ""
-
-    def data_paths(self):
-        return [self.root / self.data_file]
-
-    def _check_flat(self):
-        path = self.root / self.data_file
-        if (self._images.ndim != 1 or self._images.dtype != np.uint8 or self._offsets.shape != (self.count + 1,)
-                or self._offsets.dtype.kind not in "iu" or int(self._offsets[-1]) != len(self._images)):
-            raise ShardFormatError(f"{path}: records {self._images.shape} {self._images.dtype} and offsets "
-                                   f"{self._offsets.shape}, the manifest says {self.count} samples")
-
-    def _locate(self, i):
-        a, b = int(self._offsets[i]), int(self._offsets[i + 1])
-        self._span(i, a, b, len(self._images), self.root / self.data_file)
-        return self._images[a:b], self.root / self.data_file
-
-    def record_problems(self, index):
-        off = np.asarray(self._offsets, np.int64)
-        if off[0] != 0 or (np.diff(off) <= 0).any():
-            return [f"{self.root / self.data_file}: record offsets do not rise from 0 (an empty or reversed record)"]
-        return []

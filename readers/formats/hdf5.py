@@ -16,12 +16,15 @@ format's own copy of the labels."""
 
 from __future__ import annotations
 
+import mmap
+
 import h5py
 import numpy as np
 
 from ..encoding import JPEG, RAW
 from ..manifest import COLUMNS, HDF5_FILE, INDEX_DIR, ShardFormatError, expect_array
-from .base import FlatReader, MemmapReader, check_value, flagged
+from .base import MemmapReader, check_value, flagged
+from .encoded import FlatReader
 
 
 def dataset_offset(path, name="images"):
@@ -48,12 +51,18 @@ def dataset_offset(path, name="images"):
     return offset, shape, dtype
 
 
-def _map(path, name, where=None):
+def _map(path, name, where=None, random=False):
     """Dataset ``name`` as a plain ndarray view of a read-only memmap (C-level indexing), and
-    ``(offset, shape, dtype)`` from :func:`dataset_offset` when ``where`` is given."""
+    ``(offset, shape, dtype)`` from :func:`dataset_offset` when ``where`` is given. ``random``:
+    advise the map MADV_RANDOM, for a small table in the data file (offsets, shapes) read a few
+    entries at a time: a fault on a cold page then reads that page, not the 8 MB of samples
+    around it that the kernel's readahead would."""
     found = dataset_offset(path, name) if where is None else where
     offset, shape, dtype = found
-    return np.memmap(path, dtype, "r", offset=offset, shape=shape).view(np.ndarray)
+    m = np.memmap(path, dtype, "r", offset=offset, shape=shape)
+    if random and hasattr(mmap, "MADV_RANDOM") and getattr(m, "_mmap", None) is not None:
+        m._mmap.madvise(mmap.MADV_RANDOM)
+    return m.view(np.ndarray)
 
 
 def _labels(root, count: int) -> np.ndarray:
@@ -95,8 +104,8 @@ class Hdf5Reader(MemmapReader):
         self._images = _map(path, "images", where)
         self._open_file(where[0])
         if self.shape is None:
-            self._offsets = _map(path, "offsets")
-            self._shapes = _map(path, "shapes")
+            self._offsets = _map(path, "offsets", random=True)
+            self._shapes = _map(path, "shapes", random=True)
             ok = (self._offsets.shape == (self.count + 1,) and self._offsets.dtype.kind in "iu"
                   and self._shapes.shape == (self.count, 3) and self._images.shape == (int(self._offsets[-1]),))
             expect = f"{self.count} samples in {self._offsets.shape} offsets, {self._shapes.shape} shapes"
@@ -112,9 +121,12 @@ class EncodedHdf5Reader(FlatReader):
     data_file, fmt = HDF5_FILE, "hdf5"
 
     def _open(self):
-        self._images = _map(self.root / HDF5_FILE, "images")
-        self._offsets = _map(self.root / HDF5_FILE, "offsets")
-        self._check_flat()
+        path = self.root / HDF5_FILE
+        where, offsets = dataset_offset(path, "images"), dataset_offset(path, "offsets")
+        self._images = _map(path, "images", where)
+        self._offsets = _map(path, "offsets", offsets, random=True)
+        self._offsets_at = offsets[0]
+        self._check_flat(where[0])
 
     def own_labels(self):
         return _labels(self.root, self.count)

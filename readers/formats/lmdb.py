@@ -20,7 +20,8 @@ do not locate again, and forked children inherit them; a child whose data.mdb is
 file they were found in (another inode, size or mtime: a repack) locates again.
 
 Encoded (``--encoding jpeg``, EncodedLmdbReader): each value is the sample's record (its JPEG
-bytes), located the same way. The B-tree's pages are parsed in lmdb_pages.py.
+bytes), located the same way and read as readers/formats/encoded.py says. The B-tree's pages
+are parsed in lmdb_pages.py.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ from ..encoding import JPEG, RAW
 from ..manifest import ShardFormatError, sample_key
 from ..system import larger_than_ram
 from .. import diskio
-from .base import EncodedReader, Reader, check_indices, check_out, check_value, flagged, npy_value, read_exact
+from .base import Reader, check_indices, check_out, check_value, flagged, npy_value, read_exact
+from .encoded import EncodedReader
 from .lmdb_pages import P_LEAF, P_OVERFLOW, PAGE_HEADER, Records, meta, read_pages
 
 DATA = "data.mdb"
@@ -264,9 +266,18 @@ class LmdbReader(Reader):
 
 
 class EncodedLmdbReader(EncodedReader, LmdbReader):
+    """Each value is a record, read as readers/formats/encoded.py says: in RAM out of the map,
+    from disk with preadv of its exact bytes (an overflow page's data, past its header)."""
+
     def _locate(self, i):
         start, n = int(self._offsets[i]), int(self._lengths[i])
         return self._data[start:start + n], self._path
+
+    def _on_disk(self, i):
+        return self._pread, int(self._offsets[i]), int(self._lengths[i]), 0
+
+    def _in_ram_for(self, idx):
+        return self._in_ram()
 
     def record_problems(self, index):
         empty = np.flatnonzero(self._lengths == 0)

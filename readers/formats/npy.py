@@ -8,7 +8,8 @@ Variable shapes (manifest ``shape`` null): ``images.npy`` is one flat uint8 arra
     img = flat[off[i]:off[i + 1]].reshape(np.load("index/shapes.npy")[i])
 
 Encoded (``--encoding jpeg``, EncodedNpyReader): ``images.npy`` flat uint8 of the records (the
-JPEG bytes), ``offsets.npy`` int64 (count + 1,) their byte ranges. Both layouts carry
+JPEG bytes), ``offsets.npy`` int64 (count + 1,) their byte ranges (read as readers/formats/encoded.py
+says: out of the map in RAM, each record's exact bytes with preadv from disk). Both layouts carry
 ``labels.npy``, the format's own copy of the labels.
 """
 
@@ -18,7 +19,8 @@ import numpy as np
 
 from ..encoding import JPEG, RAW
 from ..manifest import NPY_IMAGES, NPY_LABELS, NPY_OFFSETS, ShardFormatError, load_npy
-from .base import FlatReader, MemmapReader
+from .base import MemmapReader
+from .encoded import FlatReader
 
 
 def _data_start(path) -> int:
@@ -65,7 +67,7 @@ class EncodedNpyReader(FlatReader):
     def _open(self):
         self._images = load_npy(self.root / NPY_IMAGES)
         self._offsets = load_npy(self.root / NPY_OFFSETS, "i", (self.count + 1,))
-        self._check_flat()
+        self._check_flat(_data_start(self.root / NPY_IMAGES))
 
     def own_labels(self):
         return _labels(self.root, self.count)

@@ -16,7 +16,8 @@ sample instead of serving other bytes. A member's data starts on a 512-byte tar 
 
 Encoded (``--encoding jpeg``, EncodedWdsReader): ``wds_offsets.npy`` int64 (count, 3): shard,
 byte offset and length of member ``<key>.jpg``, whose tar header (the 512 bytes before it) must
-name the sample.
+name the sample; from disk each sample's header and record are read by one preadv
+(readers/formats/encoded.py).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from ..encoding import JPEG, JPEG_MEMBER, RAW
 from ..manifest import WDS_OFFSETS, WDS_SHARD, ShardFormatError, load_npy, sample_key
 from ..system import larger_than_ram
 from .. import diskio
-from .base import EncodedReader, Reader, check_indices, check_out, check_value, flagged, npy_value, read_exact
+from .base import Reader, check_indices, check_out, check_value, flagged, npy_value, read_exact
+from .encoded import EncodedReader
 
 BLOCK = tarfile.BLOCKSIZE
 
@@ -47,7 +49,9 @@ assert _member(0)[:-5].decode() == sample_key(0)  # the key rule of manifest.py,
 
 
 class _Shards(Reader):
-    """What the raw and the encoded reader share: the tar shards, each mapped on first use."""
+    """What the raw and the encoded reader share: the tar shards, each mapped on first use, and
+    open for preadv (``_files``), with whether each is in the page cache (``_in_ram``; subclasses
+    set these dicts and ``_fits`` in ``_open``)."""
 
     fmt = "wds"
 
@@ -67,6 +71,31 @@ class _Shards(Reader):
             except (OSError, ValueError, OverflowError) as err:  # missing, or empty (mmap refuses 0 bytes)
                 raise ShardFormatError(f"{path}: cannot map this shard ({err})") from None
         return m
+
+    def _shards_in_ram(self, shards) -> bool:
+        """Whether every shard in ``shards`` is mapped and in the page cache (diskio.InRam)."""
+        for shard in shards:
+            check = self._in_ram.get(shard)
+            if check is None:
+                m = self._maps.get(shard)
+                if m is None:
+                    return False
+                check = self._in_ram[shard] = diskio.InRam(np.frombuffer(m, np.uint8), self._fits,
+                                                             self._file(shard))
+            if not check():
+                return False
+        return True
+
+    def _file(self, shard) -> diskio.DataFile | None:
+        """Shard ``shard`` open for preadv, or None when it cannot be (the checks then say why)."""
+        f = self._files.get(shard)
+        if f is None and shard >= 0:
+            try:
+                self._map(shard)  # checks the output is unchanged; raises for a missing shard
+                f = self._files[shard] = diskio.DataFile(self.root / WDS_SHARD.format(shard))
+            except (OSError, ShardFormatError):
+                return None
+        return f
 
 
 class WdsReader(_Shards):
@@ -95,31 +124,6 @@ class WdsReader(_Shards):
         self._maps, self._files, self._header = {}, {}, None  # _header: the .npy header every fixed-shape member has
         self._offsets = load_npy(self.root / WDS_OFFSETS, "i", (self.count, 2))
         self._in_ram, self._fits = {}, larger_than_ram(self.data_paths()) is None
-
-    def _shards_in_ram(self, shards) -> bool:
-        """Whether every shard in ``shards`` is mapped and in the page cache (diskio.InRam)."""
-        for shard in shards:
-            check = self._in_ram.get(shard)
-            if check is None:
-                m = self._maps.get(shard)
-                if m is None:
-                    return False
-                check = self._in_ram[shard] = diskio.InRam(np.frombuffer(m, np.uint8), self._fits,
-                                                             self._file(shard))
-            if not check():
-                return False
-        return True
-
-    def _file(self, shard) -> diskio.DataFile | None:
-        """Shard ``shard`` open for preadv, or None when it cannot be (the checks then say why)."""
-        f = self._files.get(shard)
-        if f is None and shard >= 0:
-            try:
-                self._map(shard)  # checks the output is unchanged; raises for a missing shard
-                f = self._files[shard] = diskio.DataFile(self.root / WDS_SHARD.format(shard))
-            except (OSError, ShardFormatError):
-                return None
-        return f
 
     def _pixels_at(self, i: int, shard: int, offset: int, shape) -> mmap.mmap:
         """The shard map holding sample i's pixels at ``offset``, after checking that the member
@@ -215,11 +219,43 @@ class WdsReader(_Shards):
 
 
 class EncodedWdsReader(EncodedReader, _Shards):
-    _handles = ("_maps", "_table")
+    """Members ``<key>.jpg``, read as readers/formats/encoded.py says: in RAM out of the shard
+    maps, from disk with one preadv per sample of the member's tar header and its record."""
+
+    _handles = ("_maps", "_table", "_files", "_in_ram")
 
     def _open(self):
-        self._maps = {}
+        self._maps, self._files, self._in_ram = {}, {}, {}
         self._table = load_npy(self.root / WDS_OFFSETS, "i", (self.count, 3))
+        self._fits = larger_than_ram(self.data_paths()) is None
+
+    def _in_ram_for(self, idx):
+        return self._shards_in_ram({int(s) for s in self._table[idx, 0].tolist()})
+
+    def _on_disk(self, i):
+        shard, offset, n = self._table[i].tolist()
+        f = self._file(shard)
+        path = self.root / WDS_SHARD.format(shard)
+        if f is None:
+            self._sample_map(shard, i)  # raises, naming the shard and the sample
+            raise ShardFormatError(f"{path}: cannot open this shard; {WDS_OFFSETS} puts sample {i} there")
+        if offset < BLOCK or offset % BLOCK:
+            self._no_member(i, path, offset)
+        self._span(i, offset, offset + n, f.size, path)
+        return f, offset - BLOCK, BLOCK + n, BLOCK
+
+    def _check_head(self, i, head, path):
+        name = self._name(i)
+        if head[:len(name)].tobytes() != name:
+            self._no_member(i, path, int(self._table[i, 1]))
+
+    @staticmethod
+    def _name(i: int) -> bytes:
+        return f"{sample_key(i)}.{JPEG_MEMBER}".encode() + b"\0"
+
+    def _no_member(self, i, path, offset):
+        raise ShardFormatError(f"{path}: no member {sample_key(i)}.{JPEG_MEMBER} before offset {offset}, "
+                               f"where {WDS_OFFSETS} puts sample {i}")
 
     def _sample_map(self, shard: int, i: int):
         try:
@@ -231,10 +267,9 @@ class EncodedWdsReader(EncodedReader, _Shards):
         shard, offset, n = self._table[i].tolist()
         m = self._sample_map(shard, i)
         path = self.root / WDS_SHARD.format(shard)
-        name = f"{sample_key(i)}.{JPEG_MEMBER}".encode() + b"\0"
+        name = self._name(i)
         if offset < BLOCK or offset % BLOCK or m[offset - BLOCK:offset - BLOCK + len(name)] != name:
-            raise ShardFormatError(f"{path}: no member {sample_key(i)}.{JPEG_MEMBER} before offset {offset}, "
-                                   f"where {WDS_OFFSETS} puts sample {i}")
+            self._no_member(i, path, offset)
         self._span(i, offset, offset + n, len(m), path)
         return np.frombuffer(m, np.uint8, n, offset), path
 
