@@ -34,7 +34,6 @@ the real sample"):
 from __future__ import annotations
 
 import random
-import threading
 import warnings
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -45,6 +44,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
 from .loader_checks import check_arguments, check_batch_shape, check_shared_memory, positive_int
 from .sampler import ShardSampler, batches_of
+from .samples import Buffers
 from .system import usable_cpus
 
 MODES = ("main", "threads", "processes")
@@ -130,7 +130,7 @@ class BatchedDataset(Dataset):
 
     def __init__(self, ds, batch_transform=None):
         self.ds, self.batch_transform = ds, batch_transform
-        self._local = threading.local()  # per thread: the read buffer reused before a batch transform
+        self.buffers = Buffers()  # per thread: the read buffer reused before a batch transform
 
     def __getstate__(self):
         return {"ds": self.ds, "batch_transform": self.batch_transform}
@@ -138,11 +138,9 @@ class BatchedDataset(Dataset):
     def __setstate__(self, state):
         self.__init__(**state)
 
-    def _buffer(self, n: int) -> np.ndarray:
-        buf = getattr(self._local, "buf", None)
-        if buf is None or len(buf) < n:
-            buf = self._local.buf = np.empty((n, *self.ds.reader.shape), np.uint8)
-        return buf[:n]
+    def batch_shape(self, n: int) -> tuple:
+        """(n, H, W, 3): the raw buffer of a batch of ``n`` read whole."""
+        return (n, *self.ds.reader.shape)
 
     def __len__(self):
         return len(self.ds)
@@ -160,13 +158,14 @@ class BatchedDataset(Dataset):
         return (reader is not None and reader.shape is None
                 and getattr(self.batch_transform, "out_size", None) is not None)
 
-    def __getitems__(self, indices):
-        scratch = None
+    def __getitems__(self, indices, out: np.ndarray | None = None):
+        """The batch ``indices``; ``out``: the (B, H, W, 3) buffer to read a whole batch into
+        (one of :class:`ThreadedBatches`' reused ones), else new memory, or this thread's
+        reused scratch buffer when a batch transform makes the result."""
         if self.whole_batches:
-            # With a batch transform the raw batch is only an intermediate: read it into this
-            # thread's reused buffer instead of fresh memory.
-            scratch = self._buffer(len(indices)) if self.batch_transform is not None else None
-            return self.finish(indices, *self.ds.read_batch(indices, out=scratch), scratch)
+            if out is None and self.batch_transform is not None:  # the raw batch is only an intermediate
+                out = self.buffers.get("scratch", self.batch_shape(len(indices)))
+            return self.finish(indices, *self.ds.read_batch(indices, out=out), out)
         samples = self.ds.__getitems__(indices)
         if self.ragged:
             labels = torch.as_tensor([label for _, label in samples], dtype=torch.int64)
@@ -177,8 +176,8 @@ class BatchedDataset(Dataset):
         """``(imgs, labels)`` of the batch ``indices`` read whole, after ``target_transform``
         and ``batch_transform`` (seeded from ``indices.seed``: every random draw of a batch comes
         from this one generator); ``imgs`` a (B, 3, H, W) batch, or a list of (3, H, W) images
-        when :attr:`ragged`; ``scratch``: the reused buffer imgs is a view of, which the result
-        must not be."""
+        when :attr:`ragged`; ``scratch``: the reused buffer imgs is a view of, which a batch
+        transform's result must not be (it would be refilled while the user holds it)."""
         if self.whole_batches and self.ds.target_transform is not None:
             labels = torch.as_tensor([self.ds.target_transform(int(v)) for v in labels])
         if self.batch_transform is not None:
@@ -195,37 +194,36 @@ class PrefetchedBatches(IterableDataset):
     reads in flight (``ShardDataset.start_batch``) while one is used; yielded in sampler order.
     Iterated by a ``DataLoader(batch_size=None)`` ("main" mode for fixed-shape data).
 
-    Memory: ``depth`` batches in flight while one is used (``depth + 1`` as the next starts);
-    with a batch transform, ``depth + 1`` reused raw buffers instead of fresh ones. In RAM (a
-    batch read at once) each batch is yielded as soon as it is read, as without prefetch."""
+    Buffers: each batch is read into one of a ring of ``depth + 2`` reused (B, H, W, 3)
+    buffers (:class:`~readers.samples.Buffers`), taken only when nothing made from it is
+    alive: not in flight, and no batch, view or array of it held by the user; else the read
+    goes to new memory. In RAM (a batch read at once) each batch is yielded as soon as it is
+    read, as without prefetch."""
 
     def __init__(self, batches: BatchedDataset, batch_sampler, depth: int):
         self.batches, self.batch_sampler, self.depth = batches, batch_sampler, max(1, depth)
+        self.buffers = Buffers()
 
     def __len__(self):
         return len(self.batch_sampler)
 
     def __iter__(self):
-        view, ring = self.batches, None
-        if view.batch_transform is not None:
-            size = getattr(self.batch_sampler, "batch_size", 1)
-            ring = [np.empty((size, *view.ds.reader.shape), np.uint8) for _ in range(self.depth + 1)]
+        view = self.batches
         pending: deque = deque()
         try:
-            for n, batch in enumerate(self.batch_sampler):
-                scratch = None
-                if ring is not None and len(ring[n % len(ring)]) >= len(batch):
-                    scratch = ring[n % len(ring)][:len(batch)]
-                read = view.ds.start_batch(batch, out=scratch)
-                pending.append((batch, scratch, read))
+            for batch in self.batch_sampler:
+                # ring: `depth` batches in flight, the one the user holds, the one being read
+                out = self.buffers.get("batch", view.batch_shape(len(batch)), ring=self.depth + 2)
+                read = view.ds.start_batch(batch, out=out)
+                pending.append((batch, out, read))
                 # a read done at once was a copy out of the page cache: nothing to overlap, and
-                # holding finished batches would cost fresh memory (page faults) for every batch
+                # holding finished batches would hold buffers for nothing
                 while len(pending) > self.depth or (pending and read.done()):
-                    batch, scratch, read = pending.popleft()
-                    yield view.finish(batch, *read.wait(), scratch)
+                    batch, out, read = pending.popleft()
+                    yield view.finish(batch, *read.wait(), out)
             while pending:
-                batch, scratch, read = pending.popleft()
-                yield view.finish(batch, *read.wait(), scratch)
+                batch, out, read = pending.popleft()
+                yield view.finish(batch, *read.wait(), out)
         finally:
             for _, _, read in pending:  # an abandoned epoch: let its reads end before the buffers go
                 try:
@@ -236,22 +234,31 @@ class PrefetchedBatches(IterableDataset):
 
 class ThreadedBatches(IterableDataset):
     """Batches of ``batch_sampler`` fetched by ``threads`` threads, ``threads * prefetch`` in
-    flight, yielded in sampler order. Iterated by a ``DataLoader(batch_size=None)``."""
+    flight, yielded in sampler order. Iterated by a ``DataLoader(batch_size=None)``.
+
+    Plain whole batches (no batch transform) are read into a ring of ``threads * prefetch + 2``
+    reused buffers, under the rule of :class:`PrefetchedBatches`; with a batch transform each
+    thread reuses its own raw buffer (the transform's result is new memory)."""
 
     def __init__(self, batches: BatchedDataset, batch_sampler, threads: int, prefetch: int):
         self.batches, self.batch_sampler = batches, batch_sampler
         self.threads, self.prefetch = max(1, threads), max(1, prefetch)
+        self.buffers = Buffers()
 
     def __len__(self):
         return len(self.batch_sampler)
 
     def __iter__(self):
+        view, depth = self.batches, self.threads * self.prefetch
+        reuse = view.whole_batches and view.batch_transform is None
         pool = ThreadPoolExecutor(self.threads, thread_name_prefix="shardpack-loader")
         pending: deque = deque()
         try:
             for batch in self.batch_sampler:
-                pending.append(pool.submit(self.batches.__getitems__, batch))
-                if len(pending) >= self.threads * self.prefetch:
+                out = self.buffers.get("batch", view.batch_shape(len(batch)), ring=depth + 2) if reuse else None
+                pending.append(pool.submit(view.__getitems__, batch, out))
+                del out  # held by the task alone: free again once its batch is gone
+                if len(pending) >= depth:
                     yield pending.popleft().result()
             while pending:
                 yield pending.popleft().result()
