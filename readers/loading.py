@@ -194,11 +194,10 @@ class PrefetchedBatches(IterableDataset):
     reads in flight (``ShardDataset.start_batch``) while one is used; yielded in sampler order.
     Iterated by a ``DataLoader(batch_size=None)`` ("main" mode for fixed-shape data).
 
-    Buffers: each batch is read into one of a ring of ``depth + 2`` reused (B, H, W, 3)
-    buffers (:class:`~readers.samples.Buffers`), taken only when nothing made from it is
-    alive: not in flight, and no batch, view or array of it held by the user; else the read
-    goes to new memory. In RAM (a batch read at once) each batch is yielded as soon as it is
-    read, as without prefetch."""
+    Each batch is read into one of a ring of ``depth + 2`` reused buffers (readers/samples.py
+    ``Buffers``), taken only when nothing made from it is alive (not in flight, nothing of it
+    held by the user), else new memory. In RAM (a batch read at once) each batch is yielded as
+    soon as it is read."""
 
     def __init__(self, batches: BatchedDataset, batch_sampler, depth: int):
         self.batches, self.batch_sampler, self.depth = batches, batch_sampler, max(1, depth)
@@ -291,6 +290,18 @@ def auto_mode(ds, batch_transform=None) -> str:
       2,140 samples/s);
     - a per-sample Python ``transform`` or other variable shapes (work per sample, GIL held):
       "processes", or "main" on a single CPU.
+
+    Threads inside the training process compete with the trainer's own intra-op threads, so
+    the first two were measured again beside a training step that uses the CPU itself
+    (``scripts/bench_modes.py``: a small CNN's SGD step per batch of 64, torch's default 2
+    intra-op threads, the real sample at 256 px, 3 runs of 3-6 interleaved rounds, load average
+    4.5-7 on 2 shared cores), and they stand. Plain: "main" and "threads" tie within the spread
+    (main/threads per-round medians 0.92 [0.43-0.99], 0.89 [0.53-1.13], 1.23 [0.57-1.53]; main
+    waits 1.5-2.1 ms a step for its copy, threads 0.4; the model step no slower beside idle
+    loader threads), "processes" 0.90. RandomResizedCrop(224) + flip: "threads" fastest in every
+    round, 6.4 and 8.5 steps/s against 1.3 and 3.0 for "main" (63-306 ms of crops between steps)
+    and 1.8 and 3.7 for "processes" (its workers slowed the model step to 259-456 ms, 116-148
+    beside threads).
     """
     if usable_cpus() < 2:
         return "main"
@@ -324,6 +335,10 @@ def make_loader(ds, batch_size: int, train: bool = True, *, batch_transform=None
       epochs unless ``persistent_workers=False``), or "auto" (:func:`auto_mode`).
       ``num_workers`` defaults to ``usable_cpus()``.
     - ``pin_memory`` defaults to ``torch.cuda.is_available()``.
+    - Reused memory ("main", "threads"): plain batches are views of a few buffers, each read
+      into again only once nothing made from it is alive (its reference count), so a batch you
+      hold, or any view or ``.numpy()`` of it, is never overwritten: kept batches send later
+      ones to new memory. ``pin_memory`` hands you pinned copies; batch transforms new memory.
     - ``seed``: shuffling and augmentation; by default drawn from torch's global generator (so
       ``torch.manual_seed`` makes runs repeat). With torch.distributed the sampler gets ``seed``
       or 0, the same on every rank.
