@@ -149,6 +149,13 @@ def show(w: str, res: dict) -> None:
               f"{wait_ms:.1f} | {statistics.median(per):.2f} [{min(per):.2f}-{max(per):.2f}] | {faults:.0f} |",
               flush=True)
     res["best"] = best
+    if res["auto"] in rates:  # the claim: auto never slower than the best by more than the spread
+        per = [a / b for a, b in zip(rates[res["auto"]], rates[best])]
+        half = harness.spread(rates[best]) / 2  # the ± of the best mode's steps/s over the rounds
+        within = res["auto"] == best or 1 - statistics.median(per) <= half
+        print(f"auto ({res['auto']}) / best ({best}): {statistics.median(per):.2f} [{min(per):.2f}-{max(per):.2f}] "
+              f"per round; {'within' if within else 'OUTSIDE'} the best's spread (±{half:.0%})")
+        res["auto_within_spread"] = within
 
 
 def finish(run, steps, rounds, model_name, results, json_out) -> None:
