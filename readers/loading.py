@@ -294,14 +294,14 @@ def auto_mode(ds, batch_transform=None) -> str:
     Threads inside the training process compete with the trainer's own intra-op threads, so
     the first two were measured again beside a training step that uses the CPU itself
     (``scripts/bench_modes.py``: a small CNN's SGD step per batch of 64, torch's default 2
-    intra-op threads, the real sample at 256 px, 3 runs of 3-6 interleaved rounds, load average
-    4.5-7 on 2 shared cores), and they stand. Plain: "main" and "threads" tie within the spread
-    (main/threads per-round medians 0.92 [0.43-0.99], 0.89 [0.53-1.13], 1.23 [0.57-1.53]; main
-    waits 1.5-2.1 ms a step for its copy, threads 0.4; the model step no slower beside idle
-    loader threads), "processes" 0.90. RandomResizedCrop(224) + flip: "threads" fastest in every
-    round, 6.4 and 8.5 steps/s against 1.3 and 3.0 for "main" (63-306 ms of crops between steps)
-    and 1.8 and 3.7 for "processes" (its workers slowed the model step to 259-456 ms, 116-148
-    beside threads).
+    intra-op threads, the real sample at 256 px, 4 runs of 3-6 interleaved rounds, load average
+    3.3-7 on 2 shared cores), and they stand. Plain: the three modes tie within the spread
+    (main/best per-round medians 0.95 [0.87-1.03], 0.92 [0.43-0.99], 0.89 [0.53-1.13], 1.23
+    [0.57-1.53] against threads alone; main waits 1.5-2.1 ms a step for its copy, threads 0.4;
+    the model step no slower beside idle loader threads). RandomResizedCrop(224) + flip:
+    "threads" 12.4, 8.5 and 6.4 steps/s against 4.6, 3.0 and 1.3 for "main" (37-306 ms of
+    crops between steps) and 4.9, 3.7 and 1.8 for "processes" (its workers slowed the model
+    step to 165-456 ms, 76-148 beside threads).
     """
     if usable_cpus() < 2:
         return "main"
