@@ -35,17 +35,16 @@ from __future__ import annotations
 
 import random
 import warnings
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from .loader_checks import check_arguments, check_batch_shape, check_shared_memory, positive_int
 from .sampler import ShardSampler, batches_of
-from .samples import Buffers
 from .system import usable_cpus
+from .batches import PrefetchedBatches, ThreadedBatches
+from .samples import Buffers
 
 MODES = ("main", "threads", "processes")
 
@@ -176,8 +175,8 @@ class BatchedDataset(Dataset):
         """``(imgs, labels)`` of the batch ``indices`` read whole, after ``target_transform``
         and ``batch_transform`` (seeded from ``indices.seed``: every random draw of a batch comes
         from this one generator); ``imgs`` a (B, 3, H, W) batch, or a list of (3, H, W) images
-        when :attr:`ragged`; ``scratch``: the reused buffer imgs is a view of, which a batch
-        transform's result must not be (it would be refilled while the user holds it)."""
+        when :attr:`ragged`; ``scratch``: the reused buffer imgs is a view of, which the result
+        must not be."""
         if self.whole_batches and self.ds.target_transform is not None:
             labels = torch.as_tensor([self.ds.target_transform(int(v)) for v in labels])
         if self.batch_transform is not None:
@@ -187,82 +186,6 @@ class BatchedDataset(Dataset):
             if scratch is not None and imgs.untyped_storage().data_ptr() == scratch.ctypes.data:
                 imgs = imgs.clone()  # a view of the reused buffer (e.g. CenterCrop) must not escape
         return imgs, labels
-
-
-class PrefetchedBatches(IterableDataset):
-    """Whole batches of ``batch_sampler`` read in this process with the next ``depth`` batches'
-    reads in flight (``ShardDataset.start_batch``) while one is used; yielded in sampler order.
-    Iterated by a ``DataLoader(batch_size=None)`` ("main" mode for fixed-shape data).
-
-    Each batch is read into one of a ring of ``depth + 2`` reused buffers (readers/samples.py
-    ``Buffers``), taken only when nothing made from it is alive (not in flight, nothing of it
-    held by the user), else new memory. In RAM (a batch read at once) each batch is yielded as
-    soon as it is read."""
-
-    def __init__(self, batches: BatchedDataset, batch_sampler, depth: int):
-        self.batches, self.batch_sampler, self.depth = batches, batch_sampler, max(1, depth)
-        self.buffers = Buffers()
-
-    def __len__(self):
-        return len(self.batch_sampler)
-
-    def __iter__(self):
-        view = self.batches
-        pending: deque = deque()
-        try:
-            for batch in self.batch_sampler:
-                # ring: `depth` batches in flight, the one the user holds, the one being read
-                out = self.buffers.get("batch", view.batch_shape(len(batch)), ring=self.depth + 2)
-                read = view.ds.start_batch(batch, out=out)
-                pending.append((batch, out, read))
-                # a read done at once was a copy out of the page cache: nothing to overlap, and
-                # holding finished batches would hold buffers for nothing
-                while len(pending) > self.depth or (pending and read.done()):
-                    batch, out, read = pending.popleft()
-                    yield view.finish(batch, *read.wait(), out)
-            while pending:
-                batch, out, read = pending.popleft()
-                yield view.finish(batch, *read.wait(), out)
-        finally:
-            for _, _, read in pending:  # an abandoned epoch: let its reads end before the buffers go
-                try:
-                    read.wait()
-                except Exception:  # noqa: BLE001 - the error belongs to a batch nobody asked for
-                    pass
-
-
-class ThreadedBatches(IterableDataset):
-    """Batches of ``batch_sampler`` fetched by ``threads`` threads, ``threads * prefetch`` in
-    flight, yielded in sampler order. Iterated by a ``DataLoader(batch_size=None)``.
-
-    Plain whole batches (no batch transform) are read into a ring of ``threads * prefetch + 2``
-    reused buffers, under the rule of :class:`PrefetchedBatches`; with a batch transform each
-    thread reuses its own raw buffer (the transform's result is new memory)."""
-
-    def __init__(self, batches: BatchedDataset, batch_sampler, threads: int, prefetch: int):
-        self.batches, self.batch_sampler = batches, batch_sampler
-        self.threads, self.prefetch = max(1, threads), max(1, prefetch)
-        self.buffers = Buffers()
-
-    def __len__(self):
-        return len(self.batch_sampler)
-
-    def __iter__(self):
-        view, depth = self.batches, self.threads * self.prefetch
-        reuse = view.whole_batches and view.batch_transform is None
-        pool = ThreadPoolExecutor(self.threads, thread_name_prefix="shardpack-loader")
-        pending: deque = deque()
-        try:
-            for batch in self.batch_sampler:
-                out = self.buffers.get("batch", view.batch_shape(len(batch)), ring=depth + 2) if reuse else None
-                pending.append(pool.submit(view.__getitems__, batch, out))
-                del out  # held by the task alone: free again once its batch is gone
-                if len(pending) >= depth:
-                    yield pending.popleft().result()
-            while pending:
-                yield pending.popleft().result()
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def seed_worker(worker_id: int) -> None:
@@ -335,10 +258,6 @@ def make_loader(ds, batch_size: int, train: bool = True, *, batch_transform=None
       epochs unless ``persistent_workers=False``), or "auto" (:func:`auto_mode`).
       ``num_workers`` defaults to ``usable_cpus()``.
     - ``pin_memory`` defaults to ``torch.cuda.is_available()``.
-    - Reused memory ("main", "threads"): plain batches are views of a few buffers, each read
-      into again only once nothing made from it is alive (its reference count), so a batch you
-      hold, or any view or ``.numpy()`` of it, is never overwritten: kept batches send later
-      ones to new memory. ``pin_memory`` hands you pinned copies; batch transforms new memory.
     - ``seed``: shuffling and augmentation; by default drawn from torch's global generator (so
       ``torch.manual_seed`` makes runs repeat). With torch.distributed the sampler gets ``seed``
       or 0, the same on every rank.
@@ -349,6 +268,10 @@ def make_loader(ds, batch_size: int, train: bool = True, *, batch_transform=None
       that ends in a fixed size (RandomResizedCrop, RandomCrop, CenterCrop of shardpack.transforms,
       or a Compose ending in one): it is given each batch as a list of (3, H, W) images, draws
       every image's box from its own H, W, crops each on its own and stacks the crops.
+    - Reused memory ("main", "threads"): plain batches are views of a few buffers, each read
+      into again only once nothing made from it is alive (its reference count), so a batch you
+      hold, or any view or ``.numpy()`` of it, is never overwritten: kept batches send later
+      ones to new memory. ``pin_memory`` hands you pinned copies; batch transforms new memory.
 
     Before returning a process-based loader it warns (RuntimeWarning) when batch bytes x workers
     x prefetch exceeds the free /dev/shm. Raises, each in one line naming the argument:
