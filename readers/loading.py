@@ -36,20 +36,19 @@ the real sample"):
 from __future__ import annotations
 
 import random
-import threading
 import warnings
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, IterableDataset, Sampler
+from torch.utils.data import Dataset, Sampler
 
 from .draws import SampleDraws, sample_keys, worker_seed
 from .loader_checks import check_arguments, check_batch_shape, check_shared_memory, positive_int
 from .sampler import ShardSampler, batches_of
 from .state import ShardLoader
 from .system import usable_cpus
+from .batches import PrefetchedBatches, ThreadedBatches
+from .samples import Buffers
 
 MODES = ("main", "threads", "processes")
 
@@ -140,7 +139,7 @@ class BatchedDataset(Dataset):
 
     def __init__(self, ds, batch_transform=None):
         self.ds, self.batch_transform = ds, batch_transform
-        self._local = threading.local()  # per thread: the read buffer reused before a batch transform
+        self.buffers = Buffers()  # per thread: the read buffer reused before a batch transform
 
     def __getstate__(self):
         return {"ds": self.ds, "batch_transform": self.batch_transform}
@@ -148,11 +147,9 @@ class BatchedDataset(Dataset):
     def __setstate__(self, state):
         self.__init__(**state)
 
-    def _buffer(self, n: int) -> np.ndarray:
-        buf = getattr(self._local, "buf", None)
-        if buf is None or len(buf) < n:
-            buf = self._local.buf = np.empty((n, *self.ds.reader.shape), np.uint8)
-        return buf[:n]
+    def batch_shape(self, n: int) -> tuple:
+        """(n, H, W, 3): the raw buffer of a batch of ``n`` read whole."""
+        return (n, *self.ds.reader.shape)
 
     def __len__(self):
         return len(self.ds)
@@ -170,13 +167,14 @@ class BatchedDataset(Dataset):
         return (reader is not None and reader.shape is None
                 and getattr(self.batch_transform, "out_size", None) is not None)
 
-    def __getitems__(self, indices):
-        scratch = None
+    def __getitems__(self, indices, out: np.ndarray | None = None):
+        """The batch ``indices``; ``out``: the (B, H, W, 3) buffer to read a whole batch into
+        (one of :class:`ThreadedBatches`' reused ones), else new memory, or this thread's
+        reused scratch buffer when a batch transform makes the result."""
         if self.whole_batches:
-            # With a batch transform the raw batch is only an intermediate: read it into this
-            # thread's reused buffer instead of fresh memory.
-            scratch = self._buffer(len(indices)) if self.batch_transform is not None else None
-            return self.finish(indices, *self.ds.read_batch(indices, out=scratch), scratch)
+            if out is None and self.batch_transform is not None:  # the raw batch is only an intermediate
+                out = self.buffers.get("scratch", self.batch_shape(len(indices)))
+            return self.finish(indices, *self.ds.read_batch(indices, out=out), out)
         samples = self.ds.__getitems__(indices)
         if self.ragged:
             labels = torch.as_tensor([label for _, label in samples], dtype=torch.int64)
@@ -198,75 +196,6 @@ class BatchedDataset(Dataset):
             if scratch is not None and imgs.untyped_storage().data_ptr() == scratch.ctypes.data:
                 imgs = imgs.clone()  # a view of the reused buffer (e.g. CenterCrop) must not escape
         return imgs, labels
-
-
-class PrefetchedBatches(IterableDataset):
-    """Whole batches of ``batch_sampler`` read in this process with the next ``depth`` batches'
-    reads in flight (``ShardDataset.start_batch``) while one is used; yielded in sampler order.
-    Iterated by a ``DataLoader(batch_size=None)`` ("main" mode for fixed-shape data).
-
-    Memory: ``depth`` batches in flight while one is used (``depth + 1`` as the next starts);
-    with a batch transform, ``depth + 1`` reused raw buffers instead of fresh ones. In RAM (a
-    batch read at once) each batch is yielded as soon as it is read, as without prefetch."""
-
-    def __init__(self, batches: BatchedDataset, batch_sampler, depth: int):
-        self.batches, self.batch_sampler, self.depth = batches, batch_sampler, max(1, depth)
-
-    def __len__(self):
-        return len(self.batch_sampler)
-
-    def __iter__(self):
-        view, ring = self.batches, None
-        if view.batch_transform is not None:
-            size = getattr(self.batch_sampler, "batch_size", 1)
-            ring = [np.empty((size, *view.ds.reader.shape), np.uint8) for _ in range(self.depth + 1)]
-        pending: deque = deque()
-        try:
-            for n, batch in enumerate(self.batch_sampler):
-                scratch = None
-                if ring is not None and len(ring[n % len(ring)]) >= len(batch):
-                    scratch = ring[n % len(ring)][:len(batch)]
-                read = view.ds.start_batch(batch, out=scratch)
-                pending.append((batch, scratch, read))
-                # a read done at once was a copy out of the page cache: nothing to overlap, and
-                # holding finished batches would cost fresh memory (page faults) for every batch
-                while len(pending) > self.depth or (pending and read.done()):
-                    batch, scratch, read = pending.popleft()
-                    yield view.finish(batch, *read.wait(), scratch)
-            while pending:
-                batch, scratch, read = pending.popleft()
-                yield view.finish(batch, *read.wait(), scratch)
-        finally:
-            for _, _, read in pending:  # an abandoned epoch: let its reads end before the buffers go
-                try:
-                    read.wait()
-                except Exception:  # noqa: BLE001 - the error belongs to a batch nobody asked for
-                    pass
-
-
-class ThreadedBatches(IterableDataset):
-    """Batches of ``batch_sampler`` fetched by ``threads`` threads, ``threads * prefetch`` in
-    flight, yielded in sampler order. Iterated by a ``DataLoader(batch_size=None)``."""
-
-    def __init__(self, batches: BatchedDataset, batch_sampler, threads: int, prefetch: int):
-        self.batches, self.batch_sampler = batches, batch_sampler
-        self.threads, self.prefetch = max(1, threads), max(1, prefetch)
-
-    def __len__(self):
-        return len(self.batch_sampler)
-
-    def __iter__(self):
-        pool = ThreadPoolExecutor(self.threads, thread_name_prefix="shardpack-loader")
-        pending: deque = deque()
-        try:
-            for batch in self.batch_sampler:
-                pending.append(pool.submit(self.batches.__getitems__, batch))
-                if len(pending) >= self.threads * self.prefetch:
-                    yield pending.popleft().result()
-            while pending:
-                yield pending.popleft().result()
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def seed_worker(worker_id: int) -> None:
@@ -294,6 +223,18 @@ def auto_mode(ds, batch_transform=None) -> str:
       2,140 samples/s);
     - a per-sample Python ``transform`` or other variable shapes (work per sample, GIL held):
       "processes", or "main" on a single CPU.
+
+    Threads inside the training process compete with the trainer's own intra-op threads, so
+    the first two were measured again beside a training step that uses the CPU itself
+    (``scripts/bench_modes.py``: a small CNN's SGD step per batch of 64, torch's default 2
+    intra-op threads, the real sample at 256 px, 4 runs of 3-6 interleaved rounds, load average
+    3.3-7 on 2 shared cores), and they stand. Plain: the three modes tie within the spread
+    (main/best per-round medians 0.95 [0.87-1.03], 0.92 [0.43-0.99], 0.89 [0.53-1.13], 1.23
+    [0.57-1.53] against threads alone; main waits 1.5-2.1 ms a step for its copy, threads 0.4;
+    the model step no slower beside idle loader threads). RandomResizedCrop(224) + flip:
+    "threads" 12.4, 8.5 and 6.4 steps/s against 4.6, 3.0 and 1.3 for "main" (37-306 ms of
+    crops between steps) and 4.9, 3.7 and 1.8 for "processes" (its workers slowed the model
+    step to 165-456 ms, 76-148 beside threads).
     """
     if usable_cpus() < 2:
         return "main"
@@ -341,6 +282,10 @@ def make_loader(ds, batch_size: int, train: bool = True, *, batch_transform=None
       that ends in a fixed size (RandomResizedCrop, RandomCrop, CenterCrop of shardpack.transforms,
       or a Compose ending in one): it is given each batch as a list of (3, H, W) images, draws
       every image's box from its own H, W, crops each on its own and stacks the crops.
+    - Reused memory ("main", "threads"): plain batches are views of a few buffers, each read
+      into again only once nothing made from it is alive (its reference count), so a batch you
+      hold, or any view or ``.numpy()`` of it, is never overwritten: kept batches send later
+      ones to new memory. ``pin_memory`` hands you pinned copies; batch transforms new memory.
 
     Before returning a process-based loader it warns (RuntimeWarning) when batch bytes x workers
     x prefetch exceeds the free /dev/shm. Raises, each in one line naming the argument:

@@ -28,7 +28,8 @@ class Buffers:
         if bufs is None:
             bufs = [None] * ring
             setattr(self._local, name, bufs)
-        for k, buf in enumerate(bufs):
+        for k in range(len(bufs)):  # not enumerate: its cached (k, buf) tuple would hold one more reference
+            buf = bufs[k]
             # references while free: the list's, ``buf`` here and getrefcount's argument
             if buf is not None and buf.shape == tuple(shape) and sys.getrefcount(buf) <= 3:
                 bufs.append(bufs.pop(k))  # the most recently used goes last

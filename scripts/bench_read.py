@@ -24,9 +24,11 @@ processes are the parallelism being compared. The measuring code lives in reader
 git worktree and imported beside this checkout's as ``shardpack_old``) against this checkout's,
 on the same packed data in the page cache, in rounds that alternate which goes first: per format,
 plain uint8 batches through ``make_loader`` (defaults) and RandomCrop(224) + flip batches, and
-the median ratio new/old with its spread (flagged where the rounds spread by more than 5 %)::
+the median ratio new/old with its spread (flagged where the rounds spread by more than 5 %), and
+each one's ratio to the memcpy bound measured in the same rounds (the better of 1 and all usable
+CPUs' threads, per round); ``--formats`` picks the formats::
 
-    python scripts/bench_read.py --against HEAD~1 --samples 10000 --repeats 5
+    python scripts/bench_read.py --against HEAD~1 --samples 10000 --repeats 5 --formats npy
 """
 
 from __future__ import annotations
@@ -67,10 +69,10 @@ WORKLOADS = {
 }
 
 
-def pack_all(src: Path, work: Path, size: int) -> dict[str, Path]:
+def pack_all(src: Path, work: Path, size: int, formats=FORMATS) -> dict[str, Path]:
     from shardpack.packer import Options, Recipe, pack
     out = {}
-    for fmt in FORMATS:
+    for fmt in formats:
         path = work / f"{src.name}-{size}.{fmt}"
         if not (path / "manifest.json").exists():
             pack(src, path, Recipe(size=size), Options(fmt=fmt, progress=False, overwrite=True))
@@ -120,8 +122,14 @@ def imagefolder(src, workers):
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="write the results as JSON")
 @click.option("--against", "against", default=None, metavar="REV",
               help="compare the readers of git revision REV with this checkout's (in RAM)")
-def main(src, work, samples, repeats, out, against):
-    args = type("Args", (), {"src": src, "work": work, "samples": samples, "repeats": repeats, "out": out})
+@click.option("--formats", default=",".join(FORMATS), show_default=True,
+              help="with --against: the formats to compare, comma-separated")
+def main(src, work, samples, repeats, out, against, formats):
+    args = type("Args", (), {"src": src, "work": work, "samples": samples, "repeats": repeats, "out": out,
+                             "formats": [f for f in formats.split(",") if f]})
+    unknown = sorted(set(args.formats) - set(FORMATS))
+    if unknown:
+        raise click.BadParameter(f"{', '.join(unknown)}: choose from {', '.join(FORMATS)}", param_hint="--formats")
     if against:
         return compare(args, against)
     run = harness.Machine()
@@ -214,47 +222,62 @@ def compare(args, rev):
     """New readers vs those of ``rev``, in RAM, alternating rounds; prints a table of ratios."""
     machine = harness.Machine()
     torch.set_num_threads(1)
-    packed = pack_all(args.src, args.work, 256)
+    packed = pack_all(args.src, args.work, 256, args.formats)
+    images = np.load(pack_all(args.src, args.work, 256, ("npy",))["npy"] / NPY_IMAGES, mmap_mode="r")  # the bound's
     for path in packed.values():  # in the page cache, as the in-RAM case is
         for f in path.rglob("*"):
             if f.is_file():
                 f.read_bytes()
     tmp = Path(tempfile.mkdtemp(prefix="shardpack-against-"))
     try:
-        old = load_old(rev, tmp / "tree")
+        load_old(rev, tmp / "tree")  # imported as shardpack_old
         from shardpack import readers as new_readers
-        versions = {"old": (old.readers, importlib.import_module("shardpack_old.readers.loading").make_loader),
+        # imported by name: shardpack's lazy __init__ has no `readers` attribute until it is imported
+        versions = {"old": (importlib.import_module("shardpack_old.readers"),
+                            importlib.import_module("shardpack_old.readers.loading").make_loader),
                     "new": (new_readers, make_loader)}
         print(f"old: {rev} ({_rev(rev)}) from {tmp / 'tree'}; new: this checkout ({_rev('HEAD')} + working tree)")
         rows = []
-        for fmt in FORMATS:
+        for fmt in args.formats:
             for workload in ("c", "a"):
                 contenders = {}
                 for name, (mod, make) in versions.items():
                     ds = mod.ShardDataset(packed[fmt])
                     contenders[name] = (lambda ds=ds, make=make, workload=workload:
                                         _pass(ds, make, workload, args.samples))
+                contenders["bound"] = lambda: _bound(images, args.samples)
                 got = harness.rounds(contenders, args.repeats)
                 r, spread = harness.ratio(got["new"], got["old"])
                 rows.append((fmt, workload, got, r, spread))
-                print(f"  {fmt} ({workload}): new {harness.shown(got['new'])}, old {harness.shown(got['old'])} "
-                      f"samples/s, new/old {r:.3f}", flush=True)
+                print(f"  {fmt} ({workload}): new {harness.shown(got['new'])}, old {harness.shown(got['old'])}, "
+                      f"memcpy bound {harness.shown(got['bound'])} samples/s, new/old {r:.3f}, "
+                      f"of the bound: new {harness.ratio(got['new'], got['bound'])[0]:.2f}, "
+                      f"old {harness.ratio(got['old'], got['bound'])[0]:.2f}", flush=True)
     finally:
         subprocess.run(["git", "-C", str(harness.REPO), "worktree", "remove", "--force", str(tmp / "tree")],
                        check=False)
         subprocess.run(["git", "-C", str(harness.REPO), "worktree", "prune"], check=False)
     print(f"\n{machine.line()}\ncommand: {harness.command()}\n")
     print(f"| format | workload | new samples/s | old samples/s | new/old (median of {args.repeats} rounds) | "
-          "rounds spread |")
-    print("|---|---|---:|---:|---:|---|")
+          "rounds spread | new / memcpy bound | old / memcpy bound |")
+    print("|---|---|---:|---:|---:|---|---:|---:|")
     for fmt, workload, got, r, spread in rows:
         flag = " (more than 5 %)" if spread > 0.05 else ""
+        nb, ns = harness.ratio(got["new"], got["bound"])
+        ob, os_ = harness.ratio(got["old"], got["bound"])
         print(f"| {fmt} | ({workload}) {WORKLOADS[workload][0]} | {harness.shown(got['new'])} | "
-              f"{harness.shown(got['old'])} | {r:.3f} | {spread:.1%}{flag} |")
+              f"{harness.shown(got['old'])} | {r:.3f} | {spread:.1%}{flag} | {nb:.2f} (±{ns / 2:.0%}) | "
+              f"{ob:.2f} (±{os_ / 2:.0%}) |")
     if args.out:
         args.out.write_text(json.dumps({"machine": machine.line(), "command": harness.command(), "against": rev,
                                         "rows": [{"format": f, "workload": w, "new": g["new"], "old": g["old"],
-                                                  "ratio": r, "spread": s} for f, w, g, r, s in rows]}, indent=1))
+                                                  "bound": g["bound"], "ratio": r, "spread": s}
+                                                 for f, w, g, r, s in rows]}, indent=1))
+
+
+def _bound(images: np.ndarray, samples: int) -> float:
+    """The in-process memcpy bound of one round: the better of 1 thread and all usable CPUs'."""
+    return max(memcpy_rates(images, samples, BATCH, 1, threads=t)[0] for t in sorted({1, usable_cpus()}))
 
 
 def _rev(rev: str) -> str:
