@@ -1,0 +1,127 @@
+"""Which S3 client serves a batch's byte ranges fastest: ranged GETs against a local SeaweedFS.
+
+One ~100 MB object on a local ``weed server -s3`` (tests/s3server.py, started and stopped here);
+each batch is 64 random 196,608-byte ranges (one 256 px uint8 sample each), fetched with many
+requests in flight by each client:
+
+- ``obstore get_ranges``: one call per batch (the Rust client's own concurrency and coalescing);
+- ``obstore threads``: one ``obstore.get_range`` per range from a pool of THREADS threads;
+- ``obstore async``: every range's ``get_range_async`` gathered at once on one event loop;
+- ``s3fs cat_ranges``: one call per batch (fsspec's async batching);
+- ``boto3 threads``: one ``get_object(Range=...)`` per range from a pool of THREADS threads.
+
+Rounds interleave the clients (A B C D, then D C B A, ...), medians of ROUNDS, each number with
+``os.getloadavg()`` beside it; every client's bytes are checked against the object's.
+
+    .venv/bin/python scripts/bench_s3.py [--mb 100] [--batches 8] [--rounds 3] [--threads 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import s3server  # noqa: E402
+
+SAMPLE = 196_608  # one 256 x 256 x 3 uint8 sample
+BUCKET, KEY = "bench", "blob/images.npy"
+
+
+def clients(server, threads: int):
+    import boto3
+    import obstore
+    import s3fs
+    from obstore.store import S3Store
+
+    store = S3Store(BUCKET, endpoint=server.endpoint, region=s3server.REGION, access_key_id=s3server.ACCESS_KEY,
+                    secret_access_key=s3server.SECRET_KEY, client_options={"allow_http": True})
+    fs = s3fs.S3FileSystem(key=s3server.ACCESS_KEY, secret=s3server.SECRET_KEY,
+                           endpoint_url=server.endpoint, client_kwargs={"region_name": s3server.REGION})
+    b3 = boto3.client("s3", endpoint_url=server.endpoint, aws_access_key_id=s3server.ACCESS_KEY,
+                      aws_secret_access_key=s3server.SECRET_KEY, region_name=s3server.REGION,
+                      config=__import__("botocore.config").config.Config(max_pool_connections=threads))
+    pool = ThreadPoolExecutor(threads)
+
+    def ob_ranges(starts):
+        return [bytes(b) for b in obstore.get_ranges(store, KEY, starts=starts, lengths=[SAMPLE] * len(starts))]
+
+    def ob_threads(starts):
+        return list(pool.map(lambda s: bytes(obstore.get_range(store, KEY, start=s, length=SAMPLE)), starts))
+
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+
+    def ob_async(starts):
+        async def all_of():
+            got = await asyncio.gather(*(obstore.get_range_async(store, KEY, start=s, length=SAMPLE) for s in starts))
+            return [bytes(b) for b in got]
+        return asyncio.run_coroutine_threadsafe(all_of(), loop).result()
+
+    def fs_ranges(starts):
+        n = len(starts)
+        return fs.cat_ranges([f"{BUCKET}/{KEY}"] * n, list(starts), [s + SAMPLE for s in starts])
+
+    def b3_threads(starts):
+        def one(s):
+            return b3.get_object(Bucket=BUCKET, Key=KEY, Range=f"bytes={s}-{s + SAMPLE - 1}")["Body"].read()
+        return list(pool.map(one, starts))
+
+    return store, {"obstore get_ranges": ob_ranges, "obstore threads": ob_threads, "obstore async": ob_async,
+                   "s3fs cat_ranges": fs_ranges, "boto3 threads": b3_threads}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mb", type=int, default=100)
+    ap.add_argument("--batches", type=int, default=8, help="batches of 64 ranges per client per round")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=32, help="requests in flight for the thread-pool clients")
+    args = ap.parse_args()
+    import obstore
+
+    with tempfile.TemporaryDirectory(prefix="bench-s3-") as tmp:
+        server = s3server.start(Path(tmp))
+        try:
+            store, fetch = clients(server, args.threads)
+            rng = np.random.default_rng(0)
+            data = rng.integers(0, 256, args.mb << 20, np.uint8).tobytes()
+            obstore.put(store, KEY, data)
+            count = len(data) // SAMPLE
+            rates: dict[str, list[tuple[float, float]]] = {name: [] for name in fetch}
+            names = list(fetch)
+            for r in range(args.rounds):
+                for name in (names if r % 2 == 0 else names[::-1]):
+                    batches = [np.sort(rng.choice(count, 64, replace=False)) * SAMPLE for _ in range(args.batches)]
+                    fetch[name](batches[0][:4].tolist())  # warm the connections
+                    t = time.perf_counter()
+                    for starts in batches:
+                        got = fetch[name](starts.tolist())
+                        assert all(g == data[s:s + SAMPLE] for g, s in zip(got, starts.tolist())), name
+                    took = time.perf_counter() - t
+                    rates[name].append((args.batches * 64 / took, os.getloadavg()[0]))
+            best = max(statistics.median(v for v, _ in rates[n]) for n in names)
+            print(f"{args.batches} batches x 64 ranges of {SAMPLE} B from a {args.mb} MB object, local SeaweedFS "
+                  f"{s3server.weed_binary()}, {args.threads} threads, {os.cpu_count()} CPUs; rounds interleaved, "
+                  f"median of {args.rounds}")
+            print(f"{'client':22s} {'samples/s':>10s} {'MB/s':>7s} {'of best':>8s}  rounds (samples/s @ load)")
+            for n in names:
+                med = statistics.median(v for v, _ in rates[n])
+                each = ", ".join(f"{v:.0f} @ {ld:.2f}" for v, ld in rates[n])
+                print(f"{n:22s} {med:10.0f} {med * SAMPLE / 1e6:7.0f} {med / best:8.2f}  {each}")
+        finally:
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()
