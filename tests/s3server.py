@@ -9,6 +9,7 @@ its S3 port answers and returns a :class:`Server`; :meth:`Server.stop` ends it b
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
@@ -50,6 +51,15 @@ def _free_ports(n: int) -> list[int]:
                 continue
         out.append(port)
     return out
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL it when the process that started it dies (Linux's
+    PR_SET_PDEATHSIG), so a test run killed from outside leaves no server behind."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 class Server:
@@ -95,9 +105,10 @@ def start(folder: Path, timeout_s: float = 60.0) -> Server:
     args = [weed, "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={folder / 'data'}",
             f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}",
             "-s3", f"-s3.port={s3}", f"-s3.config={config}", "-master.volumeSizeLimitMB=256",
-            "-volume.max=8", "-metricsPort=0"]
+            "-volume.max=8", "-metricsPort=0",
+            "-s3.port.iceberg=0", "-s3.port.lance=0"]  # their default ports are fixed: off
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            cwd=folder, start_new_session=True)
+                            cwd=folder, start_new_session=True, preexec_fn=_die_with_parent)
     log.close()
     server = Server(proc, f"http://127.0.0.1:{s3}", folder)
     deadline = time.monotonic() + timeout_s
