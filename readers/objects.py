@@ -74,8 +74,9 @@ class Objects:
             raise ShardFormatError(f"{url}: only s3:// URLs are served from object storage so far "
                                    "(copy the output to a local disk and open that path)")
         bucket, _, prefix = rest.partition("/")
-        if len(bucket) < 3:
-            raise ShardFormatError(f"{url}: no bucket name (s3://BUCKET/prefix/OUT)")
+        if not 3 <= len(bucket) <= 63:
+            raise ShardFormatError(f"{url}: {bucket!r} is not an S3 bucket name (3 to 63 characters: "
+                                   "s3://BUCKET/prefix/OUT)")
         self.url, self.bucket, self.prefix = url.rstrip("/"), bucket, prefix.strip("/")
         self.options = dict(storage_options or {})
         self.pixels: dict[str, tuple[int, str | None]] = {}  # name -> (size, ETag), recorded at open
@@ -95,8 +96,12 @@ class Objects:
                 raise ShardFormatError(f"{self.url}: read in a process forked after its parent used the S3 client "
                                        "(obstore is not fork-safe): pass multiprocessing_context='spawn' or "
                                        "'forkserver' to make_loader or the DataLoader")
+            try:
+                from obstore.store import S3Store
+            except ImportError:
+                raise ShardFormatError(f"{self.url}: reading object storage needs the s3 extra: "
+                                       "pip install 'shardpack[s3]' (obstore)") from None
             _client_pid = os.getpid()
-            from obstore.store import S3Store
             opts = dict(self.options)
             endpoint = opts.get("endpoint") or opts.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL", "")
             if endpoint.startswith("http://"):  # a local S3-compatible store: plain http is meant
