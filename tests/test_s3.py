@@ -4,6 +4,7 @@ sample by sample and batch by batch, in every loader mode; what is refused, in o
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -126,3 +127,54 @@ def test_a_forked_worker_is_refused_in_one_line_not_left_hanging(s3, cache, outp
     with pytest.raises(ShardFormatError, match=r"s3://shardpack-tests/fork/OUT: read in a process forked after its "
                                                r"parent used the S3 client .*multiprocessing_context='spawn'"):
         next(iter(loader))
+
+
+def test_an_object_replaced_under_a_live_reader_is_refused_not_mixed(s3, cache, outputs):
+    import obstore
+    from obstore.store import S3Store
+    url = upload(s3, outputs["raw"], "replaced/OUT")
+    ds, local = ShardDataset(url), ShardDataset(outputs["raw"])
+    loader = make_loader(ds, 4, seed=1, mode="main")
+    for (a, la), (b, lb) in zip(loader, make_loader(local, 4, seed=1, mode="main")):  # epoch 0: equal
+        assert torch.equal(a, b) and torch.equal(la, lb)
+    images = bytearray((outputs["raw"] / "images.npy").read_bytes())
+    images[-100:] = bytes(100)  # the same size, other pixels: packed again in place
+    store = S3Store(BUCKET, endpoint=s3.endpoint, client_options={"allow_http": True})
+    obstore.put(store, "replaced/OUT/images.npy", bytes(images))
+    with pytest.raises(ShardFormatError, match=r"^s3://shardpack-tests/replaced/OUT/images.npy was replaced after "
+                                               r"this dataset was opened \(its ETag is no longer .*\); open it again$"):
+        list(loader)  # epoch 1: its reads find another object under the URL
+    with pytest.raises(ShardFormatError, match="was replaced"):
+        ds[0]
+
+
+def test_a_server_gone_mid_epoch_is_one_error_naming_the_url_after_bounded_retries(s3, cache, outputs, tmp_path):
+    import signal
+    from datetime import timedelta
+
+    import s3server
+    own = s3server.start(tmp_path / "weed")  # its own server: this one is killed
+    try:
+        for name, value in own.env().items():
+            os.environ[name] = value  # restored by the s3 fixture's monkeypatch
+        url = upload(own, outputs["raw"], "gone/OUT")
+        retry = {"max_retries": 2, "retry_timeout": timedelta(seconds=3),
+                 "backoff": {"init_backoff": timedelta(milliseconds=20), "max_backoff": timedelta(milliseconds=200),
+                             "base": 2}}
+        ds = ShardDataset(url, storage_options={"retry_config": retry})
+        loader = iter(make_loader(ds, 4, seed=2, mode="main", prefetch_factor=1))
+        assert next(loader)[0].shape == (4, 3, 16, 16)
+        os.kill(own.pid, signal.SIGKILL)
+        own.proc.wait(10)
+        signal.alarm(120)  # a guard against a hang, not a speed goal
+        try:
+            with pytest.raises(OSError) as err:
+                for _ in loader:
+                    pass
+        finally:
+            signal.alarm(0)
+        text = str(err.value)
+        assert "\n" not in text and "s3://shardpack-tests/gone/OUT/images.npy" in text
+        assert "reading sample" in text and "after 2 retries" in text
+    finally:
+        own.stop()
