@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from helpers import make_tree, packed
-from readers.dataset import ShardDataset
-from readers.loading import make_loader
-from readers.manifest import ShardFormatError
+from shardpack.readers.dataset import ShardDataset
+from shardpack.readers.loading import make_loader
+from shardpack.readers.manifest import ShardFormatError
 
 BUCKET = "shardpack-tests"
 
