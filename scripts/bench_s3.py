@@ -81,12 +81,45 @@ def clients(server, threads: int):
                    "s3fs cat_ranges": fs_ranges, "boto3 threads": b3_threads}
 
 
+def merge_sizes(store, data: bytes, count: int, rng, args) -> None:
+    """Samples/s of 64 adjacent samples fetched as GETs of k samples each, k interleaved."""
+    import obstore
+    pool = ThreadPoolExecutor(8)
+    sizes = [1, 4, 16, 32, 64]
+    rates: dict[int, list[tuple[float, float]]] = {k: [] for k in sizes}
+
+    def one(start, n):
+        return bytes(obstore.get_range(store, KEY, start=start, length=n))
+
+    for r in range(args.rounds):
+        for k in (sizes if r % 2 == 0 else sizes[::-1]):
+            firsts = rng.integers(0, count - 64, args.batches)
+            one(0, SAMPLE)
+            t = time.perf_counter()
+            for first in firsts.tolist():
+                starts = [(first + j) * SAMPLE for j in range(0, 64, k)]
+                got = list(pool.map(one, starts, [k * SAMPLE] * len(starts)))
+                assert b"".join(got) == data[first * SAMPLE:(first + 64) * SAMPLE], k
+            rates[k].append((args.batches * 64 / (time.perf_counter() - t), os.getloadavg()[0]))
+    best = max(statistics.median(v for v, _ in rates[k]) for k in sizes)
+    print(f"{args.batches} runs of 64 adjacent {SAMPLE} B samples, 8 threads, rounds interleaved, "
+          f"median of {args.rounds}")
+    print(f"{'GET size':>10s} {'samples/s':>10s} {'of best':>8s}  rounds (samples/s @ load)")
+    for k in sizes:
+        med = statistics.median(v for v, _ in rates[k])
+        each = ", ".join(f"{v:.0f} @ {ld:.2f}" for v, ld in rates[k])
+        print(f"{k * SAMPLE / 2**20:8.2f}MB {med:10.0f} {med / best:8.2f}  {each}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=int, default=100)
     ap.add_argument("--batches", type=int, default=8, help="batches of 64 ranges per client per round")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=32, help="requests in flight for the thread-pool clients")
+    ap.add_argument("--merge", action="store_true",
+                    help="instead: obstore from 8 threads (diskio.THREADS) on runs of 64 adjacent samples, "
+                         "fetched as GETs of 1, 4, 16, 32 or 64 samples each (what MERGE_BYTES decides)")
     args = ap.parse_args()
     import obstore
 
@@ -98,6 +131,8 @@ def main() -> None:
             data = rng.integers(0, 256, args.mb << 20, np.uint8).tobytes()
             obstore.put(store, KEY, data)
             count = len(data) // SAMPLE
+            if args.merge:
+                return merge_sizes(store, data, count, rng, args)
             rates: dict[str, list[tuple[float, float]]] = {name: [] for name in fetch}
             names = list(fetch)
             for r in range(args.rounds):
