@@ -309,8 +309,12 @@ def _fetch_small_files(objects, manifest, raw, digest, final: Path, pixel_names)
     from . import integrity
     from .manifest import load_manifest
     names = (set(manifest.get("files", {})) | set(manifest.get(integrity.DIGESTS, {}))) - set(pixel_names)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    except OSError as err:
+        raise ShardFormatError(f"{objects.url}: cannot write its index into the cache {final.parent} "
+                               f"({err.strerror or err}); set SHARDPACK_CACHE to a writable folder") from None
     try:
         (tmp / MANIFEST).write_bytes(raw)
         if digest is not None:

@@ -61,6 +61,8 @@ def test_every_sample_from_s3_equals_the_local_output(s3, cache, outputs, kind):
         got, want = pixels(ds, i), pixels(local, i)
         assert got[1] == want[1] and np.array_equal(got[0], want[0]), i
     assert ds.root.is_relative_to(cache)  # the small files, mirrored into the node's cache
+    checked = ShardDataset(url, check_reads=True)  # each sample read against its stored checksum
+    assert [checked[i][1] for i in range(len(ds))] == local.targets.tolist()
     if kind != "variable":
         order = np.random.default_rng(0).permutation(len(ds))[:7]
         for a, b in zip(ds.__getitems__(order), local.__getitems__(order)):
@@ -110,6 +112,14 @@ def test_what_object_storage_refuses_in_one_line(s3, cache, tmp_path):
         ShardDataset(url)
     with pytest.raises(ShardFormatError, match=r"^s3://shardpack-tests/nothing/here: no manifest.json there"):
         ShardDataset("s3://shardpack-tests/nothing/here")
+    with pytest.raises(ShardFormatError, match=r"^s3://no-such-bucket/x: no manifest.json there; not a complete "
+                                               r"shardpack output \(check the bucket and prefix"):
+        ShardDataset("s3://no-such-bucket/x")
+    (tmp_path / "a-file").write_text("")
+    os.environ["SHARDPACK_CACHE"] = str(tmp_path / "a-file" / "cache")  # restored by the cache fixture
+    with pytest.raises(ShardFormatError, match=r"^s3://shardpack-tests/refused/npy: cannot write its index into the "
+                                               r"cache .*a-file/cache/index \(Not a directory\); set SHARDPACK_CACHE"):
+        ShardDataset(upload(s3, packed("npy", src, tmp_path / "npy", size=16), "refused/npy"))
     with pytest.raises(ShardFormatError, match=r"^gs://b/x: only s3:// URLs are served"):
         ShardDataset("gs://b/x")
     with pytest.raises(ShardFormatError, match=r"^s3://shardpack-tests/refused/lmdb/manifest.json: cannot be read "
