@@ -103,6 +103,7 @@ class Objects:
                                        "(obstore is not fork-safe): pass multiprocessing_context='spawn' or "
                                        "'forkserver' to make_loader or the DataLoader")
             try:
+                from obstore.exceptions import BaseError
                 from obstore.store import S3Store
             except ImportError:
                 raise ShardFormatError(f"{self.url}: reading object storage needs the s3 extra: "
@@ -114,7 +115,11 @@ class Objects:
                 client = dict(opts.pop("client_options", None) or {})
                 client.setdefault("allow_http", True)
                 opts["client_options"] = client
-            self._store = S3Store(self.bucket, prefix=self.prefix or None, **opts)
+            try:
+                self._store = S3Store(self.bucket, prefix=self.prefix or None, **opts)
+            except (BaseError, ValueError, TypeError) as err:  # an unknown or malformed option
+                raise ShardFormatError(f"{self.url}: storage_options or AWS_* settings refused by the S3 "
+                                       f"client ({one_line(err)})") from None
             self._pid = os.getpid()
         return self._store
 
@@ -292,6 +297,8 @@ def open_url(url: str, storage_options: dict | None = None) -> tuple[Path, Objec
     digest = objects.get(DIGEST_FILE, missing_ok=True)
     key = hashlib.sha256(objects.url.encode()).hexdigest()[:16] + "-" + hashlib.sha256(raw).hexdigest()[:16]
     final = cache_root() / "index" / key
+    if (final / MANIFEST).is_file() and _damaged(final, manifest, pixel_names):
+        shutil.rmtree(final, ignore_errors=True)  # a damaged mirror is fetched again, never served
     if not (final / MANIFEST).is_file():
         _fetch_small_files(objects, manifest, raw, digest, final, pixel_names)
     return final, objects
@@ -300,6 +307,17 @@ def open_url(url: str, storage_options: dict | None = None) -> tuple[Path, Objec
 def sizes(objects: Objects | None) -> dict[str, int] | None:
     """The pixel objects' sizes ``{name: bytes}`` for load_manifest's ``elsewhere``; None: a local output."""
     return None if objects is None else {name: size for name, (size, _) in objects.pixels.items()}
+
+
+def _damaged(folder: Path, manifest: dict, pixel_names) -> bool:
+    """Whether a mirror's small files no longer match their digests (the cache was damaged)."""
+    from . import integrity
+    try:
+        integrity.check_manifest(folder, manifest)
+        integrity.check_small_files(folder, manifest, [folder / n for n in pixel_names])
+    except ShardFormatError:
+        return True
+    return False
 
 
 def _fetch_small_files(objects, manifest, raw, digest, final: Path, pixel_names) -> None:

@@ -89,6 +89,10 @@ def test_the_second_open_reuses_the_mirror_and_a_damaged_index_is_refused(s3, ca
     url = upload(s3, outputs["raw"], "mirror/OUT")
     first = ShardDataset(url)
     assert ShardDataset(url).root == first.root
+    labels_file = first.root / "index/labels.npy"
+    labels_file.write_bytes(labels_file.read_bytes()[:-8] + bytes(8))  # the cached copy damaged
+    again = ShardDataset(url)  # fetched again, not served
+    assert again.root == first.root and np.array_equal(again.targets, ShardDataset(outputs["raw"]).targets)
     import obstore
     from obstore.store import S3Store
     store = S3Store(BUCKET, endpoint=s3.endpoint, client_options={"allow_http": True})
@@ -125,6 +129,9 @@ def test_what_object_storage_refuses_in_one_line(s3, cache, tmp_path):
     with pytest.raises(ShardFormatError, match=r"^s3://shardpack-tests/refused/lmdb/manifest.json: cannot be read "
                                                r"\(.*403 Forbidden"):
         ShardDataset(url, storage_options={"secret_access_key": "wrong"})
+    with pytest.raises(ShardFormatError, match=r"^s3://shardpack-tests/refused/lmdb: storage_options or AWS_\* "
+                                               r"settings refused by the S3 client \(.*not_an_option"):
+        ShardDataset(url, storage_options={"not_an_option": "1"})
     with pytest.raises(ValueError, match="storage_options= is for s3:// URLs"):
         ShardDataset(tmp_path / "lmdb", storage_options={})
 
