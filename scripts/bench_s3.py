@@ -13,7 +13,10 @@ requests in flight by each client:
 Rounds interleave the clients (A B C D, then D C B A, ...), medians of ROUNDS, each number with
 ``os.getloadavg()`` beside it; every client's bytes are checked against the object's.
 
-    .venv/bin/python scripts/bench_s3.py [--mb 100] [--batches 8] [--rounds 3] [--threads 32]
+    .venv/bin/python scripts/bench_s3.py [--mb 100] [--batches 8] [--rounds 3] [--threads 32] [--merge]
+
+``--merge`` instead times runs of 64 adjacent samples fetched as GETs of 1 to 64 samples each
+(obstore from 8 threads, as readers/diskio.py reads): what readers/objects.py's MERGE_BYTES rests on.
 """
 
 from __future__ import annotations
