@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # s3server, helpers
 import s3server  # noqa: E402
 
 SAMPLE = 196_608  # one 256 x 256 x 3 uint8 sample
@@ -114,6 +114,61 @@ def merge_sizes(store, data: bytes, count: int, rng, args) -> None:
         print(f"{k * SAMPLE / 2**20:8.2f}MB {med:10.0f} {med / best:8.2f}  {each}")
 
 
+def loader_vs_client(args) -> None:
+    """make_loader over s3:// (random batches of 64, main mode) vs the client alone fetching as
+    many random 196 KB ranges of the same object from 8 threads (one GET each), interleaved."""
+    import obstore
+
+    from helpers import make_tree, packed
+    from shardpack import ShardDataset, make_loader
+    from shardpack.readers.manifest import NPY_IMAGES
+    with tempfile.TemporaryDirectory(prefix="bench-s3-loader-") as tmp:
+        tmp = Path(tmp)
+        n = (args.mb << 20) // SAMPLE // 64 * 64
+        src = make_tree(tmp / "src", {"a": n // 2, "b": n - n // 2}, sizes=[(256, 256)])
+        out = packed("npy", src, tmp / "out", size=256)
+        server = s3server.start(tmp / "weed")
+        try:
+            os.environ.update(server.env())
+            os.environ["SHARDPACK_CACHE"] = str(tmp / "cache")
+            store, _ = clients(server, 8)
+            for f in sorted(p for p in out.rglob("*") if p.is_file()):
+                obstore.put(store, f"out/{f.relative_to(out).as_posix()}", f.read_bytes())
+            ds = ShardDataset(f"s3://{BUCKET}/out")
+            key, base = f"out/{NPY_IMAGES}", ds.reader.objects.open(NPY_IMAGES).size - n * SAMPLE
+            pool = ThreadPoolExecutor(8)
+            rng = np.random.default_rng(0)
+
+            def client_epoch():
+                for _ in range(n // 64):
+                    starts = (np.sort(rng.choice(n, 64, replace=False)) * SAMPLE + base).tolist()
+                    list(pool.map(lambda s: bytes(obstore.get_range(store, key, start=s, length=SAMPLE)), starts))
+
+            def loader_epoch(seed=[0]):  # noqa: B006 -- a new shuffle each round
+                seed[0] += 1
+                for _ in make_loader(ds, 64, seed=seed[0], mode="main"):
+                    pass
+
+            runs = {"make_loader s3:// main": loader_epoch, "obstore 8 threads": client_epoch}
+            rates: dict[str, list[tuple[float, float]]] = {k: [] for k in runs}
+            names = list(runs)
+            loader_epoch()  # the mirror and the connections warm
+            for r in range(args.rounds):
+                for name in (names if r % 2 == 0 else names[::-1]):
+                    t = time.perf_counter()
+                    runs[name]()
+                    rates[name].append((n / (time.perf_counter() - t), os.getloadavg()[0]))
+            base_rate = statistics.median(v for v, _ in rates["obstore 8 threads"])
+            print(f"{n} samples of 256 px ({n * SAMPLE / 1e6:.0f} MB) over local SeaweedFS, random batches of 64, "
+                  f"rounds interleaved, median of {args.rounds}")
+            for name in names:
+                med = statistics.median(v for v, _ in rates[name])
+                each = ", ".join(f"{v:.0f} @ {ld:.2f}" for v, ld in rates[name])
+                print(f"{name:24s} {med:8.0f} samples/s {med / base_rate:5.2f} of the client  {each}")
+        finally:
+            server.stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=int, default=100)
@@ -123,8 +178,13 @@ def main() -> None:
     ap.add_argument("--merge", action="store_true",
                     help="instead: obstore from 8 threads (diskio.THREADS) on runs of 64 adjacent samples, "
                          "fetched as GETs of 1, 4, 16, 32 or 64 samples each (what MERGE_BYTES decides)")
+    ap.add_argument("--loader", action="store_true",
+                    help="instead: make_loader(mode='main') over s3:// on a packed 256 px npy output of --mb MB "
+                         "against obstore from 8 threads fetching the same number of random samples")
     args = ap.parse_args()
     import obstore
+    if args.loader:
+        return loader_vs_client(args)
 
     with tempfile.TemporaryDirectory(prefix="bench-s3-") as tmp:
         server = s3server.start(Path(tmp))
