@@ -144,9 +144,10 @@ def loader_vs_client(args) -> None:
                     starts = (np.sort(rng.choice(n, 64, replace=False)) * SAMPLE + base).tolist()
                     list(pool.map(lambda s: bytes(obstore.get_range(store, key, start=s, length=SAMPLE)), starts))
 
-            def loader_epoch(seed=[0]):  # noqa: B006 -- a new shuffle each round
-                seed[0] += 1
-                for _ in make_loader(ds, 64, seed=seed[0], mode="main"):
+            loader = make_loader(ds, 64, seed=0, mode="main")  # made once: each pass a new epoch's shuffle
+
+            def loader_epoch():
+                for _ in loader:
                     pass
 
             runs = {"make_loader s3:// main": loader_epoch, "obstore 8 threads": client_epoch}
