@@ -17,6 +17,8 @@ from .encoding import encoding_of
 from .formats import open_reader
 from .formats.base import check_out
 from .manifest import COLUMNS, INDEX_DIR, Index, ShardFormatError, load_manifest, read_splits, split_root
+from .objects import is_url, open_url
+from .objects import sizes as objects_sizes
 from .samples import Buffers, batch_buffer, rows_of
 
 _warned: set = set()  # roots already warned about in this process (workers never construct)
@@ -85,7 +87,13 @@ class ShardDataset(Dataset):
     process that reads and are dropped when the dataset is pickled, so DataLoader workers work
     under fork, spawn and forkserver.
 
-    ``path`` is an output directory; for a splits root (packed from SRC/train, SRC/val, ...) pass
+    ``path`` is an output directory, or the URL ``s3://bucket/prefix/OUT`` of one in object
+    storage (npy outputs so far; ``pip install 'shardpack[s3]'``): its small files are fetched
+    into the node's cache (``$SHARDPACK_CACHE``, else ``~/.cache/shardpack``; ``root`` is that
+    folder, ``url`` the URL), its pixels read by ranged GETs with many in flight
+    (readers/objects.py); credentials and endpoint from the standard ``AWS_*`` variables
+    (``AWS_ENDPOINT_URL`` for S3-compatible stores) or ``storage_options`` (obstore's S3Store
+    keywords). Errors then name the URL. For a splits root (packed from SRC/train, SRC/val, ...) pass
     ``split="val"`` or open ``path/val`` directly. All splits share one class list.
 
     Opening checks the manifest against its digest (``manifest.xxh3``) and every small file
@@ -108,24 +116,34 @@ class ShardDataset(Dataset):
 
     def __init__(self, path: str | os.PathLike, transform=None, target_transform=None, *,
                  split: str | None = None, check_reads: bool = False, batch_transform=None,
-                 seed: int | None = None):
+                 seed: int | None = None, storage_options: dict | None = None):
+        self.url, objects = None, None
+        if is_url(path):  # an output in object storage: its small files mirrored, its pixels read by range
+            if split is not None:
+                raise ShardFormatError(f"{path}: split= is not served from object storage yet; open "
+                                       f"{path.rstrip('/')}/<split folder> itself")
+            self.url = path.rstrip("/")
+            path, objects = open_url(path, storage_options)
+        elif storage_options is not None:
+            raise ValueError(f"storage_options= is for s3:// URLs; {path} is a local path")
         self.root = split_root(path, split)
         self.split = split
         if split is not None:  # the splits root's own manifest (which folder is which split)
             integrity.check_manifest(os.path.expanduser(path), read_splits(path))
-        self.manifest = load_manifest(self.root)
+        self.manifest = load_manifest(self.root, elsewhere=objects_sizes(objects))
         integrity.check_manifest(self.root, self.manifest)
         self.classes: list[str] = list(self.manifest["classes"])
         self.class_to_idx: dict[str, int] = dict(self.manifest["class_to_idx"])
         self.index = Index(self.root, self.manifest)
-        self.reader = open_reader(self.root, self.manifest)
+        self.reader = open_reader(self.root, self.manifest, objects)
         integrity.check_small_files(self.root, self.manifest, self.reader.data_paths())
         self.check_reads = bool(check_reads)
         self._encoded = encoding_of(self.manifest) is not None
         if self.check_reads and self.index.checksums is None:
             raise ShardFormatError(f"{self.root / INDEX_DIR / COLUMNS['checksums']} is missing: check_reads=True "
                                    "has no checksums to compare with")
-        warn_if_larger_than_ram(self.root, self.reader)
+        if objects is None:
+            warn_if_larger_than_ram(self.root, self.reader)
         self.transform = transform
         self.target_transform = target_transform
         self.batch_transform = batch_transform
@@ -320,7 +338,7 @@ class ShardDataset(Dataset):
 
     def __repr__(self):
         m = self.manifest
-        return (f"ShardDataset({str(self.root)!r}: {m['format']}, {len(self)} samples, "
+        return (f"ShardDataset({self.url or str(self.root)!r}: {m['format']}, {len(self)} samples, "
                 f"{len(self.classes)} classes, shape {m.get('shape') or 'variable'})")
 
 

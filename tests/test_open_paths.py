@@ -15,11 +15,16 @@ def out(tmp_path):
 
 @pytest.mark.parametrize("split", [None, "val"])
 def test_a_url_is_named_as_typed_and_refused(split):
-    """It read "s3:/b/x.npy: no such shardpack output directory" (the URL mangled by Path)."""
+    """It read "s3:/b/x.npy: no such shardpack output directory" (the URL mangled by Path). URLs
+    are opened from object storage now (tests/test_s3.py); these are refused before any request."""
     with pytest.raises(ShardFormatError) as err:
         ShardDataset("s3://b/x.npy", split=split)
-    assert str(err.value) == ("s3://b/x.npy is a URL; object storage is not supported yet: copy the output "
-                              "to a local disk and open that path")
+    assert str(err.value) == ("s3://b/x.npy: split= is not served from object storage yet; open "
+                              "s3://b/x.npy/<split folder> itself" if split else
+                              "s3://b/x.npy: 'b' is not an S3 bucket name (3 to 63 characters: s3://BUCKET/prefix/OUT)")
+    with pytest.raises(ShardFormatError) as err:
+        ShardDataset("https://example.org/x.npy", split=split)
+    assert str(err.value).startswith("https://example.org/x.npy: ")
 
 
 def test_a_file_inside_an_output_points_to_its_folder(out, tmp_path):

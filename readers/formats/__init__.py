@@ -16,10 +16,18 @@ from ..encoding import RAW, encoding_of
 from ..manifest import FORMATS, ShardFormatError
 
 
-def open_reader(root, manifest):
+def open_reader(root, manifest, objects=None):
     """The reader of the output at ``root``, built from ``root`` and ``manifest``: the class the
     module ``manifest["format"]`` declares for the manifest's encoding (RAW when it names none).
+    ``objects`` (readers.objects.Objects): the pixel files are read from object storage.
     Raises ShardFormatError for a format not in FORMATS or an encoding it has no reader for."""
+    reader = reader_class(root, manifest)(root, manifest)
+    reader.objects = objects
+    return reader
+
+
+def reader_class(root, manifest):
+    """The reader class open_reader builds; raises as it does (``root`` names the output)."""
     fmt = manifest["format"]
     if fmt not in FORMATS:
         raise ShardFormatError(f"{root}: unknown format {fmt!r}")
@@ -28,4 +36,4 @@ def open_reader(root, manifest):
     readers = importlib.import_module(f".{fmt}", __package__).READERS
     if name not in readers:
         raise ShardFormatError(f"{root}: a {fmt} output of encoding {name!r}, which this version cannot read")
-    return readers[name](root, manifest)
+    return readers[name]

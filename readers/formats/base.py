@@ -132,6 +132,17 @@ def take_into(images: np.ndarray, indices: np.ndarray, out: np.ndarray) -> None:
     np.take(images, check_indices(indices, len(images)), axis=0, out=out, mode="clip")
 
 
+def open_data(reader, images):
+    """``(file, in_ram)`` for ``reader``'s data file: a diskio.DataFile and diskio.InRam over its
+    map ``images``, or for an output in object storage (``reader.objects``) an
+    objects.ObjectFile (ranged GETs) and objects.NOT_IN_RAM. The one place a backend is chosen."""
+    if reader.objects is not None:
+        from ..objects import NOT_IN_RAM
+        return reader.objects.open(reader.data_file), NOT_IN_RAM
+    file = diskio.DataFile(reader.root / reader.data_file)
+    return file, diskio.InRam(images, larger_than_ram(reader.data_paths()) is None, file)
+
+
 class Reader:
     """Base of every format's readers. Subclasses implement ``_open()`` (set handles on self) and
     ``read_into(i, out)``; ``read_batch_into`` defaults to a loop. ``shape`` is the (H, W, 3) of
@@ -148,6 +159,7 @@ class Reader:
 
     _handles: tuple[str, ...] = ()
     fmt = ""  # the format's name, for messages
+    objects = None  # readers.objects.Objects when the data files are in object storage (open_reader sets it)
 
     def __init__(self, root, manifest):
         self.root = Path(root)
@@ -274,8 +286,8 @@ class MemmapReader(Reader):
 
     def _open_file(self, base: int) -> None:
         """Open the data file for preadv; the images start at byte ``base`` of it."""
-        self._file, self._base = diskio.DataFile(self.root / self.data_file), int(base)
-        self._in_ram = diskio.InRam(self._images, larger_than_ram(self.data_paths()) is None, self._file)
+        self._file, self._in_ram = open_data(self, self._images)
+        self._base = int(base)
 
     def _range(self, i, shape) -> int:
         """Byte of the data file where sample i (of ``shape``) starts, after checking its range."""

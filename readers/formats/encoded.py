@@ -20,8 +20,7 @@ import numpy as np
 from .. import diskio
 from ..encoding import UndecodableRecord, decode_into, pick_decoder
 from ..manifest import ShardFormatError
-from ..system import larger_than_ram
-from .base import Reader, check_indices, check_out
+from .base import Reader, check_indices, check_out, open_data
 
 
 class EncodedReader(Reader):
@@ -139,8 +138,8 @@ class FlatReader(EncodedReader):
                 or self._offsets.dtype.kind not in "iu" or int(self._offsets[-1]) != len(self._images)):
             raise ShardFormatError(f"{path}: records {self._images.shape} {self._images.dtype} and offsets "
                                    f"{self._offsets.shape}, the manifest says {self.count} samples")
-        self._file, self._base = diskio.DataFile(path), int(base)
-        self._in_ram = diskio.InRam(self._images, larger_than_ram(self.data_paths()) is None, self._file)
+        self._file, self._in_ram = open_data(self, self._images)
+        self._base = int(base)
 
     def _range(self, i) -> tuple[int, int]:
         if self._offsets_at is not None and self._in_ram.cut:

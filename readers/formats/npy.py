@@ -32,6 +32,17 @@ def _data_start(path) -> int:
         return f.tell()
 
 
+def _images(reader) -> tuple:
+    """``images.npy`` of ``reader``'s output as its read-only map and the byte where its data
+    starts; for an output in object storage a stand-in of the header's shape and dtype instead
+    of the map (readers/objects.py: its bytes are read by range)."""
+    if reader.objects is not None:
+        from ..objects import npy_array
+        return npy_array(reader.objects, NPY_IMAGES)
+    path = reader.root / NPY_IMAGES
+    return load_npy(path), _data_start(path)
+
+
 def _labels(root, count: int) -> np.ndarray:
     """``labels.npy``: integers (count,); raises ShardFormatError otherwise."""
     return load_npy(root / NPY_LABELS, "i", (count,))
@@ -47,8 +58,8 @@ class NpyReader(MemmapReader):
 
     def _open(self):
         path = self.root / NPY_IMAGES
-        self._images = load_npy(path)
-        self._open_file(_data_start(path))
+        self._images, base = _images(self)
+        self._open_file(base)
         if self.shape is None:
             self._offsets = load_npy(self.root / NPY_OFFSETS, "i", (None,))
             expect = (int(self._offsets[-1]),) if len(self._offsets) == self.count + 1 else None
@@ -65,9 +76,9 @@ class EncodedNpyReader(FlatReader):
     data_file, fmt = NPY_IMAGES, "npy"
 
     def _open(self):
-        self._images = load_npy(self.root / NPY_IMAGES)
+        self._images, base = _images(self)
         self._offsets = load_npy(self.root / NPY_OFFSETS, "i", (self.count + 1,))
-        self._check_flat(_data_start(self.root / NPY_IMAGES))
+        self._check_flat(base)
 
     def own_labels(self):
         return _labels(self.root, self.count)

@@ -1,0 +1,226 @@
+"""Which S3 client serves a batch's byte ranges fastest: ranged GETs against a local SeaweedFS.
+
+One ~100 MB object on a local ``weed server -s3`` (tests/s3server.py, started and stopped here);
+each batch is 64 random 196,608-byte ranges (one 256 px uint8 sample each), fetched with many
+requests in flight by each client:
+
+- ``obstore get_ranges``: one call per batch (the Rust client's own concurrency and coalescing);
+- ``obstore threads``: one ``obstore.get_range`` per range from a pool of THREADS threads;
+- ``obstore async``: every range's ``get_range_async`` gathered at once on one event loop;
+- ``s3fs cat_ranges``: one call per batch (fsspec's async batching);
+- ``boto3 threads``: one ``get_object(Range=...)`` per range from a pool of THREADS threads.
+
+Rounds interleave the clients (A B C D, then D C B A, ...), medians of ROUNDS, each number with
+``os.getloadavg()`` beside it; every client's bytes are checked against the object's.
+
+    .venv/bin/python scripts/bench_s3.py [--mb 100] [--batches 8] [--rounds 3] [--threads 32] [--merge]
+
+``--merge`` instead times runs of 64 adjacent samples fetched as GETs of 1 to 64 samples each
+(obstore from 8 threads, as readers/diskio.py reads): what readers/objects.py's MERGE_BYTES rests on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # s3server, helpers
+import s3server  # noqa: E402
+
+SAMPLE = 196_608  # one 256 x 256 x 3 uint8 sample
+BUCKET, KEY = "bench", "blob/images.npy"
+
+
+def clients(server, threads: int):
+    import boto3
+    import obstore
+    import s3fs
+    from obstore.store import S3Store
+
+    store = S3Store(BUCKET, endpoint=server.endpoint, region=s3server.REGION, access_key_id=s3server.ACCESS_KEY,
+                    secret_access_key=s3server.SECRET_KEY, client_options={"allow_http": True})
+    fs = s3fs.S3FileSystem(key=s3server.ACCESS_KEY, secret=s3server.SECRET_KEY,
+                           endpoint_url=server.endpoint, client_kwargs={"region_name": s3server.REGION})
+    b3 = boto3.client("s3", endpoint_url=server.endpoint, aws_access_key_id=s3server.ACCESS_KEY,
+                      aws_secret_access_key=s3server.SECRET_KEY, region_name=s3server.REGION,
+                      config=__import__("botocore.config").config.Config(max_pool_connections=threads))
+    pool = ThreadPoolExecutor(threads)
+
+    def ob_ranges(starts):
+        return [bytes(b) for b in obstore.get_ranges(store, KEY, starts=starts, lengths=[SAMPLE] * len(starts))]
+
+    def ob_threads(starts):
+        return list(pool.map(lambda s: bytes(obstore.get_range(store, KEY, start=s, length=SAMPLE)), starts))
+
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+
+    def ob_async(starts):
+        async def all_of():
+            got = await asyncio.gather(*(obstore.get_range_async(store, KEY, start=s, length=SAMPLE) for s in starts))
+            return [bytes(b) for b in got]
+        return asyncio.run_coroutine_threadsafe(all_of(), loop).result()
+
+    def fs_ranges(starts):
+        n = len(starts)
+        return fs.cat_ranges([f"{BUCKET}/{KEY}"] * n, list(starts), [s + SAMPLE for s in starts])
+
+    def b3_threads(starts):
+        def one(s):
+            return b3.get_object(Bucket=BUCKET, Key=KEY, Range=f"bytes={s}-{s + SAMPLE - 1}")["Body"].read()
+        return list(pool.map(one, starts))
+
+    return store, {"obstore get_ranges": ob_ranges, "obstore threads": ob_threads, "obstore async": ob_async,
+                   "s3fs cat_ranges": fs_ranges, "boto3 threads": b3_threads}
+
+
+def merge_sizes(store, data: bytes, count: int, rng, args) -> None:
+    """Samples/s of 64 adjacent samples fetched as GETs of k samples each, k interleaved."""
+    import obstore
+    pool = ThreadPoolExecutor(8)
+    sizes = [1, 4, 16, 32, 64]
+    rates: dict[int, list[tuple[float, float]]] = {k: [] for k in sizes}
+
+    def one(start, n):
+        return bytes(obstore.get_range(store, KEY, start=start, length=n))
+
+    for r in range(args.rounds):
+        for k in (sizes if r % 2 == 0 else sizes[::-1]):
+            firsts = rng.integers(0, count - 64, args.batches)
+            one(0, SAMPLE)
+            t = time.perf_counter()
+            for first in firsts.tolist():
+                starts = [(first + j) * SAMPLE for j in range(0, 64, k)]
+                got = list(pool.map(one, starts, [k * SAMPLE] * len(starts)))
+                assert b"".join(got) == data[first * SAMPLE:(first + 64) * SAMPLE], k
+            rates[k].append((args.batches * 64 / (time.perf_counter() - t), os.getloadavg()[0]))
+    best = max(statistics.median(v for v, _ in rates[k]) for k in sizes)
+    print(f"{args.batches} runs of 64 adjacent {SAMPLE} B samples, 8 threads, rounds interleaved, "
+          f"median of {args.rounds}")
+    print(f"{'GET size':>10s} {'samples/s':>10s} {'of best':>8s}  rounds (samples/s @ load)")
+    for k in sizes:
+        med = statistics.median(v for v, _ in rates[k])
+        each = ", ".join(f"{v:.0f} @ {ld:.2f}" for v, ld in rates[k])
+        print(f"{k * SAMPLE / 2**20:8.2f}MB {med:10.0f} {med / best:8.2f}  {each}")
+
+
+def loader_vs_client(args) -> None:
+    """make_loader over s3:// (random batches of 64, main mode) vs the client alone fetching as
+    many random 196 KB ranges of the same object from 8 threads (one GET each), interleaved."""
+    import obstore
+
+    from helpers import make_tree, packed
+    from shardpack import ShardDataset, make_loader
+    from shardpack.readers.manifest import NPY_IMAGES
+    with tempfile.TemporaryDirectory(prefix="bench-s3-loader-") as tmp:
+        tmp = Path(tmp)
+        n = (args.mb << 20) // SAMPLE // 64 * 64
+        src = make_tree(tmp / "src", {"a": n // 2, "b": n - n // 2}, sizes=[(256, 256)])
+        out = packed("npy", src, tmp / "out", size=256)
+        server = s3server.start(tmp / "weed")
+        try:
+            os.environ.update(server.env())
+            os.environ["SHARDPACK_CACHE"] = str(tmp / "cache")
+            store, _ = clients(server, 8)
+            for f in sorted(p for p in out.rglob("*") if p.is_file()):
+                obstore.put(store, f"out/{f.relative_to(out).as_posix()}", f.read_bytes())
+            ds = ShardDataset(f"s3://{BUCKET}/out")
+            key, base = f"out/{NPY_IMAGES}", ds.reader.objects.open(NPY_IMAGES).size - n * SAMPLE
+            pool = ThreadPoolExecutor(8)
+            rng = np.random.default_rng(0)
+
+            def client_epoch():
+                for _ in range(n // 64):
+                    starts = (np.sort(rng.choice(n, 64, replace=False)) * SAMPLE + base).tolist()
+                    list(pool.map(lambda s: bytes(obstore.get_range(store, key, start=s, length=SAMPLE)), starts))
+
+            loader = make_loader(ds, 64, seed=0, mode="main")  # made once: each pass a new epoch's shuffle
+
+            def loader_epoch():
+                for _ in loader:
+                    pass
+
+            runs = {"make_loader s3:// main": loader_epoch, "obstore 8 threads": client_epoch}
+            rates: dict[str, list[tuple[float, float]]] = {k: [] for k in runs}
+            names = list(runs)
+            loader_epoch()  # the mirror and the connections warm
+            for r in range(args.rounds):
+                for name in (names if r % 2 == 0 else names[::-1]):
+                    t = time.perf_counter()
+                    runs[name]()
+                    rates[name].append((n / (time.perf_counter() - t), os.getloadavg()[0]))
+            base_rate = statistics.median(v for v, _ in rates["obstore 8 threads"])
+            print(f"{n} samples of 256 px ({n * SAMPLE / 1e6:.0f} MB) over local SeaweedFS, random batches of 64, "
+                  f"rounds interleaved, median of {args.rounds}")
+            for name in names:
+                med = statistics.median(v for v, _ in rates[name])
+                each = ", ".join(f"{v:.0f} @ {ld:.2f}" for v, ld in rates[name])
+                print(f"{name:24s} {med:8.0f} samples/s {med / base_rate:5.2f} of the client  {each}")
+        finally:
+            server.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mb", type=int, default=100)
+    ap.add_argument("--batches", type=int, default=8, help="batches of 64 ranges per client per round")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=32, help="requests in flight for the thread-pool clients")
+    ap.add_argument("--merge", action="store_true",
+                    help="instead: obstore from 8 threads (diskio.THREADS) on runs of 64 adjacent samples, "
+                         "fetched as GETs of 1, 4, 16, 32 or 64 samples each (what MERGE_BYTES decides)")
+    ap.add_argument("--loader", action="store_true",
+                    help="instead: make_loader(mode='main') over s3:// on a packed 256 px npy output of --mb MB "
+                         "against obstore from 8 threads fetching the same number of random samples")
+    args = ap.parse_args()
+    import obstore
+    if args.loader:
+        return loader_vs_client(args)
+
+    with tempfile.TemporaryDirectory(prefix="bench-s3-") as tmp:
+        server = s3server.start(Path(tmp))
+        try:
+            store, fetch = clients(server, args.threads)
+            rng = np.random.default_rng(0)
+            data = rng.integers(0, 256, args.mb << 20, np.uint8).tobytes()
+            obstore.put(store, KEY, data)
+            count = len(data) // SAMPLE
+            if args.merge:
+                return merge_sizes(store, data, count, rng, args)
+            rates: dict[str, list[tuple[float, float]]] = {name: [] for name in fetch}
+            names = list(fetch)
+            for r in range(args.rounds):
+                for name in (names if r % 2 == 0 else names[::-1]):
+                    batches = [np.sort(rng.choice(count, 64, replace=False)) * SAMPLE for _ in range(args.batches)]
+                    fetch[name](batches[0][:4].tolist())  # warm the connections
+                    t = time.perf_counter()
+                    for starts in batches:
+                        got = fetch[name](starts.tolist())
+                        assert all(g == data[s:s + SAMPLE] for g, s in zip(got, starts.tolist())), name
+                    took = time.perf_counter() - t
+                    rates[name].append((args.batches * 64 / took, os.getloadavg()[0]))
+            best = max(statistics.median(v for v, _ in rates[n]) for n in names)
+            print(f"{args.batches} batches x 64 ranges of {SAMPLE} B from a {args.mb} MB object, local SeaweedFS "
+                  f"{s3server.weed_binary()}, {args.threads} threads, {os.cpu_count()} CPUs; rounds interleaved, "
+                  f"median of {args.rounds}")
+            print(f"{'client':22s} {'samples/s':>10s} {'MB/s':>7s} {'of best':>8s}  rounds (samples/s @ load)")
+            for n in names:
+                med = statistics.median(v for v, _ in rates[n])
+                each = ", ".join(f"{v:.0f} @ {ld:.2f}" for v, ld in rates[n])
+                print(f"{n:22s} {med:10.0f} {med * SAMPLE / 1e6:7.0f} {med / best:8.2f}  {each}")
+        finally:
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()

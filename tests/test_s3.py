@@ -1,0 +1,197 @@
+"""ShardDataset("s3://bucket/prefix/OUT") against a real S3 server (SeaweedFS, tests/s3server.py):
+an npy output packed here, uploaded with the client, read back equal to the local output,
+sample by sample and batch by batch, in every loader mode; what is refused, in one line."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import make_tree, packed
+from shardpack.readers.dataset import ShardDataset
+from shardpack.readers.loading import make_loader
+from shardpack.readers.manifest import ShardFormatError
+
+BUCKET = "shardpack-tests"
+
+
+def upload(s3, out: Path, prefix: str) -> str:
+    """Every file of the output ``out`` put under ``s3://BUCKET/prefix``; the URL."""
+    import obstore
+    from obstore.store import S3Store
+    store = S3Store(BUCKET, endpoint=s3.endpoint, client_options={"allow_http": True})
+    for f in sorted(p for p in out.rglob("*") if p.is_file()):
+        obstore.put(store, f"{prefix}/{f.relative_to(out).as_posix()}", f.read_bytes())
+    return f"s3://{BUCKET}/{prefix}"
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory):
+    """Small npy outputs packed here: raw fixed shape, raw variable shape, JPEG-encoded."""
+    d = tmp_path_factory.mktemp("s3src")
+    src = make_tree(d / "src", {"cat": 5, "dog": 4, "emu": 4})
+    return {"raw": packed("npy", src, d / "raw", size=16),
+            "variable": packed("npy", src, d / "var", size=16, resize="shorter-side"),
+            "jpeg": packed("npy", src, d / "jpeg", size=16, encoding="jpeg")}
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SHARDPACK_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def pixels(ds, i) -> tuple[np.ndarray, int]:
+    img, label = ds[i]
+    return img.permute(1, 2, 0).numpy().copy(), label
+
+
+@pytest.mark.parametrize("kind", ["raw", "variable", "jpeg"])
+def test_every_sample_from_s3_equals_the_local_output(s3, cache, outputs, kind):
+    local = ShardDataset(outputs[kind])
+    url = upload(s3, outputs[kind], f"same/{kind}/OUT")
+    ds = ShardDataset(url)
+    assert len(ds) == len(local) == 13 and ds.classes == local.classes == ["cat", "dog", "emu"]
+    assert repr(ds).startswith(f"ShardDataset('{url}': npy, 13 samples")
+    for i in range(len(ds)):
+        got, want = pixels(ds, i), pixels(local, i)
+        assert got[1] == want[1] and np.array_equal(got[0], want[0]), i
+    assert ds.root.is_relative_to(cache)  # the small files, mirrored into the node's cache
+    checked = ShardDataset(url, check_reads=True)  # each sample read against its stored checksum
+    assert [checked[i][1] for i in range(len(ds))] == local.targets.tolist()
+    if kind != "variable":
+        order = np.random.default_rng(0).permutation(len(ds))[:7]
+        for a, b in zip(ds.__getitems__(order), local.__getitems__(order)):
+            assert a[1] == b[1] and torch.equal(a[0], b[0])
+        imgs, labels = ds.read_batch(order)
+        want_imgs, want_labels = local.read_batch(order)
+        assert torch.equal(imgs, want_imgs) and torch.equal(labels, want_labels)
+
+
+@pytest.mark.parametrize("mode", ["main", "threads", "processes", "processes-forkserver"])
+def test_shuffled_loader_batches_from_s3_equal_the_local_ones(s3, cache, outputs, mode):
+    url = upload(s3, outputs["raw"], f"loader/{mode}/OUT")
+    kw = {} if mode == "main" else {"num_workers": 2}
+    if mode.startswith("processes"):  # obstore does not survive fork: these workers make their own client
+        mode, kw["multiprocessing_context"] = "processes", mode.partition("-")[2] or "spawn"
+    got = list(make_loader(ShardDataset(url), 4, seed=3, mode=mode, **kw))
+    want = list(make_loader(ShardDataset(outputs["raw"]), 4, seed=3, mode=mode, **kw))
+    assert len(got) == len(want) == 3  # 13 samples, drop_last
+    for (a, la), (b, lb) in zip(got, want):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+
+
+def test_the_second_open_reuses_the_mirror_and_a_damaged_index_is_refused(s3, cache, outputs):
+    url = upload(s3, outputs["raw"], "mirror/OUT")
+    first = ShardDataset(url)
+    assert ShardDataset(url).root == first.root
+    labels_file = first.root / "index/labels.npy"
+    labels_file.write_bytes(labels_file.read_bytes()[:-8] + bytes(8))  # the cached copy damaged
+    again = ShardDataset(url)  # fetched again, not served
+    assert again.root == first.root and np.array_equal(again.targets, ShardDataset(outputs["raw"]).targets)
+    import obstore
+    from obstore.store import S3Store
+    store = S3Store(BUCKET, endpoint=s3.endpoint, client_options={"allow_http": True})
+    labels = bytearray((outputs["raw"] / "index/labels.npy").read_bytes())
+    labels[-1] ^= 1
+    obstore.put(store, "damaged/OUT/index/labels.npy", bytes(labels))
+    for f in outputs["raw"].rglob("*"):
+        if f.is_file() and f.name != "labels.npy":
+            obstore.put(store, f"damaged/OUT/{f.relative_to(outputs['raw']).as_posix()}", f.read_bytes())
+    obstore.put(store, "damaged/OUT/labels.npy", (outputs["raw"] / "labels.npy").read_bytes())
+    with pytest.raises(ShardFormatError, match=r"^s3://shardpack-tests/damaged/OUT/index/labels.npy: its content "
+                                               r"differs from its xxh3_128 digest"):
+        ShardDataset("s3://shardpack-tests/damaged/OUT")
+
+
+def test_what_object_storage_refuses_in_one_line(s3, cache, tmp_path):
+    src = make_tree(tmp_path / "src", {"a": 2, "b": 2})
+    url = upload(s3, packed("lmdb", src, tmp_path / "lmdb", size=16), "refused/lmdb")
+    with pytest.raises(ShardFormatError, match=r"^s3://shardpack-tests/refused/lmdb: a lmdb output; only npy "
+                                               r"outputs are served from object storage so far"):
+        ShardDataset(url)
+    with pytest.raises(ShardFormatError, match=r"^s3://shardpack-tests/nothing/here: no manifest.json there"):
+        ShardDataset("s3://shardpack-tests/nothing/here")
+    with pytest.raises(ShardFormatError, match=r"^s3://no-such-bucket/x: no manifest.json there; not a complete "
+                                               r"shardpack output \(check the bucket and prefix"):
+        ShardDataset("s3://no-such-bucket/x")
+    (tmp_path / "a-file").write_text("")
+    os.environ["SHARDPACK_CACHE"] = str(tmp_path / "a-file" / "cache")  # restored by the cache fixture
+    with pytest.raises(ShardFormatError, match=r"^s3://shardpack-tests/refused/npy: cannot write its index into the "
+                                               r"cache .*a-file/cache/index \(Not a directory\); set SHARDPACK_CACHE"):
+        ShardDataset(upload(s3, packed("npy", src, tmp_path / "npy", size=16), "refused/npy"))
+    with pytest.raises(ShardFormatError, match=r"^gs://b/x: only s3:// URLs are served"):
+        ShardDataset("gs://b/x")
+    with pytest.raises(ShardFormatError, match=r"^s3://shardpack-tests/refused/lmdb/manifest.json: cannot be read "
+                                               r"\(.*403 Forbidden"):
+        ShardDataset(url, storage_options={"secret_access_key": "wrong"})
+    with pytest.raises(ShardFormatError, match=r"^s3://shardpack-tests/refused/lmdb: storage_options or AWS_\* "
+                                               r"settings refused by the S3 client \(.*not_an_option"):
+        ShardDataset(url, storage_options={"not_an_option": "1"})
+    with pytest.raises(ValueError, match="storage_options= is for s3:// URLs"):
+        ShardDataset(tmp_path / "lmdb", storage_options={})
+
+
+def test_a_forked_worker_is_refused_in_one_line_not_left_hanging(s3, cache, outputs):
+    url = upload(s3, outputs["raw"], "fork/OUT")
+    ds = ShardDataset(url)
+    assert ds[0][1] == ShardDataset(outputs["raw"])[0][1]  # the client now runs in this process
+    loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=1, multiprocessing_context="fork")
+    with pytest.raises(ShardFormatError, match=r"s3://shardpack-tests/fork/OUT: read in a process forked after its "
+                                               r"parent used the S3 client .*multiprocessing_context='spawn'"):
+        next(iter(loader))
+
+
+def test_an_object_replaced_under_a_live_reader_is_refused_not_mixed(s3, cache, outputs):
+    import obstore
+    from obstore.store import S3Store
+    url = upload(s3, outputs["raw"], "replaced/OUT")
+    ds, local = ShardDataset(url), ShardDataset(outputs["raw"])
+    loader = make_loader(ds, 4, seed=1, mode="main")
+    for (a, la), (b, lb) in zip(loader, make_loader(local, 4, seed=1, mode="main")):  # epoch 0: equal
+        assert torch.equal(a, b) and torch.equal(la, lb)
+    images = bytearray((outputs["raw"] / "images.npy").read_bytes())
+    images[-100:] = bytes(100)  # the same size, other pixels: packed again in place
+    store = S3Store(BUCKET, endpoint=s3.endpoint, client_options={"allow_http": True})
+    obstore.put(store, "replaced/OUT/images.npy", bytes(images))
+    with pytest.raises(ShardFormatError, match=r"^s3://shardpack-tests/replaced/OUT/images.npy was replaced after "
+                                               r"this dataset was opened \(its ETag is no longer .*\); open it again$"):
+        list(loader)  # epoch 1: its reads find another object under the URL
+    with pytest.raises(ShardFormatError, match="was replaced"):
+        ds[0]
+
+
+def test_a_server_gone_mid_epoch_is_one_error_naming_the_url_after_bounded_retries(s3, cache, outputs, tmp_path):
+    import signal
+    from datetime import timedelta
+
+    import s3server
+    own = s3server.start(tmp_path / "weed")  # its own server: this one is killed
+    try:
+        for name, value in own.env().items():
+            os.environ[name] = value  # restored by the s3 fixture's monkeypatch
+        url = upload(own, outputs["raw"], "gone/OUT")
+        retry = {"max_retries": 2, "retry_timeout": timedelta(seconds=3),
+                 "backoff": {"init_backoff": timedelta(milliseconds=20), "max_backoff": timedelta(milliseconds=200),
+                             "base": 2}}
+        ds = ShardDataset(url, storage_options={"retry_config": retry})
+        loader = iter(make_loader(ds, 4, seed=2, mode="main", prefetch_factor=1))
+        assert next(loader)[0].shape == (4, 3, 16, 16)
+        os.kill(own.pid, signal.SIGKILL)
+        own.proc.wait(10)
+        signal.alarm(120)  # a guard against a hang, not a speed goal
+        try:
+            with pytest.raises(OSError) as err:
+                for _ in loader:
+                    pass
+        finally:
+            signal.alarm(0)
+        text = str(err.value)
+        assert "\n" not in text and "s3://shardpack-tests/gone/OUT/images.npy" in text
+        assert "reading sample" in text and "after 2 retries" in text
+    finally:
+        own.stop()
