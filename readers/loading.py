@@ -294,7 +294,8 @@ def make_loader(ds, batch_size: int, train: bool = True, *, batch_transform=None
     below 1; TypeError for a ``ds`` that is not a ShardDataset (a path, say), a ``train`` that
     is not a bool, a ``batch_transform`` that is not callable, a ``seed`` that is not an int
     (ValueError outside 0 <= seed < 2**63), a ``multiprocessing_context`` that is not None, a
-    start method name or a context object (ValueError for an unknown name);
+    start method name or a context object (ValueError for an unknown name; None: torch's default,
+    except "forkserver" for an output in object storage, whose client does not survive fork);
     ValueError when ``drop_last`` (a train loader) would leave no batch at all (a
     batch larger than the samples of an epoch), and for a variable-shape output whose batches
     cannot be brought to one size (no such batch transform).
@@ -335,6 +336,8 @@ def make_loader(ds, batch_size: int, train: bool = True, *, batch_transform=None
     warning = check_shared_memory(_batch_bytes(view, batch_size), workers, prefetch_factor)
     if warning:
         warnings.warn(warning, RuntimeWarning, stacklevel=2)
+    if multiprocessing_context is None and getattr(ds, "url", None):
+        multiprocessing_context = "forkserver"  # the S3 client does not survive fork (readers/objects.py)
     return ShardLoader(view, batch_sampler=batches, num_workers=workers, collate_fn=_identity,
                        pin_memory=pin, persistent_workers=persistent_workers, prefetch_factor=prefetch_factor,
                        worker_init_fn=seed_worker, multiprocessing_context=multiprocessing_context,

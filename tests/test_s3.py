@@ -72,12 +72,14 @@ def test_every_sample_from_s3_equals_the_local_output(s3, cache, outputs, kind):
         assert torch.equal(imgs, want_imgs) and torch.equal(labels, want_labels)
 
 
-@pytest.mark.parametrize("mode", ["main", "threads", "processes", "processes-forkserver"])
+@pytest.mark.parametrize("mode", ["main", "threads", "processes", "processes-forkserver", "processes-default"])
 def test_shuffled_loader_batches_from_s3_equal_the_local_ones(s3, cache, outputs, mode):
     url = upload(s3, outputs["raw"], f"loader/{mode}/OUT")
     kw = {} if mode == "main" else {"num_workers": 2}
     if mode.startswith("processes"):  # obstore does not survive fork: these workers make their own client
-        mode, kw["multiprocessing_context"] = "processes", mode.partition("-")[2] or "spawn"
+        mode, context = "processes", mode.partition("-")[2] or "spawn"
+        if context != "default":  # default: make_loader starts a URL's workers with forkserver itself
+            kw["multiprocessing_context"] = context
     got = list(make_loader(ShardDataset(url), 4, seed=3, mode=mode, **kw))
     want = list(make_loader(ShardDataset(outputs["raw"]), 4, seed=3, mode=mode, **kw))
     assert len(got) == len(want) == 3  # 13 samples, drop_last
