@@ -142,6 +142,7 @@ class ShardLoader(DataLoader):
         self._epoch, self._next = 0, 0  # where the next batch handed out is: (epoch, this rank's batch number)
         self._open = False  # an iteration handed out a batch of this epoch and not its last
         self._generation = 0  # of the current iterator: an older one's batches are not counted
+        self._loads = 0  # load_state_dict calls: an iterator made before the last one is invalid
 
     # -- what the state says
     @property
@@ -177,6 +178,10 @@ class ShardLoader(DataLoader):
         next epoch's start when the epoch has no step left from P; it warns so (RuntimeWarning,
         one line: both batch sizes, the epoch, P and the samples skipped). From P on the samples
         and their draws are the uninterrupted run's (draws are keyed per sample).
+
+        An iterator of this loader made before the load is invalid from then on: its next
+        ``next()`` raises RuntimeError (call ``iter(loader)`` again), so peeking a batch, then
+        loading, then training works, and a stale iterator never moves the loaded state.
 
         Raises ValueError, in one line naming what differs, for a malformed state (``samples``
         not a step of its batch size inside an epoch), one of other samples (another count,
@@ -214,6 +219,7 @@ class ShardLoader(DataLoader):
         if self.generator is not None:  # the worker processes' base seeds (a per-sample ds.transform)
             self.generator = torch.Generator().manual_seed(worker_seed(state["seed"], getattr(sampler, "rank", 0)))
         self._epoch, self._next, self._open = epoch, step, False
+        self._loads += 1  # a live iterator is of the old position: its next next() raises
         if moved:
             warnings.warn(moved, RuntimeWarning, stacklevel=2)
 
@@ -224,7 +230,7 @@ class ShardLoader(DataLoader):
         self._generation += 1
         self._batches.set_epoch(self._epoch)
         self._batches.start = self._next
-        return _Counted(self, super().__iter__(), self._generation)
+        return _Counted(self, super().__iter__(), self._generation, self._loads)
 
     def _took(self, generation: int) -> None:
         if generation != self._generation:
@@ -241,15 +247,20 @@ class ShardLoader(DataLoader):
 
 
 class _Counted:
-    """The DataLoader's iterator, telling the loader of each batch handed out (and of the end)."""
+    """The DataLoader's iterator, telling the loader of each batch handed out (and of the end).
+    Made before the loader's last ``load_state_dict``, it raises RuntimeError instead (its
+    batches are of the old position; counting them would move the loaded state)."""
 
-    def __init__(self, loader: ShardLoader, it, generation: int):
-        self._loader, self._it, self._generation = loader, it, generation
+    def __init__(self, loader: ShardLoader, it, generation: int, loads: int):
+        self._loader, self._it, self._generation, self._loads = loader, it, generation, loads
 
     def __iter__(self):
         return self
 
     def __next__(self):
+        if self._loads != self._loader._loads:
+            raise RuntimeError("this iterator of the loader was made before load_state_dict(); call iter(loader) "
+                               "again to continue from the loaded state")
         try:
             batch = next(self._it)
         except StopIteration:
@@ -262,6 +273,6 @@ class _Counted:
         return len(self._it)
 
     def __getattr__(self, name):  # the DataLoader iterator's own attributes (_num_yielded, ...)
-        if name in ("_loader", "_it", "_generation"):  # not set yet (a copy being made): no recursion
+        if name in ("_loader", "_it", "_generation", "_loads"):  # not set yet (a copy being made): no recursion
             raise AttributeError(name)
         return getattr(self._it, name)

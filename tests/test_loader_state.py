@@ -657,3 +657,29 @@ def test_a_state_resumes_on_a_repack_of_the_same_samples_and_is_refused_on_other
                                          r"pixels \(index/checksums.npy\) differ; their count, classes and "
                                          r"labels are the same$"):
         make(changed).load_state_dict(state)
+
+
+def test_an_iterator_started_before_load_state_dict_stops_with_one_clear_error(out, reference):
+    """load_state_dict invalidates a live iterator of the loader (what torchdata's
+    StatefulDataLoader drops silently): its next next() raises, counting nothing, and iter()
+    continues from the loaded state exactly. Peeking a batch before loading keeps working."""
+    source = make(out)
+    take(source, 3)
+    state = source.state_dict()
+    for mode in ("main", "threads", "processes"):
+        loader = make(out, mode=mode)
+        old = iter(loader)
+        next(old)
+        loader.load_state_dict(state)
+        for _ in range(2):  # and again: no batch of it is ever counted
+            with pytest.raises(RuntimeError, match=r"^this iterator of the loader was made before "
+                                                   r"load_state_dict\(\); call iter\(loader\) again to continue "
+                                                   r"from the loaded state$"):
+                next(old)
+        assert loader.state_dict() == state
+        assert_same(take(loader, 3 * PER_EPOCH - 3), reference[3:])
+    peeked = make(out, mode="threads")
+    first = next(iter(peeked))  # e.g. to size the model, before restoring the checkpoint
+    assert first[1].tolist() == reference[0][0]
+    peeked.load_state_dict(state)
+    assert_same(take(peeked, 3 * PER_EPOCH - 3), reference[3:])
