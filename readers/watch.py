@@ -21,6 +21,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from .exiting import close_at_exit, exiting
+
 BOTTLENECK_SHARE = 0.40  # bench's rule (readers/bench/advice.py): data >= 40% of a step is data-bound
 
 
@@ -93,13 +95,16 @@ class Tracker:
         self.every, self.report, self.command = every, report or _stderr, command
         self.reports: list[WatchReport] = []
         self._gpu = _gpu_sampler() if gpu else None
-        self.step = self.epoch = 0
+        self.step = self.epoch = self.run = 0  # run: the iteration counting now (a newer one takes over)
         self._window = self._epoch = None
 
-    def start_epoch(self, first_batch_s: float, now: float) -> None:
+    def start_epoch(self, first_batch_s: float, now: float) -> int:
+        """An epoch's first batch in hand after ``first_batch_s``; the run number of its counting."""
         self.epoch += 1
+        self.run += 1
         self._window = _Window(now, self.step + 1, first_batch_s=first_batch_s)
         self._epoch = _Window(now, self.step + 1, first_batch_s=first_batch_s)
+        return self.run
 
     def waited(self, seconds: float) -> None:
         """The wait for the batch of the next step (not the epoch's first: see start_epoch)."""
@@ -163,6 +168,9 @@ class Watch:
         return len(self.loader)
 
     def __iter__(self):
+        return close_at_exit(self._epoch())  # left open at exit: closed silently while modules exist
+
+    def _epoch(self):
         clock, track = time.perf_counter, self.tracker
         it = iter(self.loader)
         t0 = clock()
@@ -171,7 +179,7 @@ class Watch:
         except StopIteration:
             return
         t1 = clock()
-        track.start_epoch(t1 - t0, t1)
+        run = track.start_epoch(t1 - t0, t1)
         stepping = False
         try:
             while True:
@@ -179,18 +187,22 @@ class Watch:
                 yield batch
                 t0 = clock()
                 stepping = False
-                track.stepped(t0 - t1, t0)
+                if track.run == run:
+                    track.stepped(t0 - t1, t0)
                 try:
                     batch = next(it)
                 except StopIteration:
                     return
                 t1 = clock()
+                if track.run != run:  # a newer iteration of this watch took over the counting
+                    continue
                 track.waited(t1 - t0)
         finally:  # the epoch ended, or the loop broke out (the generator is closed at its yield)
             end = clock()
-            if stepping:
-                track.stepped(end - t1, end)
-            track.end_epoch(end)
+            if not exiting() and track.run == run:  # not at exit, and no newer iteration counts now
+                if stepping:
+                    track.stepped(end - t1, end)
+                track.end_epoch(end)
 
     def close(self) -> None:
         """Stop the GPU sampler (also done when the Watch is garbage collected)."""

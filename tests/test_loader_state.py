@@ -683,3 +683,16 @@ def test_an_iterator_started_before_load_state_dict_stops_with_one_clear_error(o
     assert first[1].tolist() == reference[0][0]
     peeked.load_state_dict(state)
     assert_same(take(peeked, 3 * PER_EPOCH - 3), reference[3:])
+
+
+def test_a_threads_loader_iterator_half_read_at_interpreter_exit_ends_silently(out):
+    """Its thread pool is shut down at exit while the modules it needs still exist (no "Exception
+    ignored in ... ThreadedBatches.__iter__" from a torn-down concurrent.futures)."""
+    code = ("import sys\nfrom shardpack.readers import ShardDataset\n"
+            "from shardpack.readers.loading import make_loader\n"
+            "loader = make_loader(ShardDataset(sys.argv[1]), 4, mode='threads', num_workers=2)\n"
+            "it = iter(loader)\nprint(next(it)[1].tolist())\n")
+    done = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(helpers.ROOT)})
+    assert (done.returncode, done.stderr) == (0, "")
+    assert len(json.loads(done.stdout)) == 4
