@@ -150,6 +150,12 @@ class ShardLoader(DataLoader):
         """Samples per step across ranks: the per-rank batch x the world size."""
         return self._batches.batch_size * world_size(self._batches.sampler)
 
+    @property
+    def epoch(self) -> int:
+        """The epoch (0-based, the state's ``epoch``) the next batch handed out belongs to: right
+        after ``iter()``, the epoch that iteration yields (what ``shardpack.watch`` reports)."""
+        return self._epoch
+
     def _identity(self) -> dict:
         if self._digest is None:
             self._digest = content_identity(self._ds.root, self._ds.manifest)

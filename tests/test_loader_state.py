@@ -696,3 +696,14 @@ def test_a_threads_loader_iterator_half_read_at_interpreter_exit_ends_silently(o
                           env={**os.environ, "PYTHONPATH": str(helpers.ROOT)})
     assert (done.returncode, done.stderr) == (0, "")
     assert len(json.loads(done.stdout)) == 4
+
+
+def test_shardpack_watch_made_each_epoch_reports_the_loaders_epoch(out):
+    import shardpack
+
+    loader, got = make(out, mode="threads"), []
+    for _ in range(2):
+        assert loader.epoch == len(got)
+        for _ in shardpack.watch(loader, report=got.append, gpu=False):
+            pass
+    assert [(r.epoch, r.steps, r.stopped) for r in got] == [(0, (1, PER_EPOCH), None), (1, (1, PER_EPOCH), None)]
