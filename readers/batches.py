@@ -33,6 +33,9 @@ class PrefetchedBatches(IterableDataset):
         return len(self.batch_sampler)
 
     def __iter__(self):
+        return close_at_exit(self._fetch())  # its reads in flight end at exit while their pool exists
+
+    def _fetch(self):
         view = self.batches
         pending: deque = deque()
         try:
