@@ -239,7 +239,7 @@ class Watch:
             track.start_epoch(end - t0, end, epoch)
             track.end_epoch(end)  # "no batches"
             return
-        except Exception as err:
+        except BaseException as err:  # noqa: BLE001 - reported, then raised on (Ctrl-C too)
             end = clock()
             track.start_epoch(end - t0, end, epoch)
             track.end_epoch(end, f"stopped at step {track.step + 1} by {_why(err)}")
@@ -260,7 +260,7 @@ class Watch:
                 except StopIteration:
                     stopped = None
                     return
-                except Exception as err:
+                except BaseException as err:  # noqa: BLE001 - the same
                     stopped = f"stopped at step {track.step + 1} by {_why(err)}"
                     raise
                 t1 = clock()
