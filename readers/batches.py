@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from torch.utils.data import IterableDataset
 
+from .exiting import close_at_exit
 from .samples import Buffers
 
 
@@ -32,6 +33,9 @@ class PrefetchedBatches(IterableDataset):
         return len(self.batch_sampler)
 
     def __iter__(self):
+        return close_at_exit(self._fetch())  # its reads in flight end at exit while their pool exists
+
+    def _fetch(self):
         view = self.batches
         pending: deque = deque()
         try:
@@ -73,6 +77,9 @@ class ThreadedBatches(IterableDataset):
         return len(self.batch_sampler)
 
     def __iter__(self):
+        return close_at_exit(self._fetch())  # its pool is shut down at exit while concurrent.futures exists
+
+    def _fetch(self):
         view, depth = self.batches, self.threads * self.prefetch
         reuse = view.whole_batches and view.batch_transform is None
         pool = ThreadPoolExecutor(self.threads, thread_name_prefix="shardpack-loader")

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import xxhash
 
+from .encoding import encoding_of
 from .manifest import MANIFEST, ShardFormatError
 
 DIGESTS = "digests"  # the manifest's key
@@ -172,3 +173,35 @@ def not_covered(root, manifest: dict) -> list[str]:
     if not covered:
         return [MANIFEST, *found] if not (Path(root) / MANIFEST_DIGEST).exists() else found
     return [name for name in found if name not in covered]
+
+
+IDENTITY_PARTS = ("count", "classes", "labels", "pixels")  # what content_identity returns, in order
+
+
+def content_identity(root, manifest: dict) -> dict:
+    """What a dataset's samples are, whatever run, path, host or format packed them (the dataset
+    a loader state belongs to): ``{"count": samples, "classes": h, "labels": h, "pixels": h}``,
+    each ``h`` 16 hex digits (xxh3_64) of: the class names in order; index/labels.npy; the
+    sample shape, the encoding's name and index/checksums.npy (each stored sample's xxh3_64:
+    its pixels, or its JPEG record), with index/shapes.npy for variable shapes. Two packs of the
+    same images agree; data files are not in it (LMDB's data.mdb differs between two packs of
+    the same samples). Each file's digest is the one the manifest records, else (an output
+    packed before digests) the file is hashed, once, giving the same value (~8 bytes a sample).
+    A column that is missing (no shardpack output lacks it) counts as empty."""
+    root = Path(root)
+    digests = recorded(root, manifest)
+
+    def of(name: str) -> str | None:
+        if name in digests:
+            return digests[name]
+        return file_digest(root / name) if (root / name).is_file() else None
+
+    def h(obj) -> str:
+        return xxhash.xxh3_64_hexdigest(canonical_json(obj))
+
+    enc = encoding_of(manifest)
+    pixels = {"shape": manifest.get("shape"), "encoding": enc["name"] if enc else "raw",
+              "checksums": of("index/checksums.npy"),
+              "shapes": of("index/shapes.npy") if manifest.get("shape") is None else None}
+    return {"count": int(manifest["count"]), "classes": h(list(manifest["classes"])),
+            "labels": h(of("index/labels.npy")), "pixels": h(pixels)}

@@ -143,7 +143,11 @@ class ShardSampler(Sampler[int]):
         handed out, which is exact under torchdata's StatefulDataLoader (it keeps the sampler's
         state of each step) and a stock DataLoader with ``num_workers=0``; a stock DataLoader
         with workers takes ``prefetch_factor x num_workers`` batches ahead, so pass ``consumed``
-        there. Raises ValueError for a ``consumed`` beyond the epoch."""
+        there. Raises TypeError for a ``consumed`` that is not an int (a str, float or bool: as
+        strict as the loader's state) and ValueError for one beyond the epoch."""
+        if consumed is not None and (isinstance(consumed, bool) or not isinstance(consumed, (int, np.integer))):
+            raise TypeError(f"ShardSampler.state_dict: consumed={consumed!r} is a {type(consumed).__name__}, not an "
+                            f"int: this rank's samples the training loop has received since iter()")
         if self._start is not None:  # loaded, not iterated yet
             mine = self._start
         else:

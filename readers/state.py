@@ -14,10 +14,14 @@ when G divides S), skipping the P - S samples between, never repeating one, and 
 (:func:`next_boundary`); when P is past the epoch's last step of G (``drop_last``: floor(n / G)
 steps, else ceil(n / G), whatever W is) the next epoch starts.
 
-The state (a JSON-serialisable dict, ~180 bytes: 175 at 10,000,000 samples)::
+The state (a JSON-serialisable dict, ~270 bytes: 280 at 10,000,000 samples)::
 
     {"version": 1,                  # of this schema; another one is refused
-     "dataset": "<32 hex>",         # xxh3_128 of the dataset's manifest: a state of another dataset is refused
+     "dataset": {"count": int,      # what the samples are (integrity.content_identity): the count and
+                 "classes": "<16 hex>", "labels": "<16 hex>", "pixels": "<16 hex>"},  # digests of the class
+                                    # names, index/labels.npy, the shape and index/checksums.npy; a repack of the
+                                    # same images (another run, path, host or format) matches, other samples are
+                                    # refused naming what differs
      "seed": int,                   # augmentation draws (the drawn one when make_loader got seed=None)
      "order_seed": int,             # the ShardSampler's seed (the order); make_loader's default: == seed
      "shuffle": bool, "drop_last": bool,
@@ -39,11 +43,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from .draws import worker_seed
-from .integrity import manifest_digest
+from .integrity import IDENTITY_PARTS, content_identity
 from .sampler import ShardSampler, check_fields
 
 VERSION = 1
-FIELDS = {"version": int, "dataset": str, "seed": int, "order_seed": int, "shuffle": bool,
+FIELDS = {"version": int, "dataset": dict, "seed": int, "order_seed": int, "shuffle": bool,
           "drop_last": bool, "epoch": int, "samples": int, "batch_size": int}
 
 
@@ -59,9 +63,32 @@ def check_state(state) -> dict:
     """``state`` if it is a loader state of this schema, else ValueError in one line naming the
     field that is missing, of the wrong type or out of range."""
     state = check_fields(state, FIELDS, "load_state_dict")
+    ident = state["dataset"]
+    if sorted(ident) != sorted(IDENTITY_PARTS) or not isinstance(ident["count"], int) or not all(
+            isinstance(ident[k], str) for k in IDENTITY_PARTS[1:]):
+        raise ValueError(f"load_state_dict: the state's 'dataset' is {ident!r}; it must hold "
+                         f"{', '.join(IDENTITY_PARTS)} (from state_dict())")
     if state["batch_size"] < 1:
         raise ValueError(f"load_state_dict: the state's 'batch_size' is {state['batch_size']}")
     return state
+
+
+def other_samples(theirs: dict, mine: dict) -> str | None:
+    """What differs between two datasets' ``content_identity`` (the state's, this loader's), in
+    words, e.g. "their pixels differ (index/checksums.npy); their count, classes and labels are
+    the same"; None when nothing does."""
+    words = {"count": f"count ({theirs['count']} samples; {mine['count']} here)", "classes": "classes",
+             "labels": "labels", "pixels": "pixels (index/checksums.npy)"}
+    differ = [k for k in IDENTITY_PARTS if theirs[k] != mine[k]]
+    if not differ:
+        return None
+    same = [k for k in IDENTITY_PARTS if k not in differ]
+
+    def listed(names):
+        return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+    text = f"their {listed([words[k] for k in differ])} differ"
+    return text + (f"; their {listed(same)} {'is' if len(same) == 1 else 'are'} the same" if same else "")
 
 
 def epoch_steps(n: int, global_batch: int, drop_last: bool) -> int:
@@ -111,10 +138,11 @@ class ShardLoader(DataLoader):
     def __init__(self, *args, ds, batches, seed_given: bool, **kwargs):
         super().__init__(*args, **kwargs)
         self._ds, self._batches, self._seed_given = ds, batches, bool(seed_given)
-        self._digest: str | None = None
+        self._digest: dict | None = None
         self._epoch, self._next = 0, 0  # where the next batch handed out is: (epoch, this rank's batch number)
         self._open = False  # an iteration handed out a batch of this epoch and not its last
         self._generation = 0  # of the current iterator: an older one's batches are not counted
+        self._loads = 0  # load_state_dict calls: an iterator made before the last one is invalid
 
     # -- what the state says
     @property
@@ -122,17 +150,23 @@ class ShardLoader(DataLoader):
         """Samples per step across ranks: the per-rank batch x the world size."""
         return self._batches.batch_size * world_size(self._batches.sampler)
 
-    def _dataset_digest(self) -> str:
+    @property
+    def epoch(self) -> int:
+        """The epoch (0-based, the state's ``epoch``) the next batch handed out belongs to: right
+        after ``iter()``, the epoch that iteration yields (what ``shardpack.watch`` reports)."""
+        return self._epoch
+
+    def _identity(self) -> dict:
         if self._digest is None:
-            self._digest = manifest_digest(self._ds.manifest)
-        return self._digest
+            self._digest = content_identity(self._ds.root, self._ds.manifest)
+        return dict(self._digest)
 
     def state_dict(self) -> dict:
         """Where the run stands, as the dict described in readers/state.py: the same on every
         rank (after the same number of steps), topology-independent, JSON-serialisable, a few
         hundred bytes whatever the dataset's size. Never the index list."""
         sampler = self._batches.sampler
-        return {"version": VERSION, "dataset": self._dataset_digest(), "seed": self._batches.seed,
+        return {"version": VERSION, "dataset": self._identity(), "seed": self._batches.seed,
                 "order_seed": int(getattr(sampler, "seed", self._batches.seed)),
                 "shuffle": bool(getattr(sampler, "shuffle", True)), "drop_last": self._batches.drop_last,
                 "epoch": self._epoch, "samples": self._next * self.global_batch_size,
@@ -151,8 +185,14 @@ class ShardLoader(DataLoader):
         one line: both batch sizes, the epoch, P and the samples skipped). From P on the samples
         and their draws are the uninterrupted run's (draws are keyed per sample).
 
+        An iterator of this loader made before the load is invalid from then on: its next
+        ``next()`` raises RuntimeError (call ``iter(loader)`` again), so peeking a batch, then
+        loading, then training works, and a stale iterator never moves the loaded state.
+
         Raises ValueError, in one line naming what differs, for a malformed state (``samples``
-        not a step of its batch size inside an epoch), one of another dataset (manifest),
+        not a step of its batch size inside an epoch), one of other samples (another count,
+        classes, labels or pixels: a repack of the same images in another run, place or format
+        is the same samples),
         ``shuffle`` or ``drop_last``, another seed than make_loader's ``seed=`` (a loader made
         with ``seed=None`` takes the state's), and for a loader whose sampler is not a
         ShardSampler (its order cannot be recomputed)."""
@@ -161,9 +201,9 @@ class ShardLoader(DataLoader):
         if not isinstance(sampler, ShardSampler):
             raise ValueError(f"load_state_dict: this loader's sampler ({type(sampler).__name__}) has no computed "
                              f"order to resume from; use make_loader's default sampler or a shardpack ShardSampler")
-        if state["dataset"] != self._dataset_digest():
-            raise ValueError(f"load_state_dict: the state is of another dataset (manifest digest {state['dataset']}; "
-                             f"{self._ds.root} has {self._dataset_digest()})")
+        problem = other_samples(state["dataset"], self._identity())
+        if problem:
+            raise ValueError(f"load_state_dict: the state is of other samples than {self._ds.root}'s: {problem}")
         mine = self.state_dict()
         for name in ("shuffle", "drop_last"):
             if state[name] != mine[name]:
@@ -185,6 +225,7 @@ class ShardLoader(DataLoader):
         if self.generator is not None:  # the worker processes' base seeds (a per-sample ds.transform)
             self.generator = torch.Generator().manual_seed(worker_seed(state["seed"], getattr(sampler, "rank", 0)))
         self._epoch, self._next, self._open = epoch, step, False
+        self._loads += 1  # a live iterator is of the old position: its next next() raises
         if moved:
             warnings.warn(moved, RuntimeWarning, stacklevel=2)
 
@@ -195,7 +236,7 @@ class ShardLoader(DataLoader):
         self._generation += 1
         self._batches.set_epoch(self._epoch)
         self._batches.start = self._next
-        return _Counted(self, super().__iter__(), self._generation)
+        return _Counted(self, super().__iter__(), self._generation, self._loads)
 
     def _took(self, generation: int) -> None:
         if generation != self._generation:
@@ -212,15 +253,20 @@ class ShardLoader(DataLoader):
 
 
 class _Counted:
-    """The DataLoader's iterator, telling the loader of each batch handed out (and of the end)."""
+    """The DataLoader's iterator, telling the loader of each batch handed out (and of the end).
+    Made before the loader's last ``load_state_dict``, it raises RuntimeError instead (its
+    batches are of the old position; counting them would move the loaded state)."""
 
-    def __init__(self, loader: ShardLoader, it, generation: int):
-        self._loader, self._it, self._generation = loader, it, generation
+    def __init__(self, loader: ShardLoader, it, generation: int, loads: int):
+        self._loader, self._it, self._generation, self._loads = loader, it, generation, loads
 
     def __iter__(self):
         return self
 
     def __next__(self):
+        if self._loads != self._loader._loads:
+            raise RuntimeError("this iterator of the loader was made before load_state_dict(); call iter(loader) "
+                               "again to continue from the loaded state")
         try:
             batch = next(self._it)
         except StopIteration:
@@ -233,6 +279,6 @@ class _Counted:
         return len(self._it)
 
     def __getattr__(self, name):  # the DataLoader iterator's own attributes (_num_yielded, ...)
-        if name in ("_loader", "_it", "_generation"):  # not set yet (a copy being made): no recursion
+        if name in ("_loader", "_it", "_generation", "_loads"):  # not set yet (a copy being made): no recursion
             raise AttributeError(name)
         return getattr(self._it, name)

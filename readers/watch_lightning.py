@@ -44,7 +44,7 @@ class WatchCallback(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         now = time.perf_counter()
         if self._end is None:
-            self.tracker.start_epoch(now - (self._epoch_t or now), now)
+            self.tracker.start_epoch(now - (self._epoch_t or now), now, trainer.current_epoch)
         else:
             self.tracker.waited(now - self._end)
         self._t = now

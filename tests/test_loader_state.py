@@ -144,8 +144,9 @@ def reference(out):
 
 
 def expected_state(out, k: int) -> dict:
-    from shardpack.readers.integrity import manifest_digest
-    return {"version": 1, "dataset": manifest_digest(ShardDataset(out).manifest), "seed": SEED, "order_seed": SEED,
+    from shardpack.readers.integrity import content_identity
+    ds = ShardDataset(out)
+    return {"version": 1, "dataset": content_identity(ds.root, ds.manifest), "seed": SEED, "order_seed": SEED,
             "shuffle": True, "drop_last": True, "epoch": k // PER_EPOCH, "samples": k % PER_EPOCH * BATCH,
             "batch_size": BATCH}
 
@@ -240,7 +241,8 @@ def test_states_that_cannot_be_honoured_are_refused_in_one_line_naming_why(out, 
     state = loader.state_dict()
     other = helpers.packed("npy", make_tree(tmp_path / "src", {"a": 5}), tmp_path / "other", size=16)
     cases = [
-        (make(other, batch=2), state, r"another dataset \(manifest digest [0-9a-f]{32}; .*other has [0-9a-f]{32}\)"),
+        (make(other, batch=2), state, r"other samples than .*other's: their count \(23 samples; 5 here\), classes, "
+                                      r"labels and pixels \(index/checksums.npy\) differ$"),
         (make(out, batch=8), {**state, "samples": 20}, "samples 20 is not a step .* inside an epoch of 5 steps"),
         (make(out, seed=4), state, "state's seed is 3, this loader's 4"),
         (make(out, drop_last=False), state, "drop_last is True, this loader's False"),
@@ -623,3 +625,85 @@ def test_rebuilding_the_loaders_batches_around_another_sampler_is_refused_saying
     loader = make(out, mode="processes")
     with pytest.raises(TypeError, match=r"pass Trainer\(use_distributed_sampler=False\)"):
         type(loader.batch_sampler)(DistributedSampler(range(N), num_replicas=2, rank=0), batch_size=2, drop_last=True)
+
+
+# ---------------------------------------------------------------- the dataset a state belongs to: its samples
+
+def test_a_state_resumes_on_a_repack_of_the_same_samples_and_is_refused_on_other_pixels(out, reference, tmp_path):
+    """Two packs of the same images differ in their manifests (when, from where, the format's own
+    files) but hold the same samples: the state resumes exactly on the other pack, in another
+    format too, and on one packed before digests were recorded; one image changed is refused,
+    naming the pixels."""
+    import shutil
+
+    from shardpack.readers.integrity import manifest_digest
+
+    moved = shutil.copytree(out.parent / "src", tmp_path / "moved")  # the same files, another path
+    loader = make(out)
+    head = take(loader, 3)
+    state = loader.state_dict()
+    for fmt in ("npy", "lmdb"):
+        again = helpers.packed(fmt, moved, tmp_path / f"again-{fmt}", size=16)
+        assert manifest_digest(ShardDataset(again).manifest) != manifest_digest(ShardDataset(out).manifest)
+        for target in (again, helpers.without_digests(shutil.copytree(again, tmp_path / f"old-{fmt}"))):
+            resumed = make(target, mode="threads")
+            resumed.load_state_dict(state)
+            assert resumed.state_dict() == state
+            assert_same(head + take(resumed, 3 * PER_EPOCH - 3), reference)
+    first = sorted((moved / "b").iterdir())[0]
+    helpers.noise_image(*__import__("PIL.Image").Image.open(first).size, seed=99).save(first)
+    changed = helpers.packed("npy", moved, tmp_path / "changed", size=16)
+    with pytest.raises(ValueError, match=r"^load_state_dict: the state is of other samples than .*changed's: their "
+                                         r"pixels \(index/checksums.npy\) differ; their count, classes and "
+                                         r"labels are the same$"):
+        make(changed).load_state_dict(state)
+
+
+def test_an_iterator_started_before_load_state_dict_stops_with_one_clear_error(out, reference):
+    """load_state_dict invalidates a live iterator of the loader (what torchdata's
+    StatefulDataLoader drops silently): its next next() raises, counting nothing, and iter()
+    continues from the loaded state exactly. Peeking a batch before loading keeps working."""
+    source = make(out)
+    take(source, 3)
+    state = source.state_dict()
+    for mode in ("main", "threads", "processes"):
+        loader = make(out, mode=mode)
+        old = iter(loader)
+        next(old)
+        loader.load_state_dict(state)
+        for _ in range(2):  # and again: no batch of it is ever counted
+            with pytest.raises(RuntimeError, match=r"^this iterator of the loader was made before "
+                                                   r"load_state_dict\(\); call iter\(loader\) again to continue "
+                                                   r"from the loaded state$"):
+                next(old)
+        assert loader.state_dict() == state
+        assert_same(take(loader, 3 * PER_EPOCH - 3), reference[3:])
+    peeked = make(out, mode="threads")
+    first = next(iter(peeked))  # e.g. to size the model, before restoring the checkpoint
+    assert first[1].tolist() == reference[0][0]
+    peeked.load_state_dict(state)
+    assert_same(take(peeked, 3 * PER_EPOCH - 3), reference[3:])
+
+
+def test_a_threads_loader_iterator_half_read_at_interpreter_exit_ends_silently(out):
+    """Its thread pool is shut down at exit while the modules it needs still exist (no "Exception
+    ignored in ... ThreadedBatches.__iter__" from a torn-down concurrent.futures)."""
+    code = ("import sys\nfrom shardpack.readers import ShardDataset\n"
+            "from shardpack.readers.loading import make_loader\n"
+            "loader = make_loader(ShardDataset(sys.argv[1]), 4, mode='threads', num_workers=2)\n"
+            "it = iter(loader)\nprint(next(it)[1].tolist())\n")
+    done = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(helpers.ROOT)})
+    assert (done.returncode, done.stderr) == (0, "")
+    assert len(json.loads(done.stdout)) == 4
+
+
+def test_shardpack_watch_made_each_epoch_reports_the_loaders_epoch(out):
+    import shardpack
+
+    loader, got = make(out, mode="threads"), []
+    for _ in range(2):
+        assert loader.epoch == len(got)
+        for _ in shardpack.watch(loader, report=got.append, gpu=False):
+            pass
+    assert [(r.epoch, r.steps, r.stopped) for r in got] == [(0, (1, PER_EPOCH), None), (1, (1, PER_EPOCH), None)]

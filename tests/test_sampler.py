@@ -155,3 +155,13 @@ def test_make_loader_takes_any_other_sampler_a_chunk_at_a_time_in_its_order(out)
     labels = torch.cat([b[1] for b in make_loader(ds, 64, sampler=sampler, mode="main", drop_last=False)]).tolist()
     want = [i for a in range(0, len(order), 64) for i in sorted(order[a:a + 64])]  # across 65,536-index chunks
     assert len(labels) == 70_000 and labels == [int(ds.targets[i]) for i in want]
+
+
+def test_state_dict_takes_consumed_as_an_int_only():
+    s = ShardSampler(23, seed=3)
+    iter(s)
+    assert s.state_dict(consumed=np.int64(3))["samples"] == 3 and s.state_dict(consumed=3)["samples"] == 3
+    for bad in ("3", 5.0, True, [3]):
+        with pytest.raises(TypeError, match=r"^ShardSampler.state_dict: consumed=.* is a [a-z]+, not an int: this "
+                                            r"rank's samples the training loop has received since iter\(\)$"):
+            s.state_dict(consumed=bad)
