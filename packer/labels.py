@@ -2,10 +2,10 @@
 
 A labels file is either
 - a CSV or TSV with a header naming a file column (one of FILE_COLUMNS) and a label column (one
-  of LABEL_COLUMNS); a label is a class name (e.g. a wnid) or an integer class index, and only its
-  first whitespace-separated token counts, so Kaggle's ``LOC_val_solution.csv`` (ImageId,
-  PredictionString "n01751748 36 39 496 357 ...") works as is; file names match with or without
-  their extension; or
+  of LABEL_COLUMNS); a label is a class name (e.g. a wnid, or several words: the whole field is
+  the name, label_class says how) or an integer class index; Kaggle's ``LOC_val_solution.csv``
+  (ImageId, PredictionString "n01751748 36 39 496 357 ...": a wnid and its boxes) gives the wnid,
+  so it works as is; file names match with or without their extension; or
 - the ILSVRC2012 devkit ground truth (``ILSVRC2012_validation_ground_truth.txt``): one number per
   line, line i for the i-th file in sorted order (``ILSVRC2012_val_%08d.JPEG``). The numbers are
   the devkit's 1-based ILSVRC2012_IDs (meta.mat order), not indices into the sorted wnids, so it
@@ -212,15 +212,38 @@ def _table_rows(path: Path, lines: list[str]) -> tuple[str, list[tuple[str, str]
             f"{path}: header {lines[0]!r} needs a file column (one of {', '.join(FILE_COLUMNS)}) and "
             f"a label column (one of {', '.join(LABEL_COLUMNS)})")
     rows = []
+    seen: dict[str, tuple[str, int]] = {}  # class -> (the field's name part, line) first giving it
     for no, r in enumerate(reader, 2):
         if not any(c.strip() for c in r):
             continue
         if len(r) <= max(fcol, lcol) or not r[lcol].split():
             raise LabelsError(f"{path}:{no}: no label in {','.join(r)!r}")
-        rows.append((r[fcol].strip(), r[lcol].split()[0]))
+        name, label = label_class(r[lcol])
+        first, first_no = seen.setdefault(label, (name, no))
+        if first != name:
+            raise LabelsError(f"{path}: the labels {first!r} (line {first_no}) and {name!r} (line {no}) would both "
+                              f"be class {label!r}, as they differ only in spaces; write each class one way")
+        rows.append((r[fcol].strip(), label))
     if not rows:
         raise LabelsError(f"{path}: only a header line ({lines[0]!r}), no labels")
     return fmt, rows
+
+
+_NUMBER = re.compile(r"-?\d+(\.\d*)?")
+
+
+def label_class(field: str) -> tuple[str, str]:
+    """(name part, class name) of a labels file's label field: the whole field, stripped, with each
+    run of white space made one space (``"great white shark"``, ``"gray, photo"``), except for
+    Kaggle's ``PredictionString`` shape, ``wnid x y x y [wnid x y x y ...]`` (one token, then
+    groups of four numbers each after that token again), whose class is the token."""
+    tokens = field.split()
+    head = tokens[0]
+    groups = [tokens[i:i + 5] for i in range(0, len(tokens), 5)]
+    if len(tokens) > 1 and len(tokens) % 5 == 0 and all(
+            g[0] == head and all(_NUMBER.fullmatch(t) for t in g[1:]) for g in groups):
+        return head, head
+    return field.strip(), " ".join(tokens)
 
 
 def _devkit_rows(path: Path, lines: list[str], images: list[str], id_map: dict[int, str]):
