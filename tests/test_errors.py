@@ -347,3 +347,31 @@ def test_a_photo_above_pillows_pixel_limit_is_skipped_naming_max_source_pixels_w
                                                                                           "b/img001.jpg"]
     help_text = " ".join(run_cli("--help").output.split())
     assert "The sources' limit is --max-source-pixels" in help_text and "bounded by --max-pixels" in help_text
+
+
+def test_a_failure_while_decoding_on_a_terminal_prints_no_empty_line_before_its_error(tree, tmp_path):
+    """The progress bar left an empty line before the error on a terminal that reports 0 columns (a
+    pty without a size: ``script``, some consoles), where tqdm's dynamic_ncols drew nothing."""
+    import pty
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.run([sys.executable, "-c", LMDB_EIO, str(tree), "--format", "lmdb", "--size", "24", "-o",
+                               str(tmp_path / "out"), "--workers", "1"], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=slave, env=env(), timeout=120)
+        os.close(slave)
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the terminal's other end is closed and read to its end
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        os.close(master)
+    text = seen.decode("utf-8", "replace").replace("\r\n", "\n")
+    assert proc.returncode == 1 and "Error: " in text, text
+    before = text[:text.index("Error: ")]  # "" or the bar's last state, then its newline
+    last = before[:-1].rsplit("\n", 1)[-1].rsplit("\r", 1)[-1]  # the line the terminal shows above the error
+    assert before == "" or (before.endswith("\n") and "18/18" in last), repr(before[-400:])
