@@ -130,6 +130,23 @@ def make_case(name, tree, photos, tmp):
         return Case([tree, "--format", "lmdb", "--size", 16, "-o", ro / "new" / "out", *base], 1,
                     r"cannot write the output there \(Read-only file system\)",
                     namespace=f"mount --bind {ro} {ro} && mount -o remount,bind,ro {ro}", needs_mount=True)
+    if name == "out-in-proc":  # a folder that exists, on a filesystem that makes no files
+        return Case([tree, "--format", "npy", "--size", 16, "-o", "/proc/x.npy", *base], 1,
+                    r"^Error: /proc: cannot make files there \(a proc filesystem: No such file or directory\); "
+                    r"choose another -o$")
+    if name == "out-inside-a-class-folder":
+        return Case([tree, "--format", "npy", "--size", 16, "-o", tree / "cat" / "restarts.jpg", *base], 1,
+                    rf"restarts\.jpg is inside SRC {tree}, in its folder cat: the next scan would walk it as "
+                    r"part of cat; choose an -o outside SRC$")
+    if name == "disk-full-at-lock-time":
+        full = tmp / "full"
+        full.mkdir()
+        return Case([tree, "--format", "wds", "--size", 16, "-o", full / "out", *base], 1,
+                    rf"^Error: {full}: disk full \(No space left on device\), 0\.0 MB free: not even the "
+                    r"lock file's few bytes fit; free space there \(the plan says how much the run needs: "
+                    r"--dry-run\) or choose another -o$",
+                    namespace=f"mount -t tmpfs -o size=64k tmpfs {full} && (cat /dev/zero > {full}/fill 2>/dev/null"
+                              " || true)", needs_mount=True)
     if name.startswith("out-under-a-file"):
         (tmp / "somefile").write_text("x")
         where = tmp / "somefile" / "out.npy" if name == "out-under-a-file" else tmp / "somefile" / "a" / "out"
@@ -187,7 +204,8 @@ def make_case(name, tree, photos, tmp):
 
 CASES = ["lmdb-disk-full", "wds-disk-full", "hdf5-disk-full", "npy-disk-full",
          "lmdb-eio-from-mdb_txn_commit", "wds-enospc-also-from-close", "hdf5-enospc-in-h5py-text",
-         "read-only-filesystem", "read-only-filesystem-deeper", "out-under-a-file", "out-under-a-file-deeper",
+         "read-only-filesystem", "read-only-filesystem-deeper", "out-in-proc", "out-inside-a-class-folder",
+         "disk-full-at-lock-time", "out-under-a-file", "out-under-a-file-deeper",
          "overwrite-symlink-to-a-folder-not-an-output", "overwrite-symlink-to-a-file",
          "config-table-for-size", "config-number-for-out", "config-boolean-for-size",
          "config-string-for-a-flag", "config-not-toml", "resume-on-a-complete-out-made-otherwise",
