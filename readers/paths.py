@@ -38,8 +38,8 @@ def not_an_output(given, partial: Path) -> str:
         return why
     root = Path(given).expanduser()
     hint = ""
-    if partial.is_dir() and (pid := writing_pid(root)) is not None:
-        hint = f" (a run, pid {pid}, is writing it now, in {partial}; open it once that run has finished)"
+    if partial.is_dir() and (run := writing_run(root)) is not None:
+        hint = f" (a run, {run}, is writing it now, in {partial}; open it once that run has finished)"
     elif partial.is_dir():
         hint = f" (an interrupted run left {partial}; finish it with --resume)"
     elif root.is_file():
@@ -48,11 +48,12 @@ def not_an_output(given, partial: Path) -> str:
     return f"{root}: no such shardpack output directory{hint}"
 
 
-def writing_pid(out: Path) -> int | None:
-    """The pid of the live run writing the output ``out`` now, else None. The packer's lock file
-    ``.OUT.lock`` beside OUT (packer/lock.py) holds JSON ``{"pid", "host", "started"}`` and stays
-    after an interrupted run: its run is live when that pid is alive on this host (``os.kill(pid,
-    0)``) and the file is still locked (``flock``: a pid reused by another process holds no lock)."""
+def writing_run(out: Path) -> str | None:
+    """'pid N' (and 'on HOST' for another host) of the live run writing the output ``out`` now,
+    else None. The packer's lock file ``.OUT.lock`` beside OUT (packer/lock.py) holds JSON
+    ``{"pid", "host", "started"}`` and stays after an interrupted run: its run is live when the
+    file is still locked (``flock``: a pid reused by another process holds no lock) and, on this
+    host, that pid is alive (``os.kill(pid, 0)``; the pid alone where the filesystem cannot lock)."""
     path = out.with_name(f".{out.name}.lock")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -61,21 +62,26 @@ def writing_pid(out: Path) -> int | None:
     try:
         record = json.loads(os.pread(fd, 4096, 0).decode("utf-8", "replace") or "null")
         pid = record.get("pid") if isinstance(record, dict) else None
-        if not isinstance(pid, int) or pid <= 0 or record.get("host", socket.gethostname()) != socket.gethostname():
+        if not isinstance(pid, int) or pid <= 0:
             return None
-        try:
-            os.kill(pid, 0)
-        except PermissionError:
-            pass  # alive, another user's
-        except OSError:
-            return None
+        host = record.get("host") or socket.gethostname()
+        if host == socket.gethostname():
+            try:
+                os.kill(pid, 0)
+            except PermissionError:
+                pass  # alive, another user's
+            except OSError:
+                return None
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # taken: nobody holds it (dropped at close)
         except BlockingIOError:
-            return pid
-        except OSError:
-            return pid  # a filesystem that cannot lock: the pid is all there is
-        return None
+            pass
+        except OSError:  # a filesystem that cannot lock: the pid is all there is
+            if host != socket.gethostname():
+                return None
+        else:
+            return None
+        return f"pid {pid}" + (f" on {host}" if host != socket.gethostname() else "")
     except (OSError, ValueError):
         return None
     finally:
