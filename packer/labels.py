@@ -13,8 +13,10 @@ A labels file is either
   in the devkit's ``data/meta.mat`` (read_id_map says how to extract them with scipy).
 
 Class lists (``--classes-from``) come from a shardpack output (a dataset or a splits root) or a
-text file with one class per line, file order giving the index; a header line with a ``wnid``
-or ``class`` column (like ``classes.tsv``: index, wnid, name) picks that column.
+text file with one class per line, file order giving the index: the whole line is the name
+(``tench, Tinca tinca``, as export_imagefolder writes them), but for a leading wnid
+(``synset_words.txt``: ``n01440764 tench, Tinca tinca``); a header line with a ``wnid`` or
+``class`` column (like ``classes.tsv``: index, wnid, name) picks that column.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ FILE_COLUMNS = ("imageid", "image_id", "image", "file", "filename", "file_name",
 LABEL_COLUMNS = ("predictionstring", "label", "wnid", "class", "synset", "target", "category")
 CLASS_COLUMNS = ("wnid", "class", "synset", "label")
 DEVKIT_NAME = re.compile(r"ILSVRC2012_val_(\d{8})$")
+WNID = re.compile(r"n\d{8}")  # an ImageNet synset id
 
 
 class LabelsError(ScanError):
@@ -101,7 +104,7 @@ def read_id_map(path: str | os.PathLike) -> dict[int, str]:
         tokens = re.split(r"[\s,]+", line.strip())
         if not line.strip() or line.lstrip().startswith("#"):
             continue
-        if len(tokens) >= 2 and re.fullmatch(r"n\d{8}", tokens[0]) and tokens[1].isdigit():
+        if len(tokens) >= 2 and WNID.fullmatch(tokens[0]) and tokens[1].isdigit():
             tokens[:2] = tokens[1], tokens[0]  # map_clsloc.txt: wnid first
         if len(tokens) < 2 or not tokens[0].isdigit():
             if no == 1:
@@ -124,13 +127,20 @@ def read_classes(source: str | os.PathLike) -> list[str]:
         from ..readers.manifest import load_manifest, read_splits
         manifest = read_splits(source) or load_manifest(source)
         return list(manifest["classes"])
-    rows = [r for r in (re.split(r"[\t,]+|\s+", ln.strip()) for ln in _lines(source))
-            if r and r[0] and not r[0].startswith("#")]
-    if not rows:
+    lines = [ln.strip() for ln in _lines(source) if ln.strip() and not ln.strip().startswith("#")]
+    if not lines:
         raise LabelsError(f"{source}: no class names")
-    header = [c.lower() for c in rows[0]]
+    header = [c.lower() for c in re.split(r"[\t,]+|\s+", lines[0])]
     col = next((header.index(c) for c in CLASS_COLUMNS if c in header), None)
-    classes = [r[col] for r in rows[1:]] if col is not None else [r[0] for r in rows]
+    if col is None:  # one name a line: the whole line, or a leading wnid (synset_words.txt)
+        classes = [t[0] if WNID.fullmatch(t[0]) else " ".join(t) for t in (ln.split() for ln in lines)]
+    else:
+        delimiter = next((d for d in "\t," if d in lines[0]), None)
+        rows = list(csv.reader(lines[1:], delimiter=delimiter)) if delimiter else [ln.split() for ln in lines[1:]]
+        short = next((no for no, r in enumerate(rows, 2) if len(r) <= col or not r[col].strip()), None)
+        if short is not None:
+            raise LabelsError(f"{source}: line {short} has no {header[col]!r} column")
+        classes = [" ".join(r[col].split()) for r in rows]
     dup = sorted({c for c in classes if classes.count(c) > 1})
     if dup:
         raise LabelsError(f"{source}: class names listed twice: {', '.join(dup[:10])}")

@@ -99,13 +99,25 @@ def test_devkit_order_for_other_names_is_positional(tmp_path):
 
 def test_read_classes_from_text_files(tmp_path):
     f = tmp_path / "c.txt"
-    f.write_text("n03\n# comment\nn01 tench\n\nn02\n")
-    assert read_classes(f) == ["n03", "n01", "n02"]
+    f.write_text("n03\n# comment\nn01 tench\n\nn02\n")  # a line is one name
+    assert read_classes(f) == ["n03", "n01 tench", "n02"]
     f.write_text("index,wnid,name\n0,n05,x\n1,n04,y\n")
     assert read_classes(f) == ["n05", "n04"]
     f.write_text("a\nb\na\n")
     with pytest.raises(LabelsError, match="listed twice: a"):
         read_classes(f)
+
+
+def test_a_class_list_line_of_several_words_is_one_name(tmp_path):
+    """export_imagefolder's classes.txt holds Hugging Face's names ("tench, Tinca tinca"): each
+    line was cut to its first word, so "great white shark" and "great grey owl" were listed twice."""
+    f = tmp_path / "classes.txt"
+    f.write_text("tench, Tinca tinca\ngreat white shark, white shark\ngreat grey owl\n")
+    assert read_classes(f) == ["tench, Tinca tinca", "great white shark, white shark", "great grey owl"]
+    f.write_text("n01440764 tench, Tinca tinca\nn01443537 goldfish\n")  # synset_words.txt: the wnid
+    assert read_classes(f) == ["n01440764", "n01443537"]
+    f.write_text("index,class\n0,great white shark\n1,\"gray, photo\"\n")
+    assert read_classes(f) == ["great white shark", "gray, photo"]
 
 
 def test_a_labels_file_holding_only_its_header_is_refused_in_one_line_naming_it(flat, tmp_path):
