@@ -121,7 +121,8 @@ def read_id_map(path: str | os.PathLike) -> dict[int, str]:
 
 def read_classes(source: str | os.PathLike) -> list[str]:
     """The class list of a shardpack output directory (dataset or splits root) or of a text file
-    (see the module docstring). Raises LabelsError for an empty list or duplicate names."""
+    (see the module docstring). Raises LabelsError for an empty list, duplicate names or a row
+    without the header's class column."""
     source = Path(source).expanduser()
     if source.is_dir():
         from ..readers.manifest import load_manifest, read_splits
