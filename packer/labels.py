@@ -2,10 +2,10 @@
 
 A labels file is either
 - a CSV or TSV with a header naming a file column (one of FILE_COLUMNS) and a label column (one
-  of LABEL_COLUMNS); a label is a class name (e.g. a wnid) or an integer class index, and only its
-  first whitespace-separated token counts, so Kaggle's ``LOC_val_solution.csv`` (ImageId,
-  PredictionString "n01751748 36 39 496 357 ...") works as is; file names match with or without
-  their extension; or
+  of LABEL_COLUMNS); a label is a class name (e.g. a wnid, or several words: the whole field is
+  the name, label_class says how) or an integer class index; Kaggle's ``LOC_val_solution.csv``
+  (ImageId, PredictionString "n01751748 36 39 496 357 ...": a wnid and its boxes) gives the wnid,
+  so it works as is; file names match with or without their extension; or
 - the ILSVRC2012 devkit ground truth (``ILSVRC2012_validation_ground_truth.txt``): one number per
   line, line i for the i-th file in sorted order (``ILSVRC2012_val_%08d.JPEG``). The numbers are
   the devkit's 1-based ILSVRC2012_IDs (meta.mat order), not indices into the sorted wnids, so it
@@ -13,8 +13,10 @@ A labels file is either
   in the devkit's ``data/meta.mat`` (read_id_map says how to extract them with scipy).
 
 Class lists (``--classes-from``) come from a shardpack output (a dataset or a splits root) or a
-text file with one class per line, file order giving the index; a header line with a ``wnid``
-or ``class`` column (like ``classes.tsv``: index, wnid, name) picks that column.
+text file with one class per line, file order giving the index: the whole line is the name
+(``tench, Tinca tinca``, as export_imagefolder writes them), but for a leading wnid
+(``synset_words.txt``: ``n01440764 tench, Tinca tinca``); a header line with a ``wnid`` or
+``class`` column (like ``classes.tsv``: index, wnid, name) picks that column.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ FILE_COLUMNS = ("imageid", "image_id", "image", "file", "filename", "file_name",
 LABEL_COLUMNS = ("predictionstring", "label", "wnid", "class", "synset", "target", "category")
 CLASS_COLUMNS = ("wnid", "class", "synset", "label")
 DEVKIT_NAME = re.compile(r"ILSVRC2012_val_(\d{8})$")
+WNID = re.compile(r"n\d{8}")  # an ImageNet synset id
 
 
 class LabelsError(ScanError):
@@ -101,7 +104,7 @@ def read_id_map(path: str | os.PathLike) -> dict[int, str]:
         tokens = re.split(r"[\s,]+", line.strip())
         if not line.strip() or line.lstrip().startswith("#"):
             continue
-        if len(tokens) >= 2 and re.fullmatch(r"n\d{8}", tokens[0]) and tokens[1].isdigit():
+        if len(tokens) >= 2 and WNID.fullmatch(tokens[0]) and tokens[1].isdigit():
             tokens[:2] = tokens[1], tokens[0]  # map_clsloc.txt: wnid first
         if len(tokens) < 2 or not tokens[0].isdigit():
             if no == 1:
@@ -118,19 +121,27 @@ def read_id_map(path: str | os.PathLike) -> dict[int, str]:
 
 def read_classes(source: str | os.PathLike) -> list[str]:
     """The class list of a shardpack output directory (dataset or splits root) or of a text file
-    (see the module docstring). Raises LabelsError for an empty list or duplicate names."""
+    (see the module docstring). Raises LabelsError for an empty list, duplicate names or a row
+    without the header's class column."""
     source = Path(source).expanduser()
     if source.is_dir():
         from ..readers.manifest import load_manifest, read_splits
         manifest = read_splits(source) or load_manifest(source)
         return list(manifest["classes"])
-    rows = [r for r in (re.split(r"[\t,]+|\s+", ln.strip()) for ln in _lines(source))
-            if r and r[0] and not r[0].startswith("#")]
-    if not rows:
+    lines = [ln.strip() for ln in _lines(source) if ln.strip() and not ln.strip().startswith("#")]
+    if not lines:
         raise LabelsError(f"{source}: no class names")
-    header = [c.lower() for c in rows[0]]
+    header = [c.lower() for c in re.split(r"[\t,]+|\s+", lines[0])]
     col = next((header.index(c) for c in CLASS_COLUMNS if c in header), None)
-    classes = [r[col] for r in rows[1:]] if col is not None else [r[0] for r in rows]
+    if col is None:  # one name a line: the whole line, or a leading wnid (synset_words.txt)
+        classes = [t[0] if WNID.fullmatch(t[0]) else " ".join(t) for t in (ln.split() for ln in lines)]
+    else:
+        delimiter = next((d for d in "\t," if d in lines[0]), None)
+        rows = list(csv.reader(lines[1:], delimiter=delimiter)) if delimiter else [ln.split() for ln in lines[1:]]
+        short = next((no for no, r in enumerate(rows, 2) if len(r) <= col or not r[col].strip()), None)
+        if short is not None:
+            raise LabelsError(f"{source}: line {short} has no {header[col]!r} column")
+        classes = [" ".join(r[col].split()) for r in rows]
     dup = sorted({c for c in classes if classes.count(c) > 1})
     if dup:
         raise LabelsError(f"{source}: class names listed twice: {', '.join(dup[:10])}")
@@ -212,15 +223,38 @@ def _table_rows(path: Path, lines: list[str]) -> tuple[str, list[tuple[str, str]
             f"{path}: header {lines[0]!r} needs a file column (one of {', '.join(FILE_COLUMNS)}) and "
             f"a label column (one of {', '.join(LABEL_COLUMNS)})")
     rows = []
+    seen: dict[str, tuple[str, int]] = {}  # class -> (the field's name part, line) first giving it
     for no, r in enumerate(reader, 2):
         if not any(c.strip() for c in r):
             continue
         if len(r) <= max(fcol, lcol) or not r[lcol].split():
             raise LabelsError(f"{path}:{no}: no label in {','.join(r)!r}")
-        rows.append((r[fcol].strip(), r[lcol].split()[0]))
+        name, label = label_class(r[lcol])
+        first, first_no = seen.setdefault(label, (name, no))
+        if first != name:
+            raise LabelsError(f"{path}: the labels {first!r} (line {first_no}) and {name!r} (line {no}) would both "
+                              f"be class {label!r}, as they differ only in spaces; write each class one way")
+        rows.append((r[fcol].strip(), label))
     if not rows:
         raise LabelsError(f"{path}: only a header line ({lines[0]!r}), no labels")
     return fmt, rows
+
+
+_NUMBER = re.compile(r"-?\d+(\.\d*)?")
+
+
+def label_class(field: str) -> tuple[str, str]:
+    """(name part, class name) of a labels file's label field: the whole field, stripped, with each
+    run of white space made one space (``"great white shark"``, ``"gray, photo"``), except for
+    Kaggle's ``PredictionString`` shape, ``wnid x y x y [wnid x y x y ...]`` (one token, then
+    groups of four numbers each after that token again), whose class is the token."""
+    tokens = field.split()
+    head = tokens[0]
+    groups = [tokens[i:i + 5] for i in range(0, len(tokens), 5)]
+    if len(tokens) > 1 and len(tokens) % 5 == 0 and all(
+            g[0] == head and all(_NUMBER.fullmatch(t) for t in g[1:]) for g in groups):
+        return head, head
+    return field.strip(), " ".join(tokens)
 
 
 def _devkit_rows(path: Path, lines: list[str], images: list[str], id_map: dict[int, str]):

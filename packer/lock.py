@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 
 from ..readers.manifest import partial_dir
+from ..readers.system import mount_of
+from ..readers.text import size_text
 
 from .options import OutputBusy, PackError, say
 
@@ -88,6 +90,26 @@ def holder(out) -> dict | None:
     return None
 
 
+def cannot_write_text(folder: Path, err: OSError) -> str:
+    """Why the lock file cannot be made or written in ``folder`` and what to do, in one line: a
+    full disk with its free space (the run's need is not known yet: the plan, or --dry-run, says
+    it), a folder on a filesystem that makes no files (/proc: ENOENT for a folder that exists),
+    another reason as the OS gives it."""
+    reason = err.strerror or str(err)
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        try:
+            free = size_text(os.statvfs(folder).f_bavail * os.statvfs(folder).f_frsize)
+        except OSError:
+            free = "unknown"
+        return (f"{folder}: disk full ({reason}), {free} free: not even the lock file's few bytes fit; free space "
+                "there (the plan says how much the run needs: --dry-run) or choose another -o")
+    if err.errno == errno.ENOENT and folder.is_dir():
+        mount = mount_of(folder)
+        kind = f"a {mount.fstype} filesystem" if mount else "a filesystem that makes no files"
+        return f"{folder}: cannot make files there ({kind}: {reason}); choose another -o"
+    return f"{folder}: cannot write the output there ({reason}); choose another -o"
+
+
 class OutputLock:
     """The lock on output ``out``, held by this process until release() (or its death).
 
@@ -114,8 +136,7 @@ class OutputLock:
             except OSError as err:
                 where = os.fsdecode(err.filename) if err.filename and Path(os.fsdecode(err.filename)) != path \
                     else path.parent
-                raise PackError(f"{where}: cannot write the output there ({err.strerror or err}); "
-                                "choose another -o") from None
+                raise PackError(cannot_write_text(Path(where), err)) from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -158,7 +179,7 @@ class OutputLock:
             os.pwrite(self.fd, data, 0)
         except OSError as err:
             self.release()
-            raise PackError(f"{self.path}: cannot write ({err.strerror or err}); choose another -o") from None
+            raise PackError(cannot_write_text(self.path.parent, err)) from None
 
     def release(self) -> None:
         """Let go of the lock: remove the file (unless a partial directory is left for a later

@@ -245,6 +245,8 @@ def plan_text(plan: Plan, out: Path, recipe: Recipe, opts: Options, workers: int
     """The plan as printed before decoding: splits, classes, images per split, labels reports,
     output size estimate, free space, ``workers``."""
     cls = shown_apart(plan.classes)  # look-alike names (NFC vs NFD) printed apart
+    if any("," in c for c in plan.classes):  # a name holding a comma ("gray, photo") quoted, so the list reads
+        cls = [repr(c) if c == s else s for c, s in zip(plan.classes, cls)]
     shown = ", ".join(cls[:3]) + (f", ..., {cls[-1]}" if len(cls) > 4 else "".join(f", {c}" for c in cls[3:]))
     one = "--no-splits" if plan.rule.startswith("--no-splits") else "no split folders"
     lines = [f"plan: {plan.src} -> {out}",

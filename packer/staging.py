@@ -61,8 +61,10 @@ def check_place(src: str | os.PathLike, out: Path) -> None:
         raise PackError(f"{out} is or contains SRC {src}: writing there would delete the images; "
                         "choose an -o outside SRC")
     if s in o.parents:
-        raise PackError(f"{out} is inside SRC {src}: the next scan would take it for a class "
-                        "folder; choose an -o outside SRC")
+        top = o.relative_to(s).parts[0]  # a class (or split) folder of SRC, unless OUT is right in SRC
+        why = (": the next scan would take it for a class folder" if o.parent == s else
+               f", in its folder {top}: the next scan would walk it as part of {top}")
+        raise PackError(f"{out} is inside SRC {src}{why}; choose an -o outside SRC")
     above = nearest_existing(Path(out).absolute().parent)
     if not above.is_dir():
         raise PackError(f"{above} is a file, not a folder, so {out} cannot be made there; choose another -o")

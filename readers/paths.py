@@ -9,8 +9,11 @@ status 2) shown as one line. Used by the commands of ``shardpack/cli/`` and ``re
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import re
+import socket
 from pathlib import Path
 
 import click
@@ -28,18 +31,61 @@ def url_refusal(value, hint: str = "give a local path") -> str | None:
 
 def not_an_output(given, partial: Path) -> str:
     """Why ``given`` (as the user typed it) cannot be opened as an output, when it is not a
-    directory: a URL (``s3://b/x`` would read ``s3:/b/x``), an interrupted run's name (``partial``
-    exists: --resume), a file of an output (open its folder), another file, or nothing there."""
+    directory: a URL (``s3://b/x`` would read ``s3:/b/x``), the name of a run's output (``partial``
+    exists): one writing it now (its pid: wait) or an interrupted one (--resume), a file of an
+    output (open its folder), another file, or nothing there."""
     if why := url_refusal(given, "copy the output to a local disk and open that path"):
         return why
     root = Path(given).expanduser()
     hint = ""
-    if partial.is_dir():
+    if partial.is_dir() and (run := writing_run(root)) is not None:
+        hint = f" (a run, {run}, is writing it now, in {partial}; open it once that run has finished)"
+    elif partial.is_dir():
         hint = f" (an interrupted run left {partial}; finish it with --resume)"
     elif root.is_file():
         hint = (f" ({root.name} is a file of one; open its folder {root.parent})"
                 if (root.parent / "manifest.json").is_file() else " (a file: an output is a directory)")
     return f"{root}: no such shardpack output directory{hint}"
+
+
+def writing_run(out: Path) -> str | None:
+    """'pid N' (and 'on HOST' for another host) of the live run writing the output ``out`` now,
+    else None. The packer's lock file ``.OUT.lock`` beside OUT (packer/lock.py) holds JSON
+    ``{"pid", "host", "started"}`` and stays after an interrupted run: its run is live when the
+    file is still locked (``flock``: a pid reused by another process holds no lock) and, on this
+    host, that pid is alive (``os.kill(pid, 0)``; the pid alone where the filesystem cannot lock)."""
+    path = out.with_name(f".{out.name}.lock")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        record = json.loads(os.pread(fd, 4096, 0).decode("utf-8", "replace") or "null")
+        pid = record.get("pid") if isinstance(record, dict) else None
+        if not isinstance(pid, int) or pid <= 0:
+            return None
+        host = record.get("host") or socket.gethostname()
+        if host == socket.gethostname():
+            try:
+                os.kill(pid, 0)
+            except PermissionError:
+                pass  # alive, another user's
+            except OSError:
+                return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # taken: nobody holds it (dropped at close)
+        except BlockingIOError:
+            pass
+        except OSError:  # a filesystem that cannot lock: the pid is all there is
+            if host != socket.gethostname():
+                return None
+        else:
+            return None
+        return f"pid {pid}" + (f" on {host}" if host != socket.gethostname() else "")
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
 
 
 def file_to_write_refusal(value) -> str | None:

@@ -52,7 +52,19 @@ def bar_settings(enabled: bool = True, stream=None) -> dict:
 
 def progress(iterable=None, *, enabled: bool = True, **kwargs):
     """``tqdm(iterable, **kwargs)`` with :func:`bar_settings` applied (they win over ``kwargs``'
-    ``disable`` and ``mininterval``)."""
+    ``disable`` and ``mininterval``). On a terminal that reports 0 columns (a pty without a size)
+    the bar is 80 x 24, as ``shutil.get_terminal_size`` assumes: tqdm drew nothing there (its
+    rows taken as -1) and left an empty line."""
     from tqdm import tqdm
     kwargs.update(bar_settings(enabled, kwargs.get("file")))
+    if kwargs.get("ncols") is None and _columns(kwargs.get("file")) == 0:
+        kwargs.update(ncols=80, nrows=24, dynamic_ncols=False)
     return tqdm(iterable, **kwargs)
+
+
+def _columns(stream) -> int | None:
+    """The width of the terminal ``stream`` (default stderr) is, None when it is not one."""
+    try:
+        return os.get_terminal_size((sys.stderr if stream is None else stream).fileno()).columns
+    except (AttributeError, ValueError, OSError):
+        return None

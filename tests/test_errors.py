@@ -130,6 +130,23 @@ def make_case(name, tree, photos, tmp):
         return Case([tree, "--format", "lmdb", "--size", 16, "-o", ro / "new" / "out", *base], 1,
                     r"cannot write the output there \(Read-only file system\)",
                     namespace=f"mount --bind {ro} {ro} && mount -o remount,bind,ro {ro}", needs_mount=True)
+    if name == "out-in-proc":  # a folder that exists, on a filesystem that makes no files
+        return Case([tree, "--format", "npy", "--size", 16, "-o", "/proc/x.npy", *base], 1,
+                    r"^Error: /proc: cannot make files there \(a proc filesystem: No such file or directory\); "
+                    r"choose another -o$")
+    if name == "out-inside-a-class-folder":
+        return Case([tree, "--format", "npy", "--size", 16, "-o", tree / "cat" / "restarts.jpg", *base], 1,
+                    rf"restarts\.jpg is inside SRC {tree}, in its folder cat: the next scan would walk it as "
+                    r"part of cat; choose an -o outside SRC$")
+    if name == "disk-full-at-lock-time":
+        full = tmp / "full"
+        full.mkdir()
+        return Case([tree, "--format", "wds", "--size", 16, "-o", full / "out", *base], 1,
+                    rf"^Error: {full}: disk full \(No space left on device\), 0\.0 MB free: not even the "
+                    r"lock file's few bytes fit; free space there \(the plan says how much the run needs: "
+                    r"--dry-run\) or choose another -o$",
+                    namespace=f"mount -t tmpfs -o size=64k tmpfs {full} && (cat /dev/zero > {full}/fill 2>/dev/null"
+                              " || true)", needs_mount=True)
     if name.startswith("out-under-a-file"):
         (tmp / "somefile").write_text("x")
         where = tmp / "somefile" / "out.npy" if name == "out-under-a-file" else tmp / "somefile" / "a" / "out"
@@ -187,7 +204,8 @@ def make_case(name, tree, photos, tmp):
 
 CASES = ["lmdb-disk-full", "wds-disk-full", "hdf5-disk-full", "npy-disk-full",
          "lmdb-eio-from-mdb_txn_commit", "wds-enospc-also-from-close", "hdf5-enospc-in-h5py-text",
-         "read-only-filesystem", "read-only-filesystem-deeper", "out-under-a-file", "out-under-a-file-deeper",
+         "read-only-filesystem", "read-only-filesystem-deeper", "out-in-proc", "out-inside-a-class-folder",
+         "disk-full-at-lock-time", "out-under-a-file", "out-under-a-file-deeper",
          "overwrite-symlink-to-a-folder-not-an-output", "overwrite-symlink-to-a-file",
          "config-table-for-size", "config-number-for-out", "config-boolean-for-size",
          "config-string-for-a-flag", "config-not-toml", "resume-on-a-complete-out-made-otherwise",
@@ -347,3 +365,31 @@ def test_a_photo_above_pillows_pixel_limit_is_skipped_naming_max_source_pixels_w
                                                                                           "b/img001.jpg"]
     help_text = " ".join(run_cli("--help").output.split())
     assert "The sources' limit is --max-source-pixels" in help_text and "bounded by --max-pixels" in help_text
+
+
+def test_a_failure_while_decoding_on_a_terminal_prints_no_empty_line_before_its_error(tree, tmp_path):
+    """The progress bar left an empty line before the error on a terminal that reports 0 columns (a
+    pty without a size: ``script``, some consoles), where tqdm's dynamic_ncols drew nothing."""
+    import pty
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.run([sys.executable, "-c", LMDB_EIO, str(tree), "--format", "lmdb", "--size", "24", "-o",
+                               str(tmp_path / "out"), "--workers", "1"], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=slave, env=env(), timeout=120)
+        os.close(slave)
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the terminal's other end is closed and read to its end
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        os.close(master)
+    text = seen.decode("utf-8", "replace").replace("\r\n", "\n")
+    assert proc.returncode == 1 and "Error: " in text, text
+    before = text[:text.index("Error: ")]  # "" or the bar's last state, then its newline
+    last = before[:-1].rsplit("\n", 1)[-1].rsplit("\r", 1)[-1]  # the line the terminal shows above the error
+    assert before == "" or (before.endswith("\n") and "18/18" in last), repr(before[-400:])

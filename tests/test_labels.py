@@ -99,13 +99,25 @@ def test_devkit_order_for_other_names_is_positional(tmp_path):
 
 def test_read_classes_from_text_files(tmp_path):
     f = tmp_path / "c.txt"
-    f.write_text("n03\n# comment\nn01 tench\n\nn02\n")
-    assert read_classes(f) == ["n03", "n01", "n02"]
+    f.write_text("n03\n# comment\nn01 tench\n\nn02\n")  # a line is one name
+    assert read_classes(f) == ["n03", "n01 tench", "n02"]
     f.write_text("index,wnid,name\n0,n05,x\n1,n04,y\n")
     assert read_classes(f) == ["n05", "n04"]
     f.write_text("a\nb\na\n")
     with pytest.raises(LabelsError, match="listed twice: a"):
         read_classes(f)
+
+
+def test_a_class_list_line_of_several_words_is_one_name(tmp_path):
+    """export_imagefolder's classes.txt holds Hugging Face's names ("tench, Tinca tinca"): each
+    line was cut to its first word, so "great white shark" and "great grey owl" were listed twice."""
+    f = tmp_path / "classes.txt"
+    f.write_text("tench, Tinca tinca\ngreat white shark, white shark\ngreat grey owl\n")
+    assert read_classes(f) == ["tench, Tinca tinca", "great white shark, white shark", "great grey owl"]
+    f.write_text("n01440764 tench, Tinca tinca\nn01443537 goldfish\n")  # synset_words.txt: the wnid
+    assert read_classes(f) == ["n01440764", "n01443537"]
+    f.write_text("index,class\n0,great white shark\n1,\"gray, photo\"\n")
+    assert read_classes(f) == ["great white shark", "gray, photo"]
 
 
 def test_a_labels_file_holding_only_its_header_is_refused_in_one_line_naming_it(flat, tmp_path):
@@ -127,3 +139,54 @@ def test_a_labels_file_mixing_class_names_and_indices_is_refused_saying_so(flat,
     # classes whose names are integers (folders 0..9) are names, not a mix
     listing, _ = flat_listing(flat, f, ["2", "n01"])
     assert listing.labels.tolist() == [1, 0]
+
+
+def test_a_label_of_several_words_is_one_class_name_and_kaggle_boxes_still_give_the_wnid(flat, tmp_path):
+    f = tmp_path / "l.tsv"
+    f.write_text("file\tlabel\nILSVRC2012_val_00000001.JPEG\tgreat white shark\n"
+                 "ILSVRC2012_val_00000002.JPEG\t great grey owl \nILSVRC2012_val_00000003.JPEG\tgolden retriever\n"
+                 "ILSVRC2012_val_00000004.JPEG\tgreat white shark\n")
+    listing, _ = flat_listing(flat, f, None)
+    assert listing.classes == ["golden retriever", "great grey owl", "great white shark"]
+    assert listing.labels.tolist() == [2, 1, 0, 2]
+    c = tmp_path / "l.csv"  # a quoted CSV field is one name, comma included
+    c.write_text('file,label\nILSVRC2012_val_00000001.JPEG,"gray, photo"\nILSVRC2012_val_00000002.JPEG,gray\n')
+    listing, _ = flat_listing(flat, c, None)
+    assert listing.classes == ["gray", "gray, photo"] and listing.labels.tolist() == [1, 0]
+    # Kaggle's LOC_val_solution.csv: "wnid x y x y wnid x y x y ...": the class is the wnid
+    c.write_text("ImageId,PredictionString\nILSVRC2012_val_00000001,n03 10 20 30 40 n03 1 2 3 4\n"
+                 "ILSVRC2012_val_00000002,n01 0 0 1.5 2\nILSVRC2012_val_00000003,n01\n")
+    listing, _ = flat_listing(flat, c, CLASSES)
+    assert listing.labels.tolist() == [2, 0, 0]
+    # a name and a number is a name, not a box: "boeing 747" and "boeing 737" stay apart
+    c.write_text("file,label\nILSVRC2012_val_00000001.JPEG,boeing 747\nILSVRC2012_val_00000002.JPEG,boeing 737\n")
+    assert flat_listing(flat, c, None)[0].classes == ["boeing 737", "boeing 747"]
+
+
+def test_two_labels_that_would_become_one_class_are_refused_naming_both(flat, tmp_path):
+    f = tmp_path / "l.csv"
+    f.write_text("file,label\nILSVRC2012_val_00000001.JPEG,great white shark\n"
+                 'ILSVRC2012_val_00000002.JPEG,"great  white\tshark"\n')
+    with pytest.raises(LabelsError) as err:
+        flat_listing(flat, f, None)
+    text = str(err.value)
+    assert "\n" not in text and text.startswith(f"{f}: ")
+    assert "'great white shark'" in text and "'great  white\\tshark'" in text and "differ only in spaces" in text
+
+
+def test_the_command_line_packs_multi_word_labels_as_separate_classes(tmp_path):
+    src = tmp_path / "flat"
+    src.mkdir()
+    for k, name in enumerate(["Landscape_1.jpg", "concert.jpg", "flowers.jpeg"]):
+        noise_image(24, 16, k).save(src / name)
+    g = tmp_path / "g.tsv"
+    g.write_text("file\tlabel\nLandscape_1.jpg\tgreat white shark\nconcert.jpg\tgreat grey owl\n"
+                 "flowers.jpeg\tgolden retriever\n")
+    out = tmp_path / "g.npy"
+    res = run_cli(src, "--labels", g, "--format", "npy", "--size", 8, "-o", out)
+    assert res.exit_code == 0, res.output
+    assert f"classes: 3 from the labels in {g}: golden retriever, great grey owl, great white shark" in res.output
+    from shardpack.readers import ShardDataset
+    ds = ShardDataset(out)
+    assert ds.classes == ["golden retriever", "great grey owl", "great white shark"]
+    assert [ds.classes[t] for t in ds.targets.tolist()] == ["great white shark", "great grey owl", "golden retriever"]

@@ -156,6 +156,26 @@ def test_a_killed_run_leaves_the_lock_free_and_is_named_as_interrupted(tree, tmp
     assert not lock_path(out).exists()
 
 
+def test_opening_an_output_a_live_run_is_writing_names_that_run_not_resume(tree, tmp_path):
+    """ShardDataset(OUT) while a run writes OUT said "an interrupted run left .OUT.partial; finish
+    it with --resume", which that live run's lock refuses; a killed run's is still named so."""
+    from shardpack.readers.manifest import ShardFormatError
+    out, gate = tmp_path / "two.lmdb", tmp_path / "gate"
+    first = start_gated(gate, tree, "--format", "lmdb", "--size", 16, "-o", out, "--quiet", "--workers", 1)
+    wait_at_gate(gate, first)
+    for split in (None, "val"):
+        with pytest.raises(ShardFormatError) as err:
+            ShardDataset(out, split=split)
+        assert str(err.value) == (f"{out}: no such shardpack output directory (a run, pid {first.pid}, is writing "
+                                  f"it now, in {partial_dir(out)}; open it once that run has finished)")
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    with pytest.raises(ShardFormatError) as err:
+        ShardDataset(out)
+    assert str(err.value) == (f"{out}: no such shardpack output directory (an interrupted run left "
+                              f"{partial_dir(out)}; finish it with --resume)")
+
+
 def test_two_plain_runs_started_at_the_same_instant_exactly_one_proceeds(tree, tmp_path):
     for attempt in range(4):
         out, gate, start = tmp_path / f"out{attempt}", tmp_path / f"gate{attempt}", tmp_path / f"start{attempt}"

@@ -238,19 +238,16 @@ def test_disk_full_mid_run_stops_and_resumes(tree, tmp_path, monkeypatch, fmt, w
 
 @pytest.mark.parametrize("fmt", ["npy", "hdf5"])
 def test_a_kill_while_skipped_rows_are_squeezed_out_is_refused_on_resume(tmp_path, monkeypatch, fmt):
-    """npy moves the kept rows forward in place: a rerun after a kill there would move them again
-    and store wrong pixels, so --resume must refuse and say to start over."""
+    """npy and HDF5 move the kept rows forward in place: a rerun after a kill there would move
+    them again and store wrong pixels, so --resume must refuse and say to start over."""
     src = make_tree(tmp_path / "src", {"a": 6, "b": 6})
     (src / "a" / "broken.jpg").write_bytes(b"not a picture")  # one skipped file: rows must move
+    import shardpack.packer.writers.hdf5 as h5w
     import shardpack.packer.writers.npy as npw
-    from shardpack.packer.writers import writer_class
 
     def killed(*args, **kwargs):
         raise KeyboardInterrupt
-    if fmt == "npy":  # in the middle of the moves
-        monkeypatch.setattr(npw, "compact_rows", killed)
-    else:  # anywhere in finishing
-        monkeypatch.setattr(writer_class(fmt, False), "finish", killed)
+    monkeypatch.setattr(npw if fmt == "npy" else h5w, "compact_rows", killed)  # in the middle of the moves
     with pytest.raises(KeyboardInterrupt):
         pack_quiet(src, tmp_path / "out", fmt, size=16)
     monkeypatch.undo()

@@ -165,3 +165,37 @@ def test_a_disk_of_just_what_the_space_check_asks_holds_the_run(can_mount, tiny3
     res = on_tmpfs(f"{-(-need // 4096) * 4 + 12}k", disk, tiny32, "--format", "npy", "--size", 32, "--resize", resize,
                    "--workers", 2, "--quiet", "-o", disk / "out")
     assert res.returncode == 0 and "packed 400 images" in res.stdout and "Traceback" not in res.stderr, res.stderr
+
+
+def test_hdf5_with_an_unreadable_file_finishes_on_a_disk_of_what_the_check_asks(can_mount, tmp_path):
+    """A skipped file made HDF5's finishing copy the kept rows into a second file (twice the
+    output), which the check did not count: the run passed it and failed at the very end, not
+    resumable. The rows are now squeezed in place (as npy's): a disk of what the check asks
+    holds the run, and the output is the same as npy's of the same files."""
+    import numpy as np
+
+    from shardpack.packer import Recipe
+    from shardpack.packer.scan import scan
+    from shardpack.packer.sizing import estimate_size, run_bytes
+    from shardpack.readers import ShardDataset
+    src = make_tree(tmp_path / "src", {"a": 6, "b": 6}, sizes=[(300, 280), (320, 240), (260, 340)])
+    (src / "a" / "3-empty.jpg").write_bytes(b"")  # unreadable, in the middle: rows after it move
+    listing, recipe = scan(src), Recipe(128)
+    need = run_bytes([listing], recipe, "hdf5", 1, [estimate_size(listing, recipe)])
+    disk, keep = tmp_path / "disk", tmp_path / "kept.hdf5"
+    disk.mkdir()
+    out = str(disk / "o.hdf5")  # copied out before the namespace, and its tmpfs, go
+    script = ("import os, shutil\nfrom shardpack.cli import pack_dataset\ntry:\n    pack_dataset()\nfinally:\n"
+              f"    os.path.isdir({out!r}) and shutil.copytree({out!r}, {str(keep)!r})\n")
+    res = run_cli(src, "--format", "hdf5", "--size", 128, "--workers", 1, "-o", out, script=script,
+                  namespace=f"mount -t tmpfs -o size={-(-need // 4096) * 4 + 12}k tmpfs {disk}")
+    assert res.returncode == 0 and "packed 12 images" in res.stdout, res.stderr
+    assert "skipped 1 unusable file" in res.stdout and "Traceback" not in res.stderr, res.stdout
+    got, want = ShardDataset(keep), ShardDataset(helpers.packed("npy", src, tmp_path / "o.npy", size=128))
+    assert len(got) == len(want) == 12 and got.targets.tolist() == want.targets.tolist() == [0] * 6 + [1] * 6
+    assert all(np.array_equal(got[i][0], want[i][0]) for i in range(12))
+    assert [got.source_path(i) for i in range(12)] == [want.source_path(i) for i in range(12)]
+    import h5py
+    with h5py.File(keep / "images.h5", "r") as f:  # a plain HDF5 file of the exact count
+        assert f["images"].shape == (12, 128, 128, 3) and f["labels"][:].tolist() == [0] * 6 + [1] * 6
+        assert np.array_equal(f["images"][11], np.asarray(want[11][0]).transpose(1, 2, 0))  # HWC there, CHW here

@@ -9,8 +9,11 @@ in afterwards by plain writes too, so a full disk is always a plain ENOSPC, neve
 failure (which left HDF5 unable to close the file and segfaulting at exit).
 
 Workers fill ``images`` in place through a memmap at its byte offset (h5py never runs in them).
-HDF5 cannot shrink a contiguous dataset, so when files were skipped the kept rows are copied
-into a new file of the exact count (the only case that needs the space twice).
+HDF5 cannot shrink a contiguous dataset, so when files were skipped the file is remade in place
+(``_remake``): the kept rows move to the front, then the bytes of a new file of the exact count
+(as ``_create`` makes it: its ``images`` starts at the same offset) are written around them and
+the file cut to its size. No second copy: finishing needs no more space than the file has (a
+copy into a new file needed it twice, which the space check did not count).
 
 Variable shapes (RaggedHdf5Writer): ``images`` is one flat contiguous uint8 dataset of every
 sample's HWC bytes in order, with ``offsets`` int64 (count + 1,) and ``shapes`` int32 (count, 3).
@@ -35,7 +38,7 @@ from ...readers.encoding import JPEG, RAW
 from ...readers.formats.hdf5 import dataset_offset
 from ...readers.manifest import HDF5_FILE
 
-from .base import InPlaceWriter, RaggedWriter, as_rows, fsync_path, reserve
+from .base import InPlaceWriter, RaggedWriter, as_rows, compact_rows, fsync_path, reserve
 
 
 class _FileImage(io.RawIOBase):
@@ -111,11 +114,10 @@ class _FileImage(io.RawIOBase):
                     f.write(self.pages[page][lo:min(hi, self.size - start)])
 
 
-def _create(path, count, shape, columns=(), attrs=None):
-    """Make ``path``: a contiguous ``images`` (count, *shape) uint8 whose blocks are allocated
-    (``reserve``) and left unfilled, the datasets ``columns`` ((name, array), ...) and the
-    attribute ``shardpack`` (``attrs`` as JSON). Everything HDF5 writes is written here, before
-    any pixel; the pixels then go in by plain writes at the returned byte offset of ``images``."""
+def _layout(count, shape, columns=(), attrs=None) -> tuple[_FileImage, int]:
+    """The HDF5 file of a contiguous ``images`` (count, *shape) uint8, allocated and never
+    filled, the datasets ``columns`` ((name, array), ...) and the attribute ``shardpack``
+    (``attrs`` as JSON), built in memory: (its image, the byte offset of ``images``)."""
     image = _FileImage()
     with h5py.File(image, "w", libver="earliest") as f:
         dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
@@ -125,9 +127,40 @@ def _create(path, count, shape, columns=(), attrs=None):
         for name, data in columns:
             f.create_dataset(name, data=data)
         f.attrs["shardpack"] = json.dumps(attrs or {})
+    return image, offset
+
+
+def _create(path, count, shape, columns=(), attrs=None):
+    """Make ``path`` (``_layout``): ``images``' blocks allocated (``reserve``) and left unfilled.
+    Everything HDF5 writes is written here, before any pixel; the pixels then go in by plain
+    writes at the returned byte offset of ``images``."""
+    image, offset = _layout(count, shape, columns, attrs)
     image.save(path)
     reserve(path, offset, count * int(np.prod(shape)))
     return offset
+
+
+def _remake(path, old_offset, n, kept, shape, columns, attrs) -> bool:
+    """Make ``path``, an images.h5 of ``n`` rows at ``old_offset``, the file of rows ``kept``
+    (sorted) in place: the rows move to the front of ``images``, then every byte of the new
+    file's layout (``_layout``) except its pixels is written and the file cut to its size.
+    False, leaving ``path`` as it was, when the new ``images`` would start after the old one
+    (a row could then be overwritten before it is read)."""
+    image, offset = _layout(len(kept), shape, columns, attrs)
+    if offset != old_offset:
+        return False
+    rows = np.memmap(path, np.uint8, "r+", offset=offset, shape=(n, *shape))
+    compact_rows(rows, kept)
+    rows.flush()
+    del rows
+    end = offset + len(kept) * int(np.prod(shape))
+    with open(path, "r+b", buffering=0) as f:
+        for lo, hi in ((0, offset), (end, image.size)):  # the header, and what follows the pixels
+            image.seek(lo)
+            f.seek(lo)
+            f.write(image.read(hi - lo))
+        f.truncate(image.size)
+    return True
 
 
 def _has_labels(path) -> bool:
@@ -174,9 +207,12 @@ class Hdf5Writer(InPlaceWriter):
 
     def finish(self, kept):
         count = len(kept)
-        if count < self.n or not _has_labels(self.path):
+        columns, attrs = [("labels", self.labels[kept])], self.options.get("attrs")
+        if count < self.n and _remake(self.path, self.offset, self.n, kept, self.shape, columns, attrs):
+            pass  # squeezed in place (staging's compacting marker is set: a kill here is not resumed)
+        elif count < self.n or not _has_labels(self.path):  # (an older shardpack's run, resumed: a copy)
             final = self.tmp / (HDF5_FILE + ".compact")
-            offset = _create(final, count, self.shape, [("labels", self.labels[kept])], self.options.get("attrs"))
+            offset = _create(final, count, self.shape, columns, attrs)
             src = np.memmap(self.path, np.uint8, "r", offset=self.offset, shape=(self.n, *self.shape))
             dst = np.memmap(final, np.uint8, "r+", offset=offset, shape=(count, *self.shape))
             step = max(1, (64 << 20) // max(1, src[0].nbytes))
