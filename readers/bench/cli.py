@@ -42,7 +42,7 @@ def _given(ctx, name) -> bool:
 @click.command()
 @click.argument("target")
 @click.option("--batch-size", type=click.IntRange(1), default=None,
-              help="Samples per batch [default: your DataLoader's own, else 64].")
+              help="Samples per batch [default: your DataLoader's own, else 64, capped to a PATH's samples].")
 @click.option("--mode", "modes", default="main,threads,processes", show_default=True,
               callback=_csv(str, ("main", "threads", "processes", "inprocess")),
               help="PATH only: make_loader's loading modes: main (in this process; inprocess is another "
@@ -129,6 +129,8 @@ def bench(ctx, target, json_path, plot_path, no_check, quiet, **kwargs):
         raise click.ClickException(str(err)) from None
     except ValueError as err:
         raise click.ClickException(str(err).splitlines()[0]) from None
+    if not result.interrupted and (why := result.unmeasured()) is not None:
+        raise click.ClickException(f"{target}: no setting could be measured ({why})")
     click.echo(result.text())
     if json_path:
         import json
@@ -150,16 +152,18 @@ def bench(ctx, target, json_path, plot_path, no_check, quiet, **kwargs):
 
 def _run_path(target, kw, no_check, quiet):
     from .grid import augment_transform
-    from .run import run_bench
+    from .run import BatchTooLarge, run_bench
     try:
         augment_transform(kw["augment"])  # a bad name is a usage error (exit status 2)
     except ValueError as err:
         raise click.UsageError(str(err)) from None
     args = {k: v for k, v in kw.items() if k not in USER_ONLY}
-    args["batch_size"] = args["batch_size"] or 64
     args["seconds"] = args["seconds"] or 1.5
     args["prefetch"] = args["prefetch"] or (2, 4)
-    return run_bench(target, check=not no_check, progress=not quiet, **args)
+    try:
+        return run_bench(target, check=not no_check, progress=not quiet, **args)
+    except BatchTooLarge as err:
+        raise click.UsageError(str(err)) from None
 
 
 def _run_user(target, kw, no_check, quiet):

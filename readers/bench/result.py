@@ -17,6 +17,11 @@ class BenchResult:
     warnings: list[str] = field(default_factory=list)
     interrupted: bool = False
 
+    def unmeasured(self) -> str | None:
+        """None when at least one setting was measured; else why not, in one line (the first
+        cell's error)."""
+        raise NotImplementedError
+
     def text(self) -> str:
         raise NotImplementedError
 

