@@ -64,3 +64,33 @@ def test_nothing_measured_exits_non_zero_in_one_line_without_a_plot(tmp_path):
     assert "Traceback" not in stderr and "No artists" not in stderr
     assert not (tmp_path / "b.png").exists()
 
+
+def bomb_png(path: Path, side: int = 65536) -> Path:
+    """A 1-bit grey PNG whose header claims ``side`` x ``side`` pixels (a decompression bomb by
+    Pillow's limit); its pixel data is a few hundred bytes of zeros."""
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    rows = zlib.compress(b"\0" * (1 + side // 8) * 8)  # 8 rows: truncated data, never read
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 1, 0, 0, 0, 0))
+                     + chunk(b"IDAT", rows) + chunk(b"IEND", b""))
+    return path
+
+
+def test_a_raw_folder_skips_undecodable_files_as_the_packer_does(tmp_path):
+    """A decompression bomb and a truncated JPEG in a raw folder: bench lists both, skipped with
+    the reason, and measures the rest; no traceback. --compare alike."""
+    src = make_tree(tmp_path / "src", {"a": 4, "b": 4})
+    bomb_png(src / "a" / "bomb.png")
+    good = (src / "b").iterdir().__next__().read_bytes()
+    (src / "b" / "cut.jpg").write_bytes(good[:len(good) // 3])
+    out = pack_quiet(src, tmp_path / "out", "npy", size=24).out
+    for args in ([src], [out, "--compare", src]):
+        rc, stdout, stderr = bench(*args, "--batch-size", "4", *FAST)
+        assert rc == 0, stdout + stderr
+        assert "Traceback" not in stderr and "| main | 0 |" in stdout
+        skipped = [ln for ln in stdout.splitlines() if ln.startswith("skipped")]
+        assert any("bomb.png" in ln and "decompression bomb" in ln for ln in skipped), stdout
+        assert any("cut.jpg" in ln and "truncated" in ln for ln in skipped), stdout

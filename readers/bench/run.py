@@ -130,6 +130,9 @@ def run_bench(path, *, batch_size: int | None = None, modes=MODES, workers=None,
             result.compare = run_grid(raw[0], settings, source=str(compare), kind=RAW_FOLDER,
                                       description=raw[2], bar=bar, **common)
             result.interrupted = result.compare.interrupted
+    for g, source in ((result.grid, ds), (result.compare, raw and raw[0])):
+        if g is not None and getattr(source, "skipped", None):
+            g.skipped += [f"skipped as the packer skips it: {name}: {why}" for name, why in source.skipped.items()]
     rec = recommend(result.grid)
     result.warnings = path_notices(path, ds, kind, result.grid, rec[0] if rec else None, compare)
     if rec is None or result.interrupted:
