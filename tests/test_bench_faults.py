@@ -94,3 +94,46 @@ def test_a_raw_folder_skips_undecodable_files_as_the_packer_does(tmp_path):
         skipped = [ln for ln in stdout.splitlines() if ln.startswith("skipped")]
         assert any("bomb.png" in ln and "decompression bomb" in ln for ln in skipped), stdout
         assert any("cut.jpg" in ln and "truncated" in ln for ln in skipped), stdout
+
+
+SLOW_SET = """import os, time, torch
+class Slow(torch.utils.data.Dataset):
+    calls = 0
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        Slow.calls += 1
+        if Slow.calls == 60:  # the first cell has passes: tell the test
+            open(os.environ["BENCH_READY"], "w").close()
+        time.sleep(0.002)
+        return torch.zeros(3, 4, 4), i % 2
+slow = Slow()
+"""
+
+
+@pytest.mark.parametrize("sig, ignored_sigint, status, word", [
+    ("SIGTERM", False, 143, "SIGTERM"),
+    ("SIGINT", True, 130, "Ctrl-C"),  # a background job inherits SIGINT ignored: pack-dataset stops anyway
+])
+def test_a_signal_prints_what_was_measured(tmp_path, sig, ignored_sigint, status, word):
+    import os
+    import signal
+    import time
+    (tmp_path / "slow.py").write_text(SLOW_SET)
+    ready = tmp_path / "ready"
+    env = {**os.environ, "BENCH_READY": str(ready)}
+    preexec = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignored_sigint else None
+    p = subprocess.Popen([sys.executable, "-c", "from shardpack.cli import main; main()", "bench",
+                          f"{tmp_path / 'slow.py'}:slow", "--workers", "0", "--batch-size", "4", "--seconds", "0.2",
+                          "--repeats", "50", "--quiet", "--no-check", "--no-epoch-start"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
+                         preexec_fn=preexec)
+    deadline = time.monotonic() + 60
+    while not ready.exists() and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.05)
+    time.sleep(0.3)  # into the timed passes
+    p.send_signal(getattr(signal, sig))
+    stdout, stderr = p.communicate(timeout=60)
+    assert p.returncode == status, stdout + stderr
+    assert "INTERRUPTED: what follows is what was measured before " + word in stdout, stdout + stderr
+    assert "| 0 |" in stdout and "Traceback" not in stderr

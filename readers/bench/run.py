@@ -51,7 +51,7 @@ class PathBenchResult(BenchResult):
         if self.warnings:
             out += [""] + [f"warning: {w}" for w in self.warnings]
         if self.interrupted:
-            out += ["", "interrupted: the numbers above are what was measured before Ctrl-C"]
+            out += ["", f"interrupted: the numbers above are what was measured before {self.stopped_by}"]
         return "\n".join(out)
 
     def unmeasured(self) -> str | None:

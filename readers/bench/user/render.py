@@ -99,7 +99,7 @@ def render_text(res) -> str:
                  f"first batch, first pass / later passes (persistent workers: their loader is kept)")
     lines.append(f"batches copied to {res.device}" if res.device else "batches stay in host memory (no GPU copy)")
     if res.interrupted:
-        lines.append("INTERRUPTED: what follows is what was measured before Ctrl-C")
+        lines.append(f"INTERRUPTED: what follows is what was measured before {res.stopped_by}")
     knee_at = {}
     for k in res.knees:
         for c in res.cells:
