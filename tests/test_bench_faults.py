@@ -137,3 +137,25 @@ def test_a_signal_prints_what_was_measured(tmp_path, sig, ignored_sigint, status
     assert p.returncode == status, stdout + stderr
     assert "INTERRUPTED: what follows is what was measured before " + word in stdout, stdout + stderr
     assert "| 0 |" in stdout and "Traceback" not in stderr
+
+
+def test_an_unbatched_loader_is_measured_not_blamed(tmp_path):
+    """DataLoader(batch_size=None) yields samples one by one, through default_convert: bench's
+    breakdown must time that, not run default_collate on a lone sample."""
+    (tmp_path / "nobatch.py").write_text(
+        "import numpy as np, torch\n"
+        "class HWC(torch.utils.data.Dataset):\n"
+        "    def __len__(self):\n"
+        "        return 64\n"
+        "    def __getitem__(self, i):\n"
+        "        return np.full((8, 8, 3), i, np.uint8), i % 2\n"
+        "nobatch = torch.utils.data.DataLoader(HWC(), batch_size=None)\n")
+    rc, stdout, stderr = bench(f"{tmp_path / 'nobatch.py'}:nobatch", "--workers", "0,1", "--prefetch", "2",
+                               "--persistent", "off", "--seconds", "0.1", "--repeats", "1", "--quiet",
+                               "--no-check", "--no-epoch-start")
+    assert rc == 0, stdout + stderr
+    assert "your code raised" not in stdout + stderr and "time goes: not measured" not in stdout, stdout
+    assert "unbatched" in stdout, stdout
+    lines = stdout.splitlines()
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("where a batch's time goes"))
+    assert any("__getitem__" in ln for ln in lines[at:at + 6]), "\n".join(lines[at:at + 8])

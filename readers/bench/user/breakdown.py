@@ -209,6 +209,8 @@ def breakdown(base: Base, workers: int, seconds: float, device=None) -> dict:
     total ms/batch, the sample described, MB per batch and the flags."""
     setting = UserSetting(workers, 1 if workers else None, False if workers else None, False)
     collate = base.fixed.get("collate_fn")
+    if collate is None and base.unbatched:  # what DataLoader runs per sample without batching
+        collate = torch.utils.data.default_convert
     times: list[dict] = []
     dev = None if device is None else torch.device(device)
 
@@ -237,13 +239,13 @@ def breakdown(base: Base, workers: int, seconds: float, device=None) -> dict:
            "handoff_ms": per["handoff_s"] if workers else None,
            "h2d_ms": 1000 * statistics.median(t["h2d_s"] for t in times) if dev is not None else None,
            "sample": sample, "mb_per_batch": mb,
-           "flags": flags(sample, mb, collate is None)}
+           "flags": flags(sample, mb, collate is None), "unbatched": base.unbatched}
     return out
 
 
 def variants(base: Base) -> dict:
     """The fixes bench can apply itself, for :func:`compare`: {name: (dataset, collate_fn, note)}."""
-    if base.kind != "dataset":
+    if base.kind != "dataset" or base.unbatched:  # the fixes batch: nothing to compare per sample
         return {}
     sample = first_sample(base)
     info = describe(image_of(sample))

@@ -213,6 +213,10 @@ def run_user_bench(target, model=None, *, batch_size: int | None = None, workers
     res.scope = Scope.of(target, obj, kind)
     res.load["start"] = load_average()
     res.cores = {"usable": cores, "physical": physical_cores(), "logical": os.cpu_count()}
+    if base.unbatched:
+        res.skipped.append("unbatched loader (batch_size=None): each batch is one sample, as DataLoader's "
+                           "default_convert gives it (the breakdown's collate is that conversion; the batching "
+                           "fixes are not measured); --batch-size N measures batches of N")
     if base.kind == "iterable":
         res.skipped.append("IterableDataset: measured without the sampler grid (it yields its own order; "
                            "each pass stops once its floors are met)")
