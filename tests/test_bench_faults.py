@@ -159,3 +159,25 @@ def test_an_unbatched_loader_is_measured_not_blamed(tmp_path):
     lines = stdout.splitlines()
     at = next(i for i, ln in enumerate(lines) if ln.startswith("where a batch's time goes"))
     assert any("__getitem__" in ln for ln in lines[at:at + 6]), "\n".join(lines[at:at + 8])
+
+
+def test_the_recommendation_says_the_rule_it_used():
+    """Persistent on/off are chosen between as one (passes pooled): the pooled medians are within
+    10% (340 vs 365) while the recommended cell alone (276) is 71% of the fastest cell (386).
+    The line must not call 276 "within 10% of" 386."""
+    from shardpack.readers.bench import Pass
+    from shardpack.readers.bench.advice import recommend
+    from shardpack.readers.bench.cells import PathCell, PathSetting
+    from shardpack.readers.bench.grid import Grid
+
+    def cell(workers, persistent, rates):
+        s = PathSetting("processes", workers, 4, persistent, False)
+        return PathCell(s, [Pass(0.01, 10, 640, 640 / r) for r in rates], cold=Pass(0.5, 1, 64, 0.5))
+    light_on = cell(1, True, [250, 276, 400])
+    cells = [light_on, cell(1, False, [300, 380, 390]), cell(2, True, [370, 386, 400]), cell(2, False, [300, 330, 360])]
+    g = Grid("x", "raw", "synthetic", 1000, (3, 8, 8), 64, "none", 1.0, 3, 0.10, None)
+    g.cells = cells
+    pick, why = recommend(g)
+    assert pick is light_on and pick.rate == 276
+    assert "the lightest setting within 10% of the fastest cell" not in why, why
+    assert "340" in why and "365" in why and "72%" in why and "386" in why, why  # 276 / 386

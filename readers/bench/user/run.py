@@ -120,6 +120,11 @@ def recommend_user(cells: list[UserCell], tolerance: float, cores: int) -> tuple
                f"({best.rate:,.0f} samples/s, {best.setting.label}); every lighter one is slower beyond the spread")
     else:
         why = f"the fastest setting; every lighter one is more than {tolerance:.0%} slower, beyond the spread"
+    if ch.pick != ch.best and pick.rate < (1 - tolerance) * best.rate:  # within by the pooled medians only
+        pooled = {g: statistics.median([r for c in groups[g] for r in c.rates]) for g in (ch.pick, ch.best)}
+        why += (f"; the medians compared pool persistent_workers on and off ({pooled[ch.pick]:,.0f} vs "
+                f"{pooled[ch.best]:,.0f} samples/s): this cell alone reads {pick.rate / best.rate:.0%} of the "
+                f"fastest cell's {best.rate:,.0f}")
     why += keep_why
     if over:
         top = max(over, key=lambda c: c.rate)
