@@ -181,3 +181,57 @@ def test_the_recommendation_says_the_rule_it_used():
     assert pick is light_on and pick.rate == 276
     assert "the lightest setting within 10% of the fastest cell" not in why, why
     assert "340" in why and "365" in why and "72%" in why and "386" in why, why  # 276 / 386
+
+
+ODD = """import torch
+class Words(torch.utils.data.Dataset):  # float images, string labels
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        return torch.full((3, 8, 8), float(i)), "cat" if i % 2 else "dog"
+class Scalars(torch.utils.data.Dataset):  # a number per sample, no image
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        return float(i), i % 2
+class Images(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        return torch.full((3, 8, 8), float(i)), i % 2
+class NoParams(torch.nn.Module):  # nothing to train: a fixed projection
+    def forward(self, x):
+        return x.flatten(1)[:, :2]
+words, scalars, images = Words(), Scalars(), Images()
+"""
+ODD_FAST = ["--workers", "0", "--seconds", "0.1", "--repeats", "1", "--quiet", "--no-check", "--no-epoch-start",
+            "--batch-size", "4"]
+
+
+@pytest.fixture(scope="module")
+def odd(tmp_path_factory):
+    path = tmp_path_factory.mktemp("odd") / "odd.py"
+    path.write_text(ODD)
+    return path
+
+
+def test_string_labels_get_a_clear_line(odd):
+    rc, stdout, stderr = bench(f"{odd}:words", *ODD_FAST)
+    assert rc == 0, stdout + stderr
+    assert "invalid literal" not in stdout and "time goes: not measured" not in stdout, stdout
+    assert "__getitem__" in stdout  # the breakdown was measured
+    assert "labels are str ('cat')" in stdout or "labels are str ('dog')" in stdout, stdout
+
+
+def test_scalar_samples_are_described_as_such(odd):
+    rc, stdout, stderr = bench(f"{odd}:scalars", *ODD_FAST)
+    assert rc == 0, stdout + stderr
+    line = next(ln for ln in stdout.splitlines() if ln.startswith("a sample's image"))
+    assert "None" not in line and "a float, not an array or tensor" in line, line
+
+
+def test_a_model_without_parameters_runs_forward_only(odd):
+    rc, stdout, stderr = bench(f"{odd}:images", *ODD_FAST, "--model", f"{odd}:NoParams")
+    assert rc == 0, stdout + stderr
+    assert "empty parameter list" not in stdout + stderr
+    assert "forward only: the model has no trainable parameters" in stdout, stdout
