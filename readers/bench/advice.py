@@ -82,14 +82,23 @@ def recommend(grid: Grid) -> tuple[PathCell, str] | None:
     best = max(groups[ch.best], key=lambda c: c.rate)
     rivals = [groups[g][0].setting if len(groups[g]) == 1 else g for g in ch.rivals]
     why = f"{pick.rate:,.0f} samples/s, "
+    pooled = (f"persistent_workers on and off taken together (passes pooled: median "
+              f"{statistics.median(rates[ch.pick]):,.0f} vs {statistics.median(rates[ch.best]):,.0f} samples/s, "
+              f"{ch.best.label})")
+    fastest = "the fastest cell" if pick is best else f"the fastest setting with {pooled}"
     if ch.pick == ch.best and rivals:
-        why += "the fastest cell by the medians"
+        why += f"{fastest} by the medians"
     elif ch.pick == ch.best:
-        why += (f"the fastest cell, and every lighter setting is more than {grid.tolerance:.0%} slower, "
-                f"beyond the spread")
-    else:
+        why += f"{fastest}, and every lighter setting is more than {grid.tolerance:.0%} slower, beyond the spread"
+    elif pick.rate >= (1 - grid.tolerance) * best.rate:
         why += (f"the lightest setting within {grid.tolerance:.0%} of the fastest cell "
                 f"({best.rate:,.0f} samples/s, {best.setting.label})")
+    else:  # the pooled medians are within the tolerance, this cell alone is not: say the rule
+        why += (f"the lightest setting within {grid.tolerance:.0%} of the fastest with {pooled}; this cell alone "
+                f"reads {pick.rate / best.rate:.0%} of the fastest cell ({best.rate:,.0f} samples/s, "
+                f"{best.setting.label})")
+    if pick is not best and ch.pick == ch.best:
+        why += f"; the fastest cell alone: {best.rate:,.0f} samples/s, {best.setting.label}"
     if pick.setting.persistent:
         why += f"; persistent workers start an epoch in {pick.epoch_start_ms:.0f} ms"
     if rivals:

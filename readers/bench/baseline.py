@@ -12,6 +12,7 @@ center-crop`` makes them (:class:`PilResizeCenterCrop`).
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -35,26 +36,61 @@ class JpegFolder(torch.utils.data.Dataset):
     ``PIL.Image.open`` + ``convert("RGB")``, ``transform`` on the PIL image, then a uint8 CHW
     tensor (torchvision's PILToTensor). Written here because torchvision is optional.
     ``classes`` are the sorted class folder names; ``__getitems__`` lets ``make_loader`` fetch
-    whole batches (a per-sample loop here)."""
+    whole batches (a per-sample loop here).
+
+    A file the packer skips (:func:`undecodable`: a possible decompression bomb, a truncated or
+    unreadable file) is skipped here too: the next file in the list stands in for it, and
+    ``skipped`` records ``{path relative to root: reason}`` (in the process that met it).
+    Raises ValueError when no file decodes."""
 
     def __init__(self, root, transform=None, repeat: int = 1):
         self.classes, samples = image_files(root)
+        self.root = str(root)
         self.files = [(os.path.join(root, path), k) for path, k in samples]
         self.transform, self.repeat = transform, repeat
+        self.skipped: dict[str, str] = {}
 
     def __len__(self):
         return len(self.files) * self.repeat
 
     def __getitem__(self, i):
-        path, label = self.files[i % len(self.files)]
-        with Image.open(path) as img:
-            img = img.convert("RGB")
+        for k in range(len(self.files)):
+            path, label = self.files[(i + k) % len(self.files)]
+            img, why = undecodable(path)
+            if img is not None:
+                break
+            self.skipped.setdefault(os.path.relpath(path, self.root), why)
+        else:
+            raise ValueError(f"{self.root}: no image in it decodes (e.g. {next(iter(self.skipped.items()))[1]})")
         if self.transform is not None:
             img = self.transform(img)
         return torch.from_numpy(np.asarray(img).copy()).permute(2, 0, 1), label
 
     def __getitems__(self, indices):
         return [self[i] for i in indices]
+
+
+def undecodable(path) -> tuple[Image.Image | None, str]:
+    """``(RGB image, "")``, or ``(None, reason)`` for a file the packer skips with its defaults
+    (packer/imaging.py): above Pillow's ``Image.MAX_IMAGE_PIXELS`` (a possible decompression
+    bomb; its pixels are never decoded), truncated, or not an image Pillow reads."""
+    import warnings
+    limit = Image.MAX_IMAGE_PIXELS
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Pillow's bomb warning below twice the limit: decided here
+            with Image.open(path) as img:
+                w, h = img.size
+                if limit is not None and w * h > limit:
+                    return None, (f"{w}x{h} = {w * h:,} pixels is above Pillow's MAX_IMAGE_PIXELS of {limit:,}, "
+                                  f"a possible decompression bomb")
+                return img.convert("RGB"), ""
+    except Image.DecompressionBombError as err:  # Pillow's own check, at twice the limit
+        pixels = re.search(r"\((\d+) pixels\)", str(err))
+        return None, (f"{f'{int(pixels[1]):,}' if pixels else 'more than twice its'} pixels is above Pillow's "
+                      f"MAX_IMAGE_PIXELS of {limit:,}, a possible decompression bomb")
+    except (OSError, SyntaxError, ValueError, EOFError) as err:
+        return None, (f"{type(err).__name__}: {err}" if str(err) else type(err).__name__).splitlines()[0]
 
 
 class PilResizeCenterCrop:

@@ -6,7 +6,10 @@ torch); the measuring modules are imported when the command runs.
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
+from contextlib import contextmanager
 
 import click
 
@@ -42,7 +45,7 @@ def _given(ctx, name) -> bool:
 @click.command()
 @click.argument("target")
 @click.option("--batch-size", type=click.IntRange(1), default=None,
-              help="Samples per batch [default: your DataLoader's own, else 64].")
+              help="Samples per batch [default: your DataLoader's own, else 64, capped to a PATH's samples].")
 @click.option("--mode", "modes", default="main,threads,processes", show_default=True,
               callback=_csv(str, ("main", "threads", "processes", "inprocess")),
               help="PATH only: make_loader's loading modes: main (in this process; inprocess is another "
@@ -99,7 +102,8 @@ def bench(ctx, target, json_path, plot_path, no_check, quiet, **kwargs):
     a recommendation (for your code, as a DataLoader(...) line to paste); with --step-ms or
     --model, says whether loading is the bottleneck (data >= 40% of a step). For your code it
     also shows where a batch's time goes, measures the fixes it can apply, and the epoch start
-    under spawn with and without persistent workers. Ctrl-C prints what was measured so far."""
+    under spawn with and without persistent workers. Ctrl-C or SIGTERM prints what was measured
+    so far (exit 130, 143)."""
     import os
     if (refusal := url_refusal(target)) is not None:
         raise PathRefused(refusal, ctx, ctx.command.params[0])
@@ -116,19 +120,21 @@ def bench(ctx, target, json_path, plot_path, no_check, quiet, **kwargs):
     if wrong:
         flag = "--" + wrong[0].replace("modes", "mode").replace("data_path", "data").replace("_", "-")
         raise click.UsageError(f"{flag} applies to {'a PATH' if user else 'your code (FILE.py:NAME)'} only")
+    if not user and not os.path.isdir(target):
+        where, sep, _ = target.rpartition(":")
+        hint = f" (no such file {where})" if sep and where.endswith(".py") else ""
+        raise click.UsageError(f"{target}: not a folder, nor FILE.py:NAME / module:NAME{hint}")
     try:
-        if user:
-            result = _run_user(target, kwargs, no_check, quiet)
-        else:
-            if not os.path.isdir(target):
-                where, sep, _ = target.rpartition(":")
-                hint = f" (no such file {where})" if sep and where.endswith(".py") else ""
-                raise click.UsageError(f"{target}: not a folder, nor FILE.py:NAME / module:NAME{hint}")
-            result = _run_path(target, kwargs, no_check, quiet)
+        with taking_signals() as got:
+            result = (_run_user if user else _run_path)(target, kwargs, no_check, quiet)
+        if result.interrupted and got["signum"] not in (None, signal.SIGINT):
+            result.stopped_by = signal.Signals(got["signum"]).name
     except TargetError as err:
         raise click.ClickException(str(err)) from None
     except ValueError as err:
         raise click.ClickException(str(err).splitlines()[0]) from None
+    if not result.interrupted and (why := result.unmeasured()) is not None:
+        raise click.ClickException(f"{target}: no setting could be measured ({why})")
     click.echo(result.text())
     if json_path:
         import json
@@ -145,21 +151,53 @@ def bench(ctx, target, json_path, plot_path, no_check, quiet, **kwargs):
             raise click.ClickException(str(err)) from None
         click.echo(f"plot: {plot_path}")
     if result.interrupted:
-        sys.exit(130)
+        sys.exit(128 + (got["signum"] or signal.SIGINT))
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGINT or SIGTERM during the measuring (``signum``), taken as Ctrl-C is."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = int(signum)
+
+
+@contextmanager
+def taking_signals():
+    """SIGINT and SIGTERM raise :class:`Stopped` in the main thread while bench measures, so
+    either one ends the run with what was measured, as pack-dataset takes them (its handlers
+    are installed even over a SIGINT inherited as ignored, e.g. a background ``&`` job). Yields
+    a dict whose ``"signum"`` is the signal that landed (None: none)."""
+    got = {"signum": None}
+    if threading.current_thread() is not threading.main_thread():
+        yield got
+        return
+
+    def stop(signum, _frame):
+        got["signum"] = signum
+        raise Stopped(signum)
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield got
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _run_path(target, kw, no_check, quiet):
     from .grid import augment_transform
-    from .run import run_bench
+    from .run import BatchTooLarge, run_bench
     try:
         augment_transform(kw["augment"])  # a bad name is a usage error (exit status 2)
     except ValueError as err:
         raise click.UsageError(str(err)) from None
     args = {k: v for k, v in kw.items() if k not in USER_ONLY}
-    args["batch_size"] = args["batch_size"] or 64
     args["seconds"] = args["seconds"] or 1.5
     args["prefetch"] = args["prefetch"] or (2, 4)
-    return run_bench(target, check=not no_check, progress=not quiet, **args)
+    try:
+        return run_bench(target, check=not no_check, progress=not quiet, **args)
+    except BatchTooLarge as err:
+        raise click.UsageError(str(err)) from None
 
 
 def _run_user(target, kw, no_check, quiet):

@@ -42,16 +42,23 @@ def model_step_ms(model: torch.nn.Module, shape, classes: int, device=None, seco
 def timed_steps(model, x, y, dev, prep, warmup: int, seconds: float, max_steps: int) -> list[float]:
     """Milliseconds of each SGD training step of ``model`` on the fixed batch ``(prep(x), y)``:
     ``warmup`` untimed steps, then steps until ``seconds`` have passed (at least 3, at most
-    ``max_steps``), CUDA synchronised after each."""
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    ``max_steps``), CUDA synchronised after each. A model without trainable parameters (nothing
+    for an optimizer) runs forward and the loss only, under ``torch.no_grad`` (see
+    :func:`trainable`)."""
+    train = trainable(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9) if train else None
     loss_fn = torch.nn.CrossEntropyLoss()
 
     def step():
         t0 = time.perf_counter()
-        loss = loss_fn(model(prep(x)), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        if opt is None:
+            with torch.no_grad():
+                loss_fn(model(prep(x)), y)
+        else:
+            loss = loss_fn(model(prep(x)), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         return 1000 * (time.perf_counter() - t0)
@@ -62,6 +69,11 @@ def timed_steps(model, x, y, dev, prep, warmup: int, seconds: float, max_steps: 
     while len(times) < 3 or (time.perf_counter() < end and len(times) < max_steps):
         times.append(step())
     return times
+
+
+def trainable(model: torch.nn.Module) -> bool:
+    """True when ``model`` has a parameter that requires grad (what an optimizer steps)."""
+    return any(p.requires_grad for p in model.parameters())
 
 
 def build_model(spec: str, classes: int) -> torch.nn.Module:

@@ -51,8 +51,14 @@ class PathBenchResult(BenchResult):
         if self.warnings:
             out += [""] + [f"warning: {w}" for w in self.warnings]
         if self.interrupted:
-            out += ["", "interrupted: the numbers above are what was measured before Ctrl-C"]
+            out += ["", f"interrupted: the numbers above are what was measured before {self.stopped_by}"]
         return "\n".join(out)
+
+    def unmeasured(self) -> str | None:
+        if self.grid.measured:
+            return None
+        return next((f"every cell failed, the first with {c.error}" for c in self.grid.cells if c.error),
+                    "no cell ran")
 
     def json(self) -> dict:
         """Everything as a JSON-ready dict (raw numbers per pass)."""
@@ -67,7 +73,14 @@ class PathBenchResult(BenchResult):
         plot(path, self.grid, self.compare, step=self.step)
 
 
-def run_bench(path, *, batch_size: int = 64, modes=MODES, workers=None, pin_memory: str = "both",
+DEFAULT_BATCH = 64  # bench's batch when none is given, capped to the samples
+
+
+class BatchTooLarge(ValueError):
+    """A given batch size larger than the samples: no cell could yield a batch (drop_last)."""
+
+
+def run_bench(path, *, batch_size: int | None = None, modes=MODES, workers=None, pin_memory: str = "both",
           prefetch=(2, 4), persistent: str = "both", augment: str = "none", seconds: float = 1.5,
           repeats: int = 3, tolerance: float = TOLERANCE, size: int | None = None, compare=None,
           step_ms: float | None = None, model: str | None = None, check: bool = True,
@@ -82,8 +95,10 @@ def run_bench(path, *, batch_size: int = 64, modes=MODES, workers=None, pin_memo
     :func:`default_workers`; ``pin_memory`` and ``persistent`` are on, off or both; ``size``
     is the raw folder's Resize + CenterCrop side (default: the packed side with ``compare``,
     else 256). ``check``: rerun the recommended setting as a plain loop (:func:`plain_loop`,
-    ``seconds x repeats``, at least 5 s). Ctrl-C returns what was measured (``interrupted``). Raises
-    ValueError on a bad argument or source."""
+    ``seconds x repeats``, at least 5 s). ``batch_size`` None: 64, capped to the samples (of
+    ``path`` and ``compare``, the fewer) with a note. Ctrl-C returns what was measured
+    (``interrupted``). Raises ValueError on a bad argument or source, BatchTooLarge (a
+    ValueError) for a ``batch_size`` above the samples, naming the largest that works."""
     from ..progress import progress as progress_bar
     augment_transform(augment)  # validate before any work
     ds, kind, description = open_source(path, size)
@@ -94,6 +109,7 @@ def run_bench(path, *, batch_size: int = 64, modes=MODES, workers=None, pin_memo
         raw = open_source(compare, size or ds.reader.shape[0])
         if raw[1] != RAW_FOLDER:
             raise ValueError(f"--compare {compare}: give the raw ImageFolder tree, not a packed output")
+    batch_size, capped = batch_for(batch_size, path, len(ds), None if raw is None else (compare, len(raw[0])))
     module = None
     if model is not None:
         module = load_model(model, len(ds.classes))  # fail now, not after the grid
@@ -104,7 +120,7 @@ def run_bench(path, *, batch_size: int = 64, modes=MODES, workers=None, pin_memo
         raise ValueError("the grid is empty: check --mode and --workers")
     device = "cuda" if torch.cuda.is_available() else None
     common = dict(batch_size=batch_size, augment=augment, seconds=seconds, repeats=repeats,
-                  tolerance=tolerance, skipped=skipped, device=device, seed=seed)
+                  tolerance=tolerance, skipped=skipped + capped, device=device, seed=seed)
     with progress_bar(total=len(settings) * (repeats + 1) * (2 if raw else 1), unit="pass", desc="bench",
                       enabled=progress, dynamic_ncols=True) as bar:
         result = PathBenchResult(run_grid(ds, settings, source=str(path), kind=kind, description=description,
@@ -114,6 +130,9 @@ def run_bench(path, *, batch_size: int = 64, modes=MODES, workers=None, pin_memo
             result.compare = run_grid(raw[0], settings, source=str(compare), kind=RAW_FOLDER,
                                       description=raw[2], bar=bar, **common)
             result.interrupted = result.compare.interrupted
+    for g, source in ((result.grid, ds), (result.compare, raw and raw[0])):
+        if g is not None and getattr(source, "skipped", None):
+            g.skipped += [f"skipped as the packer skips it: {name}: {why}" for name, why in source.skipped.items()]
     rec = recommend(result.grid)
     result.warnings = path_notices(path, ds, kind, result.grid, rec[0] if rec else None, compare)
     if rec is None or result.interrupted:
@@ -140,6 +159,25 @@ def run_bench(path, *, batch_size: int = 64, modes=MODES, workers=None, pin_memo
         result.advice.append(f"before packing (raw JPEGs, {raw_rec[0].setting.label}): data would be "
                              f"{share:.1%} of a step ({raw_rec[0].ms_per_batch:.1f} ms per batch)")
     return result
+
+
+def batch_for(batch_size, path, count: int, other=None) -> tuple[int, list[str]]:
+    """``(batch size, notes)``: every cell drops the last incomplete batch, so a batch needs at
+    most the samples of the smaller source (``other``: ``(compare, its count)``). None: the
+    default 64, capped to the samples with a note (a default is bench's guess, not the user's);
+    a given size above the samples raises BatchTooLarge (measuring another size than asked
+    would answer another question)."""
+    where, n = (path, count) if other is None or count <= other[1] else other
+    if batch_size is None:
+        if DEFAULT_BATCH <= n:
+            return DEFAULT_BATCH, []
+        return n, [f"batch size {n}: the default {DEFAULT_BATCH} is more than the {n} samples of {where} "
+                   f"(give --batch-size to choose)"]
+    if batch_size > n:
+        raise BatchTooLarge(f"--batch-size {batch_size} is larger than the {n} samples of {where}: every cell "
+                            f"drops the last incomplete batch, so none would yield one; use --batch-size {n} "
+                            f"or less")
+    return batch_size, []
 
 
 def path_notices(path, ds, kind: str, grid: Grid, rec, compare=None) -> list[str]:

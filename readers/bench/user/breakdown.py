@@ -173,6 +173,29 @@ def flags(sample: dict, mb_per_batch: float, default_collate: bool) -> list[str]
     return out
 
 
+def label_of(sample):
+    """A ``(image, label, ...)`` sample's label (None for another shape)."""
+    return sample[1] if isinstance(sample, (tuple, list)) and len(sample) >= 2 else None
+
+
+def integer_label(label) -> bool:
+    """True for an int / numpy integer / 0-d integer tensor label."""
+    if isinstance(label, torch.Tensor):
+        return label.ndim == 0 and not label.is_floating_point() and not label.is_complex()
+    return isinstance(label, (int, np.integer)) and not isinstance(label, bool)
+
+
+def label_flag(sample) -> list[str]:
+    """A line when the labels are not integers (e.g. class names): bench's fixes need them."""
+    label = label_of(sample)
+    if label is None or integer_label(label) or isinstance(label, torch.Tensor):
+        return []
+    shown = repr(label) if isinstance(label, str) else type(label).__name__
+    return [f"labels are {type(label).__name__} ({shown[:40]}), not integers: the uint8 and stack_collate fixes "
+            f"are not measured (they batch integer labels); map them to class indices in __getitem__ "
+            f"(a class-to-index dict), which a loss needs anyway"]
+
+
 def stackable(sample) -> bool:
     """True for a ``(tensor, integer label)`` sample, what shardpack.stack_collate stacks."""
     return (isinstance(sample, (tuple, list)) and len(sample) == 2 and isinstance(sample[0], torch.Tensor)
@@ -209,6 +232,8 @@ def breakdown(base: Base, workers: int, seconds: float, device=None) -> dict:
     total ms/batch, the sample described, MB per batch and the flags."""
     setting = UserSetting(workers, 1 if workers else None, False if workers else None, False)
     collate = base.fixed.get("collate_fn")
+    if collate is None and base.unbatched:  # what DataLoader runs per sample without batching
+        collate = torch.utils.data.default_convert
     times: list[dict] = []
     dev = None if device is None else torch.device(device)
 
@@ -228,7 +253,8 @@ def breakdown(base: Base, workers: int, seconds: float, device=None) -> dict:
     feed = base.feed()
     loader = base.loader(setting, feed, dataset=timed(base.dataset), collate_fn=TimedCollate(collate))
     p = run_pass(loader, feed, warmup_batches(setting), seconds, consume=consume)
-    sample = describe(image_of(first_sample(base)))
+    first = first_sample(base)
+    sample = describe(image_of(first))
     one = next(iter(base.loader(UserSetting(0, None, None, False), base.feed())))
     mb = batch_bytes(one) / 1e6
     per = {k: 1000 * statistics.median(t[k] for t in times) for k in ("getitem_s", "collate_s", "handoff_s")}
@@ -237,13 +263,13 @@ def breakdown(base: Base, workers: int, seconds: float, device=None) -> dict:
            "handoff_ms": per["handoff_s"] if workers else None,
            "h2d_ms": 1000 * statistics.median(t["h2d_s"] for t in times) if dev is not None else None,
            "sample": sample, "mb_per_batch": mb,
-           "flags": flags(sample, mb, collate is None)}
+           "flags": flags(sample, mb, collate is None) + label_flag(first), "unbatched": base.unbatched}
     return out
 
 
 def variants(base: Base) -> dict:
     """The fixes bench can apply itself, for :func:`compare`: {name: (dataset, collate_fn, note)}."""
-    if base.kind != "dataset":
+    if base.kind != "dataset" or base.unbatched:  # the fixes batch: nothing to compare per sample
         return {}
     sample = first_sample(base)
     info = describe(image_of(sample))
@@ -252,7 +278,7 @@ def variants(base: Base) -> dict:
         from ...loading import stack_collate
         out["stack"] = (base.dataset, stack_collate, "collate_fn=shardpack.stack_collate (only stacks)")
     if (info["type"] == "numpy" or info["dtype"] not in (None, "uint8")) and info["layout"] in ("HWC", "CHW") \
-            and isinstance(sample, (tuple, list)) and len(sample) == 2:
+            and isinstance(sample, (tuple, list)) and len(sample) == 2 and integer_label(sample[1]):
         from ...loading import stack_collate
         out["uint8"] = (AsUint8CHW(base.dataset, info["layout"] == "HWC"), stack_collate,
                         "__getitem__ returning uint8 CHW tensors + shardpack.stack_collate (what-if: bench "

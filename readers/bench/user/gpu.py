@@ -84,17 +84,23 @@ def _visible_index() -> int:
 
 def _train(module, device, how, batch):
     """One training step's closure for ``module`` on ``device`` (forward on batch[0],
-    cross-entropy against batch[1], backward, SGD)."""
-    opt = torch.optim.SGD(module.parameters(), lr=0.01, momentum=0.9)
+    cross-entropy against batch[1], backward, SGD; forward only for a model without trainable
+    parameters, as :func:`~..model.timed_steps` times it)."""
+    from ..model import trainable
+    opt = torch.optim.SGD(module.parameters(), lr=0.01, momentum=0.9) if trainable(module) else None
     loss_fn = torch.nn.CrossEntropyLoss()
     prep, _ = input_prep(batch[0], how)
 
     def step(b):
         b = to_device(b, device)
-        loss = loss_fn(module(prep(b[0])), b[1])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        if opt is None:
+            with torch.no_grad():
+                loss_fn(module(prep(b[0])), b[1])
+        else:
+            loss = loss_fn(module(prep(b[0])), b[1])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     return step

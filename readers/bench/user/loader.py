@@ -68,6 +68,7 @@ class Base:
     batch_sampler: object = None
     given: UserSetting | None = None
     notes: list[str] = field(default_factory=list)  # the user's settings bench cannot write as a literal
+    unbatched: bool = False  # a DataLoader(batch_size=None): samples one by one, through default_convert
 
     @classmethod
     def of(cls, obj, kind: str, batch_size: int | None = None) -> Base:
@@ -85,7 +86,9 @@ class Base:
         custom_batches = loader.batch_sampler is not None and (loader.batch_size is None
                                                                or type(loader.batch_sampler) is not BatchSampler)
         bs = loader.batch_size if batch_size is None or custom_batches else batch_size
-        if loader.collate_fn is not torch.utils.data.default_collate and loader.batch_sampler is not None:
+        unbatched = loader.batch_size is None and loader.batch_sampler is None
+        if loader.collate_fn is not (torch.utils.data.default_convert if unbatched
+                                     else torch.utils.data.default_collate):
             fixed["collate_fn"] = loader.collate_fn
         if loader.drop_last:
             fixed["drop_last"] = True
@@ -98,7 +101,7 @@ class Base:
             fixed["in_order"] = False
         given = UserSetting(loader.num_workers, loader.prefetch_factor if loader.num_workers else None,
                               loader.persistent_workers if loader.num_workers else None, bool(loader.pin_memory))
-        base = cls(ds, inner, bs, fixed, given=given)
+        base = cls(ds, inner, bs, fixed, given=given, unbatched=unbatched and batch_size is None)
         if inner == "dataset":
             if custom_batches:
                 base.batch_sampler, base.batch_size = loader.batch_sampler, None
@@ -126,6 +129,8 @@ class Base:
             n = len(self.sampler) if self.sampler is not None else len(self.dataset)
         except TypeError:
             return None
+        if self.batch_size is None:  # unbatched: one sample per batch
+            return n
         drop = self.fixed.get("drop_last", False)
         return n // self.batch_size if drop else -(-n // self.batch_size)
 

@@ -14,6 +14,16 @@ from .paste import paste_line as line_and_names
 from .ranked import ranked_lines, settings_json
 
 
+def image_words(s: dict) -> str:
+    """A sample's image as :func:`~.breakdown.describe` saw it, e.g. ``tensor uint8 (3, 224, 224)
+    CHW`` or, for what is no array, ``a float, not an array or tensor (nothing to describe)``."""
+    if s["dtype"] is None:
+        article = "an" if s["type"][:1].lower() in "aeiou" else "a"
+        return f"{article} {s['type']}, not an array or tensor (nothing to describe)"
+    return (f"{s['type']} {s['dtype']} {tuple(s['shape'])} {s['layout'] or ''}".rstrip()
+            + (", non-contiguous" if s["contiguous"] is False else ""))
+
+
 def paste_line(res) -> str:
     """The recommendation as one ``torch.utils.data.DataLoader(...)`` line (see ``paste.py``)."""
     return line_and_names(res)[0]
@@ -99,7 +109,7 @@ def render_text(res) -> str:
                  f"first batch, first pass / later passes (persistent workers: their loader is kept)")
     lines.append(f"batches copied to {res.device}" if res.device else "batches stay in host memory (no GPU copy)")
     if res.interrupted:
-        lines.append("INTERRUPTED: what follows is what was measured before Ctrl-C")
+        lines.append(f"INTERRUPTED: what follows is what was measured before {res.stopped_by}")
     knee_at = {}
     for k in res.knees:
         for c in res.cells:
@@ -159,8 +169,7 @@ def breakdown_lines(res) -> list[str]:
     s = d["sample"]
     lines = ["", f"where a batch's time goes ({where}, medians of {d['batches']} batches): " + ", ".join(parts)
              + f"; {d['ms_per_batch']:.1f} ms per batch in all",
-             f"a sample's image: {s['type']} {s['dtype']} {tuple(s['shape']) if s['shape'] else ''} {s['layout'] or ''}"
-             f"{', non-contiguous' if s['contiguous'] is False else ''}; {d['mb_per_batch']:.1f} MB per batch"]
+             f"a sample's image: {image_words(s)}; {d['mb_per_batch']:.1f} MB per batch"]
     lines += [f"  - {f}" for f in d["flags"]]
     if res.fixes:
         lines.append(f"measured fixes (at {res.fixes[0]['setting']}, interleaved with yours, {res.repeats} rounds):")

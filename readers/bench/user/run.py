@@ -62,6 +62,12 @@ class UserBenchResult(BenchResult):
     def paste(self) -> str | None:
         return paste_line(self) if self.rec is not None else None
 
+    def unmeasured(self) -> str | None:
+        if any(c.ok for c in self.cells):
+            return None
+        return next((f"every cell failed, the first with {c.error}" for c in self.cells if c.error),
+                    "no cell yielded a batch")
+
     def text(self) -> str:
         return render_text(self)
 
@@ -114,6 +120,11 @@ def recommend_user(cells: list[UserCell], tolerance: float, cores: int) -> tuple
                f"({best.rate:,.0f} samples/s, {best.setting.label}); every lighter one is slower beyond the spread")
     else:
         why = f"the fastest setting; every lighter one is more than {tolerance:.0%} slower, beyond the spread"
+    if ch.pick != ch.best and pick.rate < (1 - tolerance) * best.rate:  # within by the pooled medians only
+        pooled = {g: statistics.median([r for c in groups[g] for r in c.rates]) for g in (ch.pick, ch.best)}
+        why += (f"; the medians compared pool persistent_workers on and off ({pooled[ch.pick]:,.0f} vs "
+                f"{pooled[ch.best]:,.0f} samples/s): this cell alone reads {pick.rate / best.rate:.0%} of the "
+                f"fastest cell's {best.rate:,.0f}")
     why += keep_why
     if over:
         top = max(over, key=lambda c: c.rate)
@@ -207,6 +218,10 @@ def run_user_bench(target, model=None, *, batch_size: int | None = None, workers
     res.scope = Scope.of(target, obj, kind)
     res.load["start"] = load_average()
     res.cores = {"usable": cores, "physical": physical_cores(), "logical": os.cpu_count()}
+    if base.unbatched:
+        res.skipped.append("unbatched loader (batch_size=None): each batch is one sample, as DataLoader's "
+                           "default_convert gives it (the breakdown's collate is that conversion; the batching "
+                           "fixes are not measured); --batch-size N measures batches of N")
     if base.kind == "iterable":
         res.skipped.append("IterableDataset: measured without the sampler grid (it yields its own order; "
                            "each pass stops once its floors are met)")

@@ -6,7 +6,7 @@ import statistics
 
 import torch
 
-from ..model import timed_steps
+from ..model import timed_steps, trainable
 from .target import TargetError
 
 
@@ -16,7 +16,8 @@ def fixed_batch_step(model: torch.nn.Module, batch, device=None, how: str = "as-
     forward on ``batch[0]``, cross-entropy against ``batch[1]``, backward, an SGD step, CUDA
     synchronised after each. ``how``: "as-is" feeds the batch exactly as the loader yields it
     (the user's model); "builtin" (tiny, torchvision) makes it float CHW first, /255 for
-    integers, inside the timed step. Steps as ``model_step_ms`` times them. Returns {"device",
+    integers, inside the timed step. Steps as ``model_step_ms`` times them (forward only, said in
+    ``how``, for a model without trainable parameters). Returns {"device",
     "ms" (median), "steps_ms", "how"}. Raises TargetError (one line) when the step fails."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if not isinstance(batch, (list, tuple)) or len(batch) < 2:
@@ -37,6 +38,9 @@ def fixed_batch_step(model: torch.nn.Module, batch, device=None, how: str = "as-
         first = f"{type(err).__name__}: {err}".splitlines()[0][:300]
         raise TargetError(f"--model: the training step on your batch (inputs {tuple(x.shape)} {x.dtype}, "
                           f"labels {tuple(y.shape)} {y.dtype}) raised {first}") from err
+    if not trainable(model):
+        note += ("; forward only: the model has no trainable parameters (no backward or optimizer step "
+                 "to time)")
     return {"device": str(dev), "ms": statistics.median(times), "steps_ms": times, "how": note}
 
 
