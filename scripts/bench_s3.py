@@ -104,14 +104,21 @@ def merge_sizes(store, data: bytes, count: int, rng, args) -> None:
                 got = list(pool.map(one, starts, [k * SAMPLE] * len(starts)))
                 assert b"".join(got) == data[first * SAMPLE:(first + 64) * SAMPLE], k
             rates[k].append((args.batches * 64 / (time.perf_counter() - t), os.getloadavg()[0]))
-    best = max(statistics.median(v for v, _ in rates[k]) for k in sizes)
     print(f"{args.batches} runs of 64 adjacent {SAMPLE} B samples, 8 threads, rounds interleaved, "
           f"median of {args.rounds}")
     print(f"{'GET size':>10s} {'samples/s':>10s} {'of best':>8s}  rounds (samples/s @ load)")
-    for k in sizes:
-        med = statistics.median(v for v, _ in rates[k])
-        each = ", ".join(f"{v:.0f} @ {ld:.2f}" for v, ld in rates[k])
-        print(f"{k * SAMPLE / 2**20:8.2f}MB {med:10.0f} {med / best:8.2f}  {each}")
+    for k, med, share, each in medians(rates, sizes):
+        print(f"{k * SAMPLE / 2**20:8.2f}MB {med:10.0f} {share:8.2f}  {each}")
+
+
+def medians(rates: dict, names) -> list:
+    """(name, median samples/s, share of the best median, the rounds as "rate @ load") per name."""
+    best = max(statistics.median(v for v, _ in rates[n]) for n in names)
+    rows = []
+    for n in names:
+        med = statistics.median(v for v, _ in rates[n])
+        rows.append((n, med, med / best, ", ".join(f"{v:.0f} @ {ld:.2f}" for v, ld in rates[n])))
+    return rows
 
 
 def loader_vs_client(args) -> None:
@@ -209,15 +216,12 @@ def main() -> None:
                         assert all(g == data[s:s + SAMPLE] for g, s in zip(got, starts.tolist())), name
                     took = time.perf_counter() - t
                     rates[name].append((args.batches * 64 / took, os.getloadavg()[0]))
-            best = max(statistics.median(v for v, _ in rates[n]) for n in names)
             print(f"{args.batches} batches x 64 ranges of {SAMPLE} B from a {args.mb} MB object, local SeaweedFS "
                   f"{s3server.weed_binary()}, {args.threads} threads, {os.cpu_count()} CPUs; rounds interleaved, "
                   f"median of {args.rounds}")
             print(f"{'client':22s} {'samples/s':>10s} {'MB/s':>7s} {'of best':>8s}  rounds (samples/s @ load)")
-            for n in names:
-                med = statistics.median(v for v, _ in rates[n])
-                each = ", ".join(f"{v:.0f} @ {ld:.2f}" for v, ld in rates[n])
-                print(f"{n:22s} {med:10.0f} {med * SAMPLE / 1e6:7.0f} {med / best:8.2f}  {each}")
+            for n, med, share, each in medians(rates, names):
+                print(f"{n:22s} {med:10.0f} {med * SAMPLE / 1e6:7.0f} {share:8.2f}  {each}")
         finally:
             server.stop()
 
