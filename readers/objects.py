@@ -72,7 +72,9 @@ def one_line(err: BaseException) -> str:
 class Objects:
     """The objects under one output URL ``s3://bucket/prefix``: ``url``, ``bucket``, ``prefix``,
     ``options`` (storage_options). The obstore store is made on first use in each process and
-    dropped on pickling, so DataLoader workers (fork, spawn, forkserver) make their own."""
+    dropped on pickling, so DataLoader workers (fork, spawn, forkserver) make their own, with the
+    ``AWS_*`` settings the dataset was opened with where theirs lack one (a forkserver started
+    earlier has the environment of that moment)."""
 
     def __init__(self, url: str, storage_options: dict | None = None):
         scheme, _, rest = url.partition("://")
@@ -87,6 +89,9 @@ class Objects:
         self.options = dict(storage_options or {})
         self.pixels: dict[str, tuple[int, str | None]] = {}  # name -> (size, ETag), recorded at open
         self._store, self._pid = None, None
+        # the AWS_* settings at open, for workers: a forkserver (or a spawn parent) may have been
+        # started before they were set, and its children would not see them
+        self._env, self._opened_in = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}, os.getpid()
 
     def __getstate__(self):
         return {**self.__dict__, "_store": None, "_pid": None}
@@ -109,6 +114,9 @@ class Objects:
                 raise ShardFormatError(f"{self.url}: reading object storage needs the s3 extra: "
                                        "pip install 'shardpack[s3]' (obstore)") from None
             _client_pid = os.getpid()
+            if os.getpid() != self._opened_in:  # a worker: the settings the dataset was opened with
+                for key, value in self._env.items():
+                    os.environ.setdefault(key, value)
             opts = dict(self.options)
             endpoint = opts.get("endpoint") or opts.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL", "")
             if endpoint.startswith("http://"):  # a local S3-compatible store: plain http is meant

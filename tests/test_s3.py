@@ -197,3 +197,28 @@ def test_a_server_gone_mid_epoch_is_one_error_naming_the_url_after_bounded_retri
         assert "reading sample" in text and "after 2 retries" in text
     finally:
         own.stop()
+
+
+def test_forkserver_workers_started_before_the_credentials_read_with_the_datasets(s3, cache, outputs, monkeypatch):
+    """A forkserver started before the AWS_* variables were set (another test, or the user's own
+    earlier DataLoader) gives its workers that older environment: they read with the settings the
+    dataset was opened with (it failed asking the instance metadata service for a token)."""
+    import multiprocessing.forkserver as forkserver
+
+    url = upload(s3, outputs["raw"], "forkserver-env/OUT")
+    saved = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+    forkserver._forkserver._stop()
+    for key in saved:
+        monkeypatch.delenv(key)
+    forkserver.ensure_running()  # this forkserver's environment has no credentials
+    for key, value in saved.items():
+        monkeypatch.setenv(key, value)
+    try:
+        ds = ShardDataset(url)
+        got = list(make_loader(ds, 4, seed=5, mode="processes", num_workers=1, multiprocessing_context="forkserver"))
+        want = list(make_loader(ShardDataset(outputs["raw"]), 4, seed=5, mode="main"))
+        assert len(got) == len(want) == 3
+        for (a, la), (b, lb) in zip(got, want):
+            assert torch.equal(a, b) and torch.equal(la, lb)
+    finally:
+        forkserver._forkserver._stop()  # the next user starts one with the current environment
