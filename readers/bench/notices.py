@@ -9,18 +9,10 @@ pinned memory. Each function returns the notice's text, or None when it does not
 from __future__ import annotations
 
 import os
-import shutil
 
-SHM = "/dev/shm"
+from ..loader_checks import shm_free
+
 STAT_SAMPLE = 2000  # files stat'ed to estimate a large listing's bytes
-
-
-def shm_free() -> int | None:
-    """Free bytes in /dev/shm, or None where there is none."""
-    try:
-        return shutil.disk_usage(SHM).free
-    except OSError:
-        return None
 
 
 def slow_mount(where) -> str | None:
