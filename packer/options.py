@@ -125,7 +125,10 @@ class Options:
     on the cluster at ``address``, else RAY_ADDRESS, else a Ray instance started for the run)
     or "units" (the same unit protocol as "ray" on a local pool of K processes; units.py).
     ``unit_files``: files per unit for "ray"/"units" (None: units.unit_files decides from the
-    sample shape; never from the node or task count).
+    sample shape; never from the node or task count). ``staging``: for an OUT in object storage
+    (``s3://...``), the local folder it is packed into before its upload (None: under the node
+    cache; upload.py); ``storage_options``: the S3 client's settings (readers/objects.py), e.g.
+    ``retry_config``, else the standard ``AWS_*`` variables.
     """
 
     fmt: str
@@ -144,6 +147,8 @@ class Options:
     engine: str = "local"
     address: str | None = None
     unit_files: int | None = None
+    staging: str | None = None
+    storage_options: dict | None = None
 
 
 @dataclass

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..readers.folder import clash_text
-from ..readers.manifest import FORMATS, MANIFEST, SKIPPED, bytes_on_disk, partial_dir, write_json_atomic
+from ..readers.manifest import FORMATS, MANIFEST, SKIPPED, SPLITS_KIND, bytes_on_disk, partial_dir, write_json_atomic
 from ..readers.system import usable_cpus
 from ..readers.text import squeezed
 
@@ -43,6 +43,7 @@ from .runners import keep_freed_memory, start_forkserver
 from .scan import Listing, scan
 from .sizing import SizeEstimate, estimate_size, output_bytes, plan_run_bytes, scratch_bytes
 from .sameness import dataset_fingerprint
+from .upload import open_upload, url_of
 from .staging import COMPACTING, Staging, check_complete, check_existing, check_place
 from .writers import open_writer
 from .writers.manifest import dataset_manifest, run_info, splits_manifest, write_index
@@ -61,7 +62,8 @@ class Setup:
     taken (the plan printed), else None; ``lock``: OUT's lock (lock.py), held from prepare() to
     release() by whoever called prepare() (None for a dry run); ``ray``: with ``--engine ray``,
     the Ray session joined or started before anything was written (engine_ray.RaySession),
-    closed by release()."""
+    closed by release(); ``upload``: for an OUT in object storage (``s3://...``), its upload.Upload
+    (the lock object held), with ``out`` the local folder the run packs into first and ``named`` the URL."""
 
     out: Path
     named: Path
@@ -71,11 +73,14 @@ class Setup:
     estimate: Callable[[], SizeEstimate] | None = None
     lock: OutputLock | None = None
     ray: object | None = None
+    upload: object | None = None
 
     def release(self) -> None:
-        """Leave Ray as it was found and let go of OUT's lock (the run is over, whichever way)."""
+        """Leave Ray as it was found and let go of OUT's locks (the run is over, whichever way)."""
         if self.ray is not None:
             self.ray.close()
+        if self.upload is not None:
+            self.upload.release()
         if self.lock is not None:
             self.lock.release()
 
@@ -103,6 +108,8 @@ def prepare(src: str | Path, out: str | Path | None, recipe: Recipe, opts: Optio
     if opts.engine == "ray":  # before anything is written: a missing extra, a dead address or a token refused
         from .engine_ray import check_cluster
         check_cluster(opts.address)
+    if (url := url_of(out)) is not None:
+        return _prepare_url(src, url, recipe, opts, dry_run, mounts)
     named = Path(out).expanduser() if out else default_out(src, opts.fmt, recipe.size)
     target, notes = named.absolute(), ()
     if named.is_symlink():  # write where the link points (the data stays on that filesystem)
@@ -136,6 +143,39 @@ def prepare(src: str | Path, out: str | Path | None, recipe: Recipe, opts: Optio
     return Setup(target, named, workers, mounts, notes, lock=lock, ray=session)
 
 
+def _prepare_url(src, url: str, recipe: Recipe, opts: Options, dry_run: bool, mounts: MountTable | None) -> Setup:
+    """prepare() for an OUT in object storage: the run packs into a local staged output, locked
+    locally and by the lock object beside the URL, then uploads it (upload.py)."""
+    local, mounts, notes, lock, upload = open_upload(src, url, recipe, opts, dry_run, mounts)
+    session, workers = None, max(1, opts.workers or usable_cpus())
+    if not dry_run and opts.engine == "ray":
+        try:
+            from .engine_ray import RaySession
+            session = RaySession(opts.address, workers)
+        except BaseException:
+            upload.release()
+            lock.release()
+            raise
+    if not dry_run and opts.engine != "ray":
+        start_forkserver(workers)
+    return Setup(local, url, workers, mounts, notes, lock=lock, ray=session, upload=upload)
+
+
+def _uploaded(setup: Setup, reports: list[Report]) -> list[Report]:
+    """For an OUT in object storage: the staged output uploaded, the reports naming the URL."""
+    return reports if setup.upload is None else setup.upload.finish(reports)
+
+
+def _staged_reports(out: Path) -> list[Report]:
+    """The reports of a staged output whose upload was interrupted (--resume: nothing to decode)."""
+    made = json.loads((out / MANIFEST).read_text())
+    parts = [out / s for s in made["splits"]] if made.get("kind") == SPLITS_KIND else [out]
+    reports = [_report_of(d) for d in parts]
+    for r in reports:
+        r.resumed_at = r.scanned
+    return reports
+
+
 def pack(src: str | Path, out: str | Path | None, recipe: Recipe, opts: Options,
          listing: Listing | None = None, extra: dict | None = None, *, setup: Setup | None = None,
          labels=None) -> Report:
@@ -157,7 +197,10 @@ def pack(src: str | Path, out: str | Path | None, recipe: Recipe, opts: Options,
     own = setup is None
     setup = setup or prepare(src, out, recipe, opts)  # 1. prepare: decide once, lock OUT
     try:
-        return _pack(src, recipe, opts, listing, extra, setup, t0, labels)
+        if own and setup.upload is not None and setup.upload.staged:
+            return _uploaded(setup, _staged_reports(setup.out))[0]
+        report = _pack(src, recipe, opts, listing, extra, setup, t0, labels)
+        return _uploaded(setup, [report])[0] if own else report
     finally:
         if own:
             setup.release()
@@ -307,7 +350,9 @@ def pack_plan(plan: Plan, out: str | os.PathLike | None, recipe: Recipe, opts: O
     own = setup is None
     setup = setup or prepare(plan.src, out, recipe, opts, mounts=plan.mounts)  # takes OUT's lock
     try:
-        return _pack_plan(plan, recipe, opts, extra, setup)
+        if setup.upload is not None and setup.upload.staged:
+            return _uploaded(setup, _staged_reports(setup.out))
+        return _uploaded(setup, _pack_plan(plan, recipe, opts, extra, setup))
     finally:
         if own:
             setup.release()

@@ -1,10 +1,11 @@
 """The paths the commands are given, checked as click parses them: a URL refused, a file to write writable.
 
-Object storage is not supported yet, so ``s3://bucket/x`` (any ``scheme://...``) is refused
-rather than taken as the local folder ``s3:/bucket/x``. A file a command writes at the end
-(``pack-dataset --report``, ``bench --json``/``--plot``/``--trace``) is checked first, so an
-hour's pack never ends in a FileNotFoundError for a mistyped folder. Both are usage errors (exit
-status 2) shown as one line. Used by the commands of ``shardpack/cli/`` and ``readers/bench/cli.py``.
+A URL (``scheme://...``) is refused rather than taken as the local folder ``s3:/bucket/x``,
+except where the option takes one: ``pack-dataset -o s3://bucket/prefix/OUT`` (packer/upload.py).
+A file a command writes at the end (``pack-dataset --report``, ``bench --json``/``--plot``/
+``--trace``) is checked first, so an hour's pack never ends in a FileNotFoundError for a mistyped
+folder. Both are usage errors (exit status 2) shown as one line. Used by the commands of
+``shardpack/cli/`` and ``readers/bench/cli.py``.
 """
 
 from __future__ import annotations
@@ -123,14 +124,22 @@ class PathRefused(click.BadParameter):
 
 
 class LocalPath(click.Path):
-    """click.Path that refuses a URL (``url_hint``: what to do instead) and, with ``to_write``,
-    a file that could not be written (:func:`file_to_write_refusal`)."""
+    """click.Path that refuses a URL (``url_hint``: what to do instead) but those of the
+    ``schemes`` given (returned as they are, a str), and, with ``to_write``, a file that could
+    not be written (:func:`file_to_write_refusal`)."""
 
-    def __init__(self, *args, url_hint: str = "give a local path", to_write: bool = False, **kwargs):
+    def __init__(self, *args, url_hint: str = "give a local path", to_write: bool = False, schemes=(), **kwargs):
         super().__init__(*args, **kwargs)
-        self.url_hint, self.to_write = url_hint, to_write
+        self.url_hint, self.to_write, self.schemes = url_hint, to_write, tuple(schemes)
 
     def convert(self, value, param, ctx):
+        text = os.fspath(value)
+        if self.schemes and URL.match(text):
+            scheme = text.partition("://")[0].lower()
+            if scheme in self.schemes:
+                return text
+            raise PathRefused(f"{value} is a URL; of object storage only {', '.join(s + '://' for s in self.schemes)} "
+                              f"is supported here: {self.url_hint}", ctx, param)
         refusal = url_refusal(value, self.url_hint) or (file_to_write_refusal(value) if self.to_write else None)
         if refusal is not None:
             raise PathRefused(refusal, ctx, param)

@@ -38,7 +38,7 @@ from .config import blamed_on_config, complete_config, effective_settings, load_
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}  # every command's: -h is --help
 SRC_URL_HINT = "copy SRC to a local disk, or read it through a mount of the bucket (s3fs, gcsfuse, ...)"
-OUT_URL_HINT = "pack into a local folder, then copy the output up"
+OUT_URL_HINT = "give -o s3://BUCKET/prefix/OUT, or a local folder"
 
 
 def parse_splits(ctx, param, value):
@@ -98,8 +98,13 @@ def pack_options(f):
                      help="Also write the summary (or the error) to this file as JSON."),
         click.option("--format", "fmt", type=click.Choice(FORMATS), required=True, help="Output format."),
         click.option("--size", type=click.IntRange(1, 16384), required=True, help="Output side N in pixels."),
-        click.option("-o", "--out", type=LocalPath(url_hint=OUT_URL_HINT), default=None, callback=parse_out,
-                     help="Output directory [default: ./<SRC name>-<N>.<format>]."),
+        click.option("-o", "--out", type=LocalPath(url_hint=OUT_URL_HINT, schemes=("s3",)), default=None,
+                     callback=parse_out,
+                     help="Output directory, or s3://BUCKET/prefix/OUT (staged locally, then uploaded, the "
+                          "manifest last; docs/packing.md) [default: ./<SRC name>-<N>.<format>]."),
+        click.option("--staging", type=LocalPath(file_okay=False), default=None,
+                     help="-o s3://...: the local folder the output is packed into before its upload (it needs "
+                          "the output's size) [default: uploads/ under $SHARDPACK_CACHE or ~/.cache/shardpack]."),
         click.option("--workers", type=click.IntRange(1), default=None,
                      help="Decode processes [default: the usable CPUs]."),
         click.option("--resize", type=click.Choice(RESIZE_MODES), default="center-crop", show_default=True,
@@ -185,7 +190,7 @@ def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_siz
              decoder, allow_truncated, strict, overwrite, resume, no_space_check, quiet, splits,
              no_splits, labels, id_map, classes_from, dry_run, io_threads=None,
              allow_unsafe_output=False, engine="local", address=None, encoding=RAW, quality=None,
-             subsampling=None, max_source_pixels=None):
+             subsampling=None, max_source_pixels=None, staging=None):
     """Shared body of ``pack-dataset`` and ``shardpack pack``: decide (refusing a bad OUT before
     the possibly long listing), scan, print the plan (with the output size estimate), pack.
     Returns [(split, Report)] for the summaries (the caller prints them: :func:`summary`), [] for
@@ -205,7 +210,9 @@ def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_siz
         opts = Options(fmt=fmt, workers=workers, shard_size=shard_size, overwrite=overwrite,
                        resume=resume, strict=strict, space_check=not no_space_check, progress=not quiet,
                        io_threads=io_threads, allow_unsafe_output=allow_unsafe_output, engine=engine,
-                       address=address)
+                       address=address, staging=staging)
+        if staging is not None and "://" not in (out or ""):
+            raise click.UsageError("--staging is for -o s3://...: a local OUT is written where it is")
         usable = usable_cpus()
         check_workers(workers, usable)  # before the lock and the scan
         setup = prepare(src, out, recipe, opts, dry_run=dry_run)  # a dry run: no lock, no forkserver
@@ -240,7 +247,8 @@ def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_siz
         raise click.ClickException(os_error_text(err)) from None
     except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM (Stopped): 130 or 143
         signum = getattr(err, "signum", signal.SIGINT)
-        saved = setup is not None and setup.lock is not None and partial_dir(setup.out).exists()
+        saved = setup is not None and setup.lock is not None and (
+            partial_dir(setup.out).exists() or (setup.upload is not None and setup.upload.resumable()))
         click.echo("\n" + stopped_text(signum, saved, overwrite), err=True)
         sys.exit(128 + signum)
     finally:

@@ -1,0 +1,319 @@
+"""Packing into object storage (``-o s3://bucket/prefix/OUT``): staged on a local disk, uploaded, the manifest last.
+
+The run packs into a local output ``<staging>/<url hash>/OUT`` (``--staging DIR``, default
+``uploads/`` under the node cache, readers/objects.cache_root()) exactly as into a local path,
+with the whole partial-output protocol of staging.py (checkpoints, ``--resume`` of the packing,
+the local commit); so that disk needs the output's full size plus the run's scratch (the plan's
+free-space check measures it). Then :meth:`Upload.commit` uploads it: first it deletes every
+manifest.json / manifest.xxh3 under the URL (an ``--overwrite`` never leaves an old manifest
+readable over new shards), then the objects no longer part of the output, then it puts every
+file but the manifests (large ones by multipart upload, parts of at least 8 MiB and at most
+9,000 parts), recording each finished one (size, mtime, ETag) in ``upload.json`` beside the
+staged output, then each folder's manifest.xxh3 and manifest.json, the top one last: the commit.
+A reader opening the URL before that finds no manifest and refuses it as incomplete.
+
+``--resume`` after an interrupted upload skips the packing (the staged output is complete and
+made the same way) and puts only what one LIST of the URL does not show with the recorded size
+and ETag. Another run into the URL is refused while this one lives: the local lock of the staged
+output (lock.py) on this node, the lock object beside the URL (remote_lock.py) on any. Once the
+manifest is up the staged copy is removed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+from ..readers.manifest import MANIFEST, ShardFormatError, partial_dir, write_json_atomic
+from ..readers.objects import DIGEST_FILE, Objects, cache_root, is_url, one_line
+from ..readers.text import mb, plural
+
+from .options import AlreadyComplete, PackError, say
+from .remote_lock import RemoteLock
+
+__all__ = ["Upload", "is_url", "staged_path"]
+
+STATE = "upload.json"  # beside the staged output: what was uploaded
+MANIFESTS = (DIGEST_FILE, MANIFEST)  # a folder's commit, in this order
+MIN_PART = 8 << 20  # multipart part size floor; S3 allows 10,000 parts: 9,000 leaves room
+MAX_PARTS = 9000
+
+
+def staged_path(url: str, staging: str | os.PathLike | None = None) -> Path:
+    """The local folder the output at ``url`` is packed into before it is uploaded:
+    ``<staging or cache_root()/uploads>/<16 hex of the URL's sha256>/<OUT name>``."""
+    root = Path(staging).expanduser().absolute() if staging else cache_root() / "uploads"
+    url = url.rstrip("/")
+    return root / hashlib.sha256(url.encode()).hexdigest()[:16] / url.rpartition("/")[2]
+
+
+def part_size(size: int) -> int:
+    """The multipart part size for a file of ``size`` bytes: 8 MiB, or more (in MiB) so that
+    the file takes at most 9,000 parts (S3's limit is 10,000)."""
+    mib = 1 << 20
+    return max(MIN_PART, -(-size // MAX_PARTS) // mib * mib + mib)
+
+
+class _Reader:
+    """A file read by the client through Python, so a signal (Ctrl-C, SIGTERM) raises between
+    parts instead of waiting for the whole file; ``stopped`` keeps the KeyboardInterrupt."""
+
+    def __init__(self, f):
+        self.f, self.stopped = f, None
+
+    def read(self, n=-1):
+        try:
+            return self.f.read(n)
+        except KeyboardInterrupt as err:
+            self.stopped = err
+            raise
+
+    def seek(self, *args):
+        return self.f.seek(*args)
+
+    def tell(self):
+        return self.f.tell()
+
+
+class Upload:
+    """One run's output at ``url``: the staged local output ``local``, the ``objects`` under the
+    URL, the ``lock`` object (None for a dry run) and ``staged`` (True: the staged output is
+    complete and only its upload remains: ``--resume`` after an interrupted upload)."""
+
+    def __init__(self, url: str, objects: Objects, local: Path):
+        self.url, self.objects, self.local = objects.url, objects, local
+        self.state_path = local.parent / STATE
+        self.lock: RemoteLock | None = None
+        self.staged = False
+
+    @classmethod
+    def open(cls, url: str, opts, src, recipe, dry_run: bool = False) -> Upload:
+        """Check the URL and the store (credentials, the server), take the lock object (unless
+        ``dry_run``) and decide what the run does, before anything is scanned or written:
+        refuses (PackError, one line naming the URL) an existing output without --overwrite, an
+        interrupted upload or run without --resume/--overwrite; AlreadyComplete for --resume on a
+        complete output with nothing staged. The caller holds the staged output's local lock."""
+        try:
+            objects = Objects(url, opts.storage_options)
+        except ShardFormatError as err:
+            raise PackError(str(err).replace("served from", "written to")) from None
+        if not objects.prefix:
+            raise PackError(f"{url}: name the output under the bucket: s3://BUCKET/[prefix/]OUT")
+        try:
+            import obstore  # noqa: F401
+        except ImportError:
+            raise PackError(f"{url}: writing object storage needs the s3 extra: pip install 'shardpack[s3]' "
+                            "(obstore)") from None
+        up = cls(url, objects, staged_path(objects.url, opts.staging))
+        if not dry_run:
+            up.lock = RemoteLock.take(objects, opts.resume, opts.overwrite)
+        try:
+            up._decide(opts, src, recipe, dry_run)
+        except BaseException:
+            up.release()
+            raise
+        return up
+
+    def _decide(self, opts, src, recipe, dry_run: bool) -> None:
+        complete = self._exists(MANIFEST)
+        staged, packing = (self.local / MANIFEST).is_file(), partial_dir(self.local).exists()
+        if opts.overwrite and not dry_run:
+            self._drop_staged()  # a partial run is replaced by staging.py as for a local OUT
+        elif staged and opts.resume:
+            from .staging import check_complete
+            try:
+                check_complete(src, self.local, recipe, opts)
+            except AlreadyComplete:
+                self.staged = True  # made the same way: upload it
+        elif staged or (packing and not opts.resume):
+            what = (f"an interrupted upload to {self.url} is staged at {self.local} ({self._uploaded_text()})"
+                    if staged else f"an interrupted run into {self.url} left {partial_dir(self.local)}")
+            raise PackError(f"{what}; pass --resume to continue it or --overwrite to start over")
+        elif complete and opts.resume and not packing:
+            raise AlreadyComplete(f"{self.url} is already complete; nothing to resume")
+        elif complete and not opts.resume:
+            raise PackError(f"{self.url} already exists; pass --overwrite to replace it")
+        elif not (opts.resume or opts.overwrite) and self._any_object():
+            raise PackError(f"{self.url} holds objects but no {MANIFEST} (an interrupted upload from another "
+                            "machine?); pass --resume to continue it or --overwrite to replace them")
+
+    # ------------------------------------------------------------------ the store, one line per error
+
+    def _fail(self, err: BaseException, what: str) -> PackError:
+        return PackError(f"{self.url}: cannot {what} ({one_line(err)})")
+
+    def _exists(self, key: str) -> bool:
+        import obstore
+        from obstore.exceptions import BaseError
+        try:
+            obstore.head(self.objects.store(), key)
+            return True
+        except FileNotFoundError:
+            return False
+        except (BaseError, OSError) as err:
+            raise self._fail(err, f"read {key}") from None
+
+    def _listing(self) -> dict[str, dict]:
+        """Every object under the URL: ``{key relative to it: its meta (size, e_tag)}``."""
+        import obstore
+        from obstore.exceptions import BaseError
+        try:
+            return {m["path"]: m for page in obstore.list(self.objects.store()) for m in page}
+        except FileNotFoundError:
+            return {}
+        except (BaseError, OSError) as err:
+            raise self._fail(err, "list its objects") from None
+
+    def _any_object(self) -> bool:
+        import obstore
+        from obstore.exceptions import BaseError
+        try:
+            return any(len(page) for page in obstore.list(self.objects.store(), chunk_size=1))
+        except FileNotFoundError:
+            return False
+        except (BaseError, OSError) as err:
+            raise self._fail(err, "list its objects") from None
+
+    def _delete(self, key: str) -> None:
+        import obstore
+        from obstore.exceptions import BaseError
+        try:
+            obstore.delete(self.objects.store(), key)
+        except FileNotFoundError:
+            pass
+        except (BaseError, OSError) as err:
+            raise self._fail(err, f"delete {key}") from None
+
+    def _put(self, key: str, path: Path) -> str | None:
+        """Put the file ``path`` as ``key`` (multipart above one part); its ETag. A signal while
+        it is read raises that KeyboardInterrupt (the multipart upload is aborted)."""
+        import obstore
+        from obstore.exceptions import BaseError
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            reader = _Reader(f)
+            try:
+                chunk = part_size(size)
+                return obstore.put(self.objects.store(), key, reader, chunk_size=chunk,
+                                   use_multipart=size > chunk, max_concurrency=8)["e_tag"]
+            except (BaseError, OSError) as err:
+                if reader.stopped is not None:
+                    raise reader.stopped from None
+                raise self._fail(err, f"upload {key}") from None
+
+    # ------------------------------------------------------------------ the record beside the staged output
+
+    def _state(self) -> dict:
+        try:
+            state = json.loads(self.state_path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return state.get("uploaded", {}) if isinstance(state, dict) and state.get("url") == self.url else {}
+
+    def _save(self, uploaded: dict) -> None:
+        write_json_atomic(self.state_path, {"url": self.url, "uploaded": uploaded}, sync=False)
+
+    def _uploaded_text(self) -> str:
+        n = sum(1 for p in self.local.rglob("*") if p.is_file() and p.name not in MANIFESTS)
+        return f"{len(self._state())} of {plural(n, 'file')} uploaded"
+
+    def _drop_staged(self) -> None:
+        if self.local.exists():
+            shutil.rmtree(self.local)
+        self.state_path.unlink(missing_ok=True)
+
+    # ------------------------------------------------------------------ the upload
+
+    def commit(self) -> dict:
+        """Upload the staged output (complete: its manifest written) to the URL, the manifests
+        last, the top one at the very end; then remove the staged copy. Returns
+        ``{"uploaded": files put, "kept": files found already up, "bytes": bytes put}``. Raises
+        PackError naming the URL when the store fails (after the client's retries) or the lock
+        was taken over; KeyboardInterrupt (Stopped) on a signal: ``--resume`` continues."""
+        files = sorted(p.relative_to(self.local).as_posix() for p in self.local.rglob("*") if p.is_file())
+        data = [f for f in files if f.rpartition("/")[2] not in MANIFESTS]
+        commits = sorted((f for f in files if f not in data),
+                         key=lambda f: (-f.count("/"), f.rpartition("/")[0], MANIFESTS.index(f.rpartition("/")[2])))
+        listing = self._listing()
+        old = sorted((k for k in listing if k.rpartition("/")[2] in MANIFESTS), key=lambda k: (k.count("/"), k[-4:]))
+        for key in old:  # manifest.json before manifest.xxh3, the top one first: no old output stays readable
+            self.lock.check()
+            self._delete(key)
+        for key in sorted(set(listing) - set(data) - set(old)):  # objects of another output
+            self._delete(key)
+        uploaded, kept, sent = self._state(), 0, 0
+        total = sum((self.local / f).stat().st_size for f in data)
+        say(f"uploading {plural(len(data), 'file')} ({mb(total)}) to {self.url}")
+        for name in data:
+            st = (self.local / name).stat()
+            rec, there = uploaded.get(name), listing.get(name)
+            if (rec and there and rec["size"] == st.st_size == there["size"] and rec["mtime_ns"] == st.st_mtime_ns
+                    and rec["etag"] == there.get("e_tag")):
+                kept += 1
+                continue
+            self.lock.check()
+            etag = self._put(name, self.local / name)
+            uploaded[name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "etag": etag}
+            self._save(uploaded)
+            sent += st.st_size
+        for name in commits:
+            self.lock.check()
+            self._put(name, self.local / name)
+        say(f"uploaded {self.url}: {plural(len(data) - kept, 'file')} put ({mb(sent)})"
+            + (f", {kept} already there from the interrupted upload" if kept else "") + "; its manifest last")
+        self._drop_staged()
+        return {"uploaded": len(data) - kept, "kept": kept, "bytes": sent}
+
+    def finish(self, reports: list) -> list:
+        """:meth:`commit`, then ``reports`` (options.Report, of the staged output or its splits)
+        naming the URL instead of the staged folder; returns them."""
+        self.commit()
+        for r in reports:
+            r.out = self.url if Path(r.out) == self.local else f"{self.url}/{Path(r.out).name}"
+        return reports
+
+    def resumable(self) -> bool:
+        """Whether a stopped run left something ``--resume`` continues (a staged output or its partial)."""
+        return (self.local / MANIFEST).is_file() or partial_dir(self.local).exists()
+
+    def release(self) -> None:
+        """Let go of the lock object (deleted). Safe to call twice."""
+        if self.lock is not None:
+            self.lock.release()
+
+
+def open_upload(src, url: str, recipe, opts, dry_run: bool, mounts=None):
+    """The local side of a run into ``url``: ``(staged output, mount table, notes, its local
+    lock, the Upload)``; the locks are taken unless ``dry_run`` (the caller releases both).
+    Refuses (PackError) a staging folder on a high-latency mount, as a local OUT."""
+    from .lock import OutputLock
+    from .mounts import MountTable, UnsafeOutput, check_output
+    from .staging import check_place
+    local = staged_path(url, opts.staging)
+    mounts = mounts or MountTable.read()
+    if not opts.allow_unsafe_output:
+        try:
+            check_output(local, mounts.of(local), opts.engine)
+        except UnsafeOutput as err:
+            raise PackError(f"{err} (the staging folder of {url}: choose another with --staging)") from None
+    notes = (f"packing into {local} first (the output's full size is needed there; --staging DIR puts it "
+             f"elsewhere), then uploading it to {url}, its manifest last",)
+    lock = None
+    if not dry_run:
+        check_place(src, local)
+        lock = OutputLock.take(local)
+    try:
+        upload = Upload.open(url, opts, src, recipe, dry_run)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    return local, mounts, notes, lock, upload
+
+
+def url_of(out) -> str | None:
+    """``out`` as a URL string when it is one (``s3://...``), else None."""
+    return out if isinstance(out, str) and is_url(out) else None
