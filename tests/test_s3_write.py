@@ -1,0 +1,357 @@
+"""pack-dataset -o s3://bucket/prefix/OUT against a real S3 server (SeaweedFS, tests/s3server.py):
+every format and encoding uploaded equal to a local pack byte for byte (npy also read back sample
+by sample), the manifest last, an interrupted upload never readable and continued by --resume
+without putting again what is up, SIGTERM and SIGKILL mid-upload, the lock object (live, stale,
+another host's, taken over), --overwrite deleting the old manifest first, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from helpers import FORMATS, PACK_SCRIPT, ROOT, all_samples, assert_same_output, make_tree, pack_quiet, packed, \
+    run_cli
+from shardpack.packer import remote_lock
+from shardpack.packer.options import OutputBusy, PackError
+from shardpack.packer.upload import Upload, part_size, staged_path
+from shardpack.readers.dataset import ShardDataset
+from shardpack.readers.manifest import ShardFormatError
+
+BUCKET = "shardpack-writes"
+PUT, DELETE = Upload._put, Upload._delete  # the real ones, whatever a test's spy put in their place
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory):
+    return make_tree(tmp_path_factory.mktemp("s3w") / "src", {"cat": 3, "dog": 3})
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SHARDPACK_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def store(s3):
+    from obstore.store import S3Store
+    return S3Store(BUCKET, endpoint=s3.endpoint, client_options={"allow_http": True})
+
+
+def objects(s3, prefix: str) -> dict[str, dict]:
+    """{key under prefix: its meta (size, e_tag, last_modified)}."""
+    import obstore
+    return {m["path"][len(prefix) + 1:]: m for page in obstore.list(store(s3), prefix=prefix) for m in page}
+
+
+def download(s3, prefix: str, dest: Path) -> Path:
+    import obstore
+    for key in objects(s3, prefix):
+        (dest / key).parent.mkdir(parents=True, exist_ok=True)
+        (dest / key).write_bytes(bytes(obstore.get(store(s3), f"{prefix}/{key}").bytes()))
+    return dest
+
+
+def lock_key(prefix: str) -> str:
+    head, _, name = prefix.rpartition("/")
+    return f"{head}/.{name}.lock"
+
+
+def locked(s3, prefix: str) -> bool:
+    """Whether the lock object beside ``prefix`` exists."""
+    import obstore
+    try:
+        obstore.head(store(s3), lock_key(prefix))
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def same_samples(url: str, local: Path) -> None:
+    a, la = all_samples(ShardDataset(url))
+    b, lb = all_samples(ShardDataset(local))
+    assert np.array_equal(la, lb) and len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+def spy(monkeypatch, calls: list, stop_at: int | None = None):
+    """Upload._put and Upload._delete record their keys in ``calls`` (the real ones run);
+    with ``stop_at``, the put after that many is a Ctrl-C (the seam a signal takes)."""
+    put, delete = PUT, DELETE
+
+    def _put(self, key, path):
+        if stop_at is not None and sum(c[0] == "put" for c in calls) == stop_at:
+            raise KeyboardInterrupt
+        calls.append(("put", key))
+        return put(self, key, path)
+
+    def _delete(self, key):
+        calls.append(("delete", key))
+        return delete(self, key)
+    monkeypatch.setattr(Upload, "_put", _put)
+    monkeypatch.setattr(Upload, "_delete", _delete)
+
+
+@pytest.mark.parametrize("encoding", ["raw", "jpeg"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_packed_to_s3_is_the_local_pack_byte_for_byte_manifest_last(s3, cache, src, tmp_path, monkeypatch, fmt,
+                                                                     encoding):
+    local = packed(fmt, src, tmp_path / "local", encoding=encoding)
+    prefix = f"same/{fmt}-{encoding}/OUT"
+    url = f"s3://{BUCKET}/{prefix}"
+    calls = []
+    spy(monkeypatch, calls)
+    report = pack_quiet(src, url, fmt, size=16, encoding=encoding)
+    assert report.out == url and report.count == 6
+    assert_same_output(download(s3, prefix, tmp_path / "got"), local)
+    assert [k for _, k in calls[-2:]] == ["manifest.xxh3", "manifest.json"]  # the commit, last
+    assert not staged_path(url).exists() and not locked(s3, prefix)
+    if fmt == "npy":  # read over S3 today (the other formats: branch s3read)
+        same_samples(url, local)
+
+
+def test_a_splits_root_uploads_each_split_before_the_root_manifest(s3, cache, tmp_path, monkeypatch):
+    root = tmp_path / "root"
+    make_tree(root / "train", {"a": 3, "b": 2})
+    make_tree(root / "val", {"a": 1, "b": 2}, seed=5)
+    assert run_cli(root, "--format", "npy", "--size", 16, "-o", tmp_path / "local", "--quiet").exit_code == 0
+    local = tmp_path / "local"
+    calls = []
+    spy(monkeypatch, calls)
+    res = run_cli(root, "--format", "npy", "--size", 16, "-o", f"s3://{BUCKET}/splits/OUT", "--quiet")
+    assert res.exit_code == 0, res.output
+    got = download(s3, "splits/OUT", tmp_path / "got")
+    for split in ("train", "val"):  # each split's manifest records how its run went: compared as a top one
+        assert_same_output(got / split, local / split)
+    made = [json.loads((d / "manifest.json").read_text()) for d in (got, local)]
+    assert [{k: v for k, v in m.items() if k not in ("run", "settings", "digests")} for m in made] == 2 * [
+        {k: v for k, v in made[1].items() if k not in ("run", "settings", "digests")}]
+    assert [k for _, k in calls[-6:]] == ["train/manifest.xxh3", "train/manifest.json", "val/manifest.xxh3",
+                                          "val/manifest.json", "manifest.xxh3", "manifest.json"]
+    same_samples(f"s3://{BUCKET}/splits/OUT/val", local / "val")
+
+
+def test_a_large_file_goes_up_by_multipart_upload(s3, cache, tmp_path):
+    big = make_tree(tmp_path / "src", {"a": 24, "b": 24})
+    url = f"s3://{BUCKET}/multipart/OUT"
+    pack_quiet(big, url, "npy", size=256)  # images.npy: 48 x 256 x 256 x 3 = 9.4 MB, over one 8 MiB part
+    meta = objects(s3, "multipart/OUT")["images.npy"]
+    assert meta["size"] == 48 * 256 * 256 * 3 + 128 and meta["e_tag"].strip('"').endswith("-2")  # 2 parts
+    assert ShardDataset(url)[47][1] == 1
+    assert part_size(10 << 20) == 8 << 20 and -(-252_000_000_000 // part_size(252_000_000_000)) <= 9000
+
+
+def test_an_interrupted_upload_is_never_readable_and_resume_puts_only_the_rest(s3, cache, src, tmp_path, monkeypatch):
+    prefix = "resume/OUT"
+    url = f"s3://{BUCKET}/{prefix}"
+    calls = []
+    spy(monkeypatch, calls, stop_at=3)
+    with pytest.raises(KeyboardInterrupt):
+        pack_quiet(src, url, "npy", size=16)
+    first = [k for _, k in calls]
+    assert len(first) == 3 and sorted(objects(s3, prefix)) == sorted(first)  # no manifest
+    assert not locked(s3, prefix)  # a stopped run lets go of its lock object
+    with pytest.raises(ShardFormatError, match=rf"^{url}: no manifest.json there; not a complete shardpack output"):
+        ShardDataset(url)
+    with pytest.raises(PackError, match=rf"^an interrupted upload to {url} is staged at .*/OUT \(3 of 9 files "
+                                        r"uploaded\); pass --resume to continue it or --overwrite to start over$"):
+        pack_quiet(src, url, "npy", size=16)
+    before = objects(s3, prefix)
+    time.sleep(1.1)  # SeaweedFS's LastModified counts seconds: a put again would show
+    calls.clear()
+    spy(monkeypatch, calls)
+    report = pack_quiet(src, url, "npy", size=16, resume=True)
+    assert report.resumed_at == report.scanned == 6  # nothing decoded again
+    again = [k for _, k in calls]
+    assert not set(again) & set(first) and again[-2:] == ["manifest.xxh3", "manifest.json"]
+    after = objects(s3, prefix)
+    assert {k: (after[k]["e_tag"], after[k]["last_modified"]) for k in first} == \
+        {k: (before[k]["e_tag"], before[k]["last_modified"]) for k in first}
+    same_samples(url, packed("npy", src, tmp_path / "local"))
+    assert not staged_path(url).exists()
+
+
+def start_slow_upload(s3, src, url: str, cache: Path, *extra) -> subprocess.Popen:
+    """pack-dataset SRC -o URL in a fresh interpreter whose every put waits 0.4 s first."""
+    script = ("import time\nfrom shardpack.packer.upload import Upload\nreal = Upload._put\n"
+              "def slow(self, key, path):\n    time.sleep(0.4)\n    return real(self, key, path)\n"
+              "Upload._put = slow\n" + PACK_SCRIPT)
+    return subprocess.Popen([sys.executable, "-c", script, str(src), "--format", "wds", "--size", "16", "-o", url,
+                             "--quiet", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), "SHARDPACK_CACHE": str(cache)})
+
+
+def wait_for_objects(s3, prefix: str, n: int, proc) -> None:
+    deadline = time.monotonic() + 90
+    while len(objects(s3, prefix)) < n:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the upload did not begin"
+        time.sleep(0.05)
+
+
+def test_sigterm_mid_upload_leaves_nothing_readable_refuses_a_second_run_and_resume_finishes(s3, cache, src,
+                                                                                              tmp_path):
+    prefix = "sigterm/OUT"
+    url = f"s3://{BUCKET}/{prefix}"
+    proc = start_slow_upload(s3, src, url, cache)
+    try:
+        wait_for_objects(s3, prefix, 2, proc)
+        with pytest.raises(OutputBusy, match=r"is being written by another run \(pid "):  # this node: the local lock
+            pack_quiet(src, url, "wds", size=16)
+        with pytest.raises(OutputBusy, match=rf"^{url} is being written by another run \(pid {proc.pid}, started .*; its lock "
+                                             rf"object s3://{BUCKET}/sigterm/.OUT.lock, refreshed \d+ s ago\)"):
+            pack_quiet(src, url, "wds", size=16, staging=str(tmp_path / "elsewhere"))  # any node: the lock object
+        os.kill(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines()[-1] == ("stopped by SIGTERM; the progress is saved: rerun the same command "
+                                            "with --resume to continue")
+    assert "manifest.json" not in objects(s3, prefix) and not locked(s3, prefix)
+    with pytest.raises(ShardFormatError, match="no manifest.json there"):
+        ShardDataset(url)
+    report = pack_quiet(src, url, "wds", size=16, resume=True)
+    assert report.resumed_at == 6
+    assert_same_output(download(s3, prefix, tmp_path / "got"), packed("wds", src, tmp_path / "local"))
+
+
+def test_a_killed_run_leaves_a_stale_lock_that_resume_takes_over(s3, cache, src, tmp_path):
+    prefix = "sigkill/OUT"
+    url = f"s3://{BUCKET}/{prefix}"
+    proc = start_slow_upload(s3, src, url, cache)
+    try:
+        wait_for_objects(s3, prefix, 1, proc)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert locked(s3, prefix)  # left by the killed run
+    with pytest.raises(PackError, match=rf"^s3://{BUCKET}/sigkill/.OUT.lock: left by a run that stopped \(pid "
+                                        rf"{proc.pid}, started .*, no longer running\); pass --resume to continue its "
+                                        rf"upload or --overwrite to start {url} over \(either takes the lock over\)$"):
+        pack_quiet(src, url, "wds", size=16)
+    pack_quiet(src, url, "wds", size=16, resume=True)
+    assert not locked(s3, prefix)
+    assert_same_output(download(s3, prefix, tmp_path / "got"), packed("wds", src, tmp_path / "local"))
+
+
+def test_the_lock_object_of_another_host_conditional_puts_and_a_taken_over_lock(s3, cache, src, monkeypatch):
+    import obstore
+    from obstore.exceptions import AlreadyExistsError
+    prefix = "host/OUT"
+    url = f"s3://{BUCKET}/{prefix}"
+    record = {"pid": 1, "host": "elsewhere", "started": "2026-01-01T00:00:00+0000"}
+    obstore.put(store(s3), lock_key(prefix), json.dumps(record).encode(), mode="create")
+    with pytest.raises(AlreadyExistsError):  # the server honours If-None-Match: * (what the lock rests on)
+        obstore.put(store(s3), lock_key(prefix), b"{}", mode="create")
+    with pytest.raises(OutputBusy, match=rf"^{url} is being written by another run \(pid 1 on elsewhere, started "
+                                         r"2026-01-01T00:00:00\+0000; its lock object"):
+        pack_quiet(src, url, "npy", size=16, overwrite=True)  # refreshed just now: alive, wherever it runs
+    monkeypatch.setattr(remote_lock, "STALE_S", 0.0)
+    with pytest.raises(PackError, match=r"left by a run that stopped \(pid 1 on elsewhere, .*not refreshed for "
+                                        r"\d+ s\); pass --resume"):
+        pack_quiet(src, url, "npy", size=16)
+    monkeypatch.setattr(remote_lock, "BEAT_S", 0.05)
+    real = Upload._put
+
+    def taken_over(self, key, path):  # another run judges this one dead and takes its lock over
+        obstore.put(store(s3), lock_key(prefix), json.dumps(record).encode())
+        time.sleep(0.5)
+        return real(self, key, path)
+    monkeypatch.setattr(Upload, "_put", taken_over)
+    with pytest.raises(PackError, match=rf"^{url}: another run took over the lock object s3://{BUCKET}/host/.OUT.lock"):
+        pack_quiet(src, url, "npy", size=16, overwrite=True)
+    assert "manifest.json" not in objects(s3, prefix)
+    assert json.loads(bytes(obstore.get(store(s3), lock_key(prefix)).bytes())) == record  # the other run's, kept
+
+
+def test_overwrite_deletes_the_old_manifest_first_and_old_objects_before_any_put(s3, cache, src, tmp_path,
+                                                                                   monkeypatch):
+    prefix = "overwrite/OUT"
+    url = f"s3://{BUCKET}/{prefix}"
+    pack_quiet(src, url, "wds", size=16)
+    old = set(objects(s3, prefix))
+    with pytest.raises(PackError, match=rf"^{url} already exists; pass --overwrite to replace it$"):
+        pack_quiet(src, url, "npy", size=16)
+    calls = []
+    spy(monkeypatch, calls, stop_at=1)
+    with pytest.raises(KeyboardInterrupt):
+        pack_quiet(src, url, "npy", size=16, overwrite=True)
+    assert calls[:2] == [("delete", "manifest.json"), ("delete", "manifest.xxh3")]
+    local = packed("npy", src, tmp_path / "local")
+    new = {p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file()}
+    assert {k for op, k in calls[2:] if op == "delete"} == old - new  # the shards, wds_offsets.npy
+    assert [op for op, _ in calls] == ["delete"] * (2 + len(old - new)) + ["put"]
+    assert set(objects(s3, prefix)) == (old & new) - {"manifest.json", "manifest.xxh3"} | {calls[-1][1]}
+    with pytest.raises(ShardFormatError, match="no manifest.json there"):  # the old output is gone, not mixed
+        ShardDataset(url)
+    monkeypatch.setattr(Upload, "_put", PUT)
+    monkeypatch.setattr(Upload, "_delete", DELETE)
+    pack_quiet(src, url, "npy", size=16, resume=True)
+    assert set(objects(s3, prefix)) == new
+    same_samples(url, local)
+
+
+def test_errors_are_one_line_naming_the_url(s3, cache, src, tmp_path, monkeypatch):
+    url = f"s3://{BUCKET}/errors/OUT"
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+    with pytest.raises(PackError, match=rf"^{url}: cannot write its lock object s3://{BUCKET}/errors/.OUT.lock "
+                                        r"\(.*403 Forbidden") as err:
+        pack_quiet(src, url, "npy", size=16)
+    assert "\n" not in str(err.value) and not staged_path(url).exists()
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3.env()["AWS_SECRET_ACCESS_KEY"])
+    with socket.socket() as s:  # a port nobody listens on: the server gone
+        s.bind(("127.0.0.1", 0))
+        gone = f"http://127.0.0.1:{s.getsockname()[1]}"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", gone)
+    retry = {"max_retries": 2, "retry_timeout": timedelta(seconds=3),
+             "backoff": {"init_backoff": timedelta(milliseconds=20), "max_backoff": timedelta(milliseconds=100),
+                         "base": 2}}
+    with pytest.raises(PackError, match=rf"^{url}: cannot write its lock object .*after 2 retries") as err:
+        pack_quiet(src, url, "npy", size=16, storage_options={"retry_config": retry})
+    assert "\n" not in str(err.value)
+    with pytest.raises(PackError, match=r"^s3://shardpack-writes: name the output under the bucket"):
+        pack_quiet(src, f"s3://{BUCKET}", "npy", size=16)
+    with pytest.raises(PackError, match=r"^s3://ab/x: 'ab' is not an S3 bucket name"):
+        pack_quiet(src, "s3://ab/x", "npy", size=16)
+
+
+def test_the_command_line_takes_an_s3_output_and_refuses_other_urls(s3, cache, src, tmp_path):
+    url = f"s3://{BUCKET}/cli/OUT"
+    res = run_cli(src, "--format", "lmdb", "--size", 16, "-o", url, "--quiet", "--staging", tmp_path / "stage")
+    assert res.exit_code == 0, res.output
+    assert f"plan: {src} -> {url}" in res.output and f"into {url}:" in res.output
+    assert f"packing into {tmp_path / 'stage'}/" in res.output and not any((tmp_path / "stage").rglob("*.mdb"))
+    assert_same_output(download(s3, "cli/OUT", tmp_path / "got"), packed("lmdb", src, tmp_path / "local"))
+    res = run_cli(src, "--format", "lmdb", "--size", 16, "-o", url, "--resume")
+    assert res.exit_code == 0 and f"{url} is already complete; nothing to resume" in res.output
+    res = run_cli(src, "--format", "npy", "--size", 16, "-o", "gs://b/x")
+    assert res.exit_code == 2 and res.output.strip().splitlines() == [
+        "Error: Invalid value for '-o' / '--out': gs://b/x is a URL; of object storage only s3:// is supported here: "
+        "give -o s3://BUCKET/prefix/OUT, or a local folder"]
+    res = run_cli(src, "--format", "npy", "--size", 16, "-o", tmp_path / "o", "--staging", tmp_path / "stage")
+    assert res.exit_code == 2 and "--staging is for -o s3://" in res.output and not (tmp_path / "o").exists()
+
+
+def test_the_units_engine_commits_through_the_same_upload(s3, cache, src, tmp_path):
+    url = f"s3://{BUCKET}/units/OUT"  # engine "units": the unit protocol of --engine ray on a local pool
+    pack_quiet(src, url, "npy", size=16, engine="units", workers=2, unit_files=2)
+    same_samples(url, packed("npy", src, tmp_path / "local"))
+
+
+@pytest.mark.slow
+def test_engine_ray_uploads_from_the_driver(s3, cache, src, tmp_path):
+    pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'shardpack[ray]')")
+    url = f"s3://{BUCKET}/ray/OUT"
+    pack_quiet(src, url, "wds", size=16, engine="ray", workers=1, unit_files=3)
+    assert_same_output(download(s3, "ray/OUT", tmp_path / "got"), packed("wds", src, tmp_path / "local"))
