@@ -228,6 +228,8 @@ def _pack(src, recipe: Recipe, opts: Options, listing: Listing | None, extra: di
     try:
         # 3. the writer, continued from the checkpoint
         writer = _open_writer(staging, listing, recipe, opts)
+        if setup.upload is not None:  # finished files (wds shards) go up as checkpoints pass them
+            setup.upload.watch(staging, writer)
         ledger = Ledger(staging.run_dir, n, opts.strict, opts.max_io_errors)
         # 4. decode all
         decoding = Decoding(listing, recipe, opts, writer, ledger, staging, setup.workers)

@@ -160,6 +160,7 @@ class Staging:
         self.done = 0
         self.boot = boot_id()
         self.notes: list[str] = []
+        self.on_checkpoint: Callable[[dict], None] | None = None  # told each checkpoint's record (upload.py)
 
     @classmethod
     def check(cls, out: Path, fingerprint: dict, opts: Options, need: Callable[[], int] | None = None,
@@ -284,6 +285,8 @@ class Staging:
         if durable:
             write_json_atomic(self.tmp / DURABLE, record)
         self.done = int(record["done"])
+        if self.on_checkpoint is not None:
+            self.on_checkpoint(record)
 
     def compacting(self, kept: int, scanned: int) -> None:
         """Mark the step that moves finished data (npy in place, HDF5 swap): a kill in between

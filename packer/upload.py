@@ -24,7 +24,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import queue
 import shutil
+import threading
 from pathlib import Path
 
 from ..readers.manifest import MANIFEST, ShardFormatError, partial_dir, write_json_atomic
@@ -59,12 +61,15 @@ def part_size(size: int) -> int:
 
 class _Reader:
     """A file read by the client through Python, so a signal (Ctrl-C, SIGTERM) raises between
-    parts instead of waiting for the whole file; ``stopped`` keeps the KeyboardInterrupt."""
+    parts instead of waiting for the whole file; ``stopped`` keeps the KeyboardInterrupt. Off
+    the main thread, ``cancel`` (an Event) set ends the upload at its next read."""
 
-    def __init__(self, f):
-        self.f, self.stopped = f, None
+    def __init__(self, f, cancel: threading.Event | None = None):
+        self.f, self.stopped, self.cancel = f, None, cancel
 
     def read(self, n=-1):
+        if self.cancel is not None and self.cancel.is_set():
+            raise OSError("the run stopped: upload cancelled")
         try:
             return self.f.read(n)
         except KeyboardInterrupt as err:
@@ -88,6 +93,12 @@ class Upload:
         self.state_path = local.parent / STATE
         self.lock: RemoteLock | None = None
         self.staged = False
+        self.uploaded: dict = {}  # name -> {size, mtime_ns, etag}: upload.json's record
+        self._queue: queue.Queue | None = None  # files finished before the end, for the early uploader
+        self._thread: threading.Thread | None = None
+        self._cancel, self._saving = threading.Event(), threading.Lock()
+        self._error: BaseException | None = None
+        self._queued: set[str] = set()
 
     @classmethod
     def open(cls, url: str, opts, src, recipe, dry_run: bool = False) -> Upload:
@@ -115,6 +126,7 @@ class Upload:
         except BaseException:
             up.release()
             raise
+        up.uploaded = up._state()
         return up
 
     def _decide(self, opts, src, recipe, dry_run: bool) -> None:
@@ -194,7 +206,7 @@ class Upload:
         from obstore.exceptions import BaseError
         size = path.stat().st_size
         with open(path, "rb") as f:
-            reader = _Reader(f)
+            reader = _Reader(f, None if threading.current_thread() is threading.main_thread() else self._cancel)
             try:
                 chunk = part_size(size)
                 return obstore.put(self.objects.store(), key, reader, chunk_size=chunk,
@@ -214,7 +226,69 @@ class Upload:
         return state.get("uploaded", {}) if isinstance(state, dict) and state.get("url") == self.url else {}
 
     def _save(self, uploaded: dict) -> None:
-        write_json_atomic(self.state_path, {"url": self.url, "uploaded": uploaded}, sync=False)
+        with self._saving:
+            write_json_atomic(self.state_path, {"url": self.url, "uploaded": uploaded}, sync=False)
+
+    def _put_recorded(self, name: str, path: Path) -> int:
+        """Put ``path`` as ``name`` and record it in upload.json; the bytes put."""
+        self.lock.check()
+        st = path.stat()
+        etag = self._put(name, path)
+        self.uploaded[name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "etag": etag}
+        self._save(self.uploaded)
+        return st.st_size
+
+    def _delete_manifests(self, listing: dict) -> list[str]:
+        """Delete every manifest under the URL, manifest.json before manifest.xxh3, the top one
+        first, before anything is put: no old output stays readable. The keys deleted."""
+        old = sorted((k for k in listing if k.rpartition("/")[2] in MANIFESTS), key=lambda k: (k.count("/"), k[-4:]))
+        for key in old:
+            self.lock.check()
+            self._delete(key)
+        return old
+
+    # ------------------------------------------------------------------ files finished before the end
+
+    def watch(self, staging, writer) -> None:
+        """Upload, on a thread of its own, the files ``writer`` says are finished (wds shards)
+        as each checkpoint of ``staging`` (a dataset's, or a split's) passes them, so the upload
+        overlaps the packing; the commit waits for them."""
+        out = Path(staging.out)  # the output itself, or a split inside its partial directory
+        base = (out.relative_to(partial_dir(self.local)) if partial_dir(self.local) in out.parents
+                else out.relative_to(self.local)).as_posix()
+
+        def checkpointed(record: dict) -> None:
+            if self._error is not None:
+                raise self._error
+            for name in writer.finished_files(record.get("writer") or {}):
+                key = name if base == "." else f"{base}/{name}"
+                rec, path = self.uploaded.get(key), staging.tmp / name
+                if key in self._queued or (rec and rec["size"] == path.stat().st_size):
+                    continue
+                self._queued.add(key)
+                if self._thread is None:
+                    self._queue = queue.Queue()
+                    self._thread = threading.Thread(target=self._early, name="shardpack-upload", daemon=True)
+                    self._thread.start()
+                self._queue.put((key, path))
+        staging.on_checkpoint = checkpointed
+
+    def _early(self) -> None:
+        try:
+            self._delete_manifests(self._listing())
+            while (item := self._queue.get()) is not None and not self._cancel.is_set():
+                self._put_recorded(*item)
+        except BaseException as err:  # noqa: BLE001 -- said by the next checkpoint or the commit
+            self._error = err
+
+    def _join(self) -> None:
+        """Wait for the early uploads; raise the error that stopped them."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            raise self._error
 
     def _uploaded_text(self) -> str:
         n = sum(1 for p in self.local.rglob("*") if p.is_file() and p.name not in MANIFESTS)
@@ -237,33 +311,28 @@ class Upload:
         data = [f for f in files if f.rpartition("/")[2] not in MANIFESTS]
         commits = sorted((f for f in files if f not in data),
                          key=lambda f: (-f.count("/"), f.rpartition("/")[0], MANIFESTS.index(f.rpartition("/")[2])))
+        self._join()
         listing = self._listing()
-        old = sorted((k for k in listing if k.rpartition("/")[2] in MANIFESTS), key=lambda k: (k.count("/"), k[-4:]))
-        for key in old:  # manifest.json before manifest.xxh3, the top one first: no old output stays readable
-            self.lock.check()
-            self._delete(key)
+        old = self._delete_manifests(listing)
         for key in sorted(set(listing) - set(data) - set(old)):  # objects of another output
             self._delete(key)
-        uploaded, kept, sent = self._state(), 0, 0
+        kept, sent = 0, 0
         total = sum((self.local / f).stat().st_size for f in data)
         say(f"uploading {plural(len(data), 'file')} ({mb(total)}) to {self.url}")
         for name in data:
             st = (self.local / name).stat()
-            rec, there = uploaded.get(name), listing.get(name)
+            rec, there = self.uploaded.get(name), listing.get(name)
             if (rec and there and rec["size"] == st.st_size == there["size"] and rec["mtime_ns"] == st.st_mtime_ns
                     and rec["etag"] == there.get("e_tag")):
                 kept += 1
                 continue
-            self.lock.check()
-            etag = self._put(name, self.local / name)
-            uploaded[name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "etag": etag}
-            self._save(uploaded)
-            sent += st.st_size
+            sent += self._put_recorded(name, self.local / name)
         for name in commits:
             self.lock.check()
             self._put(name, self.local / name)
         say(f"uploaded {self.url}: {plural(len(data) - kept, 'file')} put ({mb(sent)})"
-            + (f", {kept} already there from the interrupted upload" if kept else "") + "; its manifest last")
+            + (f", {kept} already up (put while packing, or by the interrupted upload)" if kept else "")
+            + "; its manifest last")
         self._drop_staged()
         return {"uploaded": len(data) - kept, "kept": kept, "bytes": sent}
 
@@ -280,7 +349,13 @@ class Upload:
         return (self.local / MANIFEST).is_file() or partial_dir(self.local).exists()
 
     def release(self) -> None:
-        """Let go of the lock object (deleted). Safe to call twice."""
+        """Stop the early uploads (an upload in flight is aborted) and let go of the lock object
+        (deleted). Safe to call twice."""
+        if self._thread is not None:
+            self._cancel.set()
+            self._queue.put(None)
+            self._thread.join(timeout=30)
+            self._thread = None
         if self.lock is not None:
             self.lock.release()
 

@@ -207,8 +207,9 @@ def test_sigterm_mid_upload_leaves_nothing_readable_refuses_a_second_run_and_res
         wait_for_objects(s3, prefix, 2, proc)
         with pytest.raises(OutputBusy, match=r"is being written by another run \(pid "):  # this node: the local lock
             pack_quiet(src, url, "wds", size=16)
-        with pytest.raises(OutputBusy, match=rf"^{url} is being written by another run \(pid {proc.pid}, started .*; its lock "
-                                             rf"object s3://{BUCKET}/sigterm/.OUT.lock, refreshed \d+ s ago\)"):
+        with pytest.raises(OutputBusy, match=rf"^{url} is being written by another run \(pid {proc.pid}, started "
+                                             rf".*; its lock object s3://{BUCKET}/sigterm/.OUT.lock, refreshed \d+ s "
+                                             r"ago\)"):
             pack_quiet(src, url, "wds", size=16, staging=str(tmp_path / "elsewhere"))  # any node: the lock object
         os.kill(proc.pid, signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
@@ -355,3 +356,38 @@ def test_engine_ray_uploads_from_the_driver(s3, cache, src, tmp_path):
     url = f"s3://{BUCKET}/ray/OUT"
     pack_quiet(src, url, "wds", size=16, engine="ray", workers=1, unit_files=3)
     assert_same_output(download(s3, "ray/OUT", tmp_path / "got"), packed("wds", src, tmp_path / "local"))
+
+
+def test_wds_shards_go_up_while_packing_and_a_stopped_run_keeps_them(s3, cache, tmp_path, monkeypatch):
+    import threading
+    from helpers import stop_after
+    big = make_tree(tmp_path / "src", {"a": 6, "b": 6})
+    prefix = "early/OUT"
+    url = f"s3://{BUCKET}/{prefix}"
+    calls, threads = [], []
+    spy(monkeypatch, calls)
+    put = Upload._put
+
+    def on_thread(self, key, path):
+        etag = put(self, key, path)
+        threads.append((key, threading.current_thread().name))  # once up (a stop aborts the one in flight)
+        return etag
+    monkeypatch.setattr(Upload, "_put", on_thread)
+    shards = {"shard_size": 4000, "checkpoint_seconds": 0.0}  # about one sample per shard; a checkpoint per chunk
+    stop_after(monkeypatch, 8)
+    with pytest.raises(KeyboardInterrupt):
+        pack_quiet(big, url, "wds", size=16, **shards)
+    early = {k for k, name in threads if name == "shardpack-upload"}
+    assert early and all(k.startswith("shard-") for k in early) and early == set(objects(s3, prefix))
+    monkeypatch.undo()
+    for name, value in s3.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("SHARDPACK_CACHE", str(cache))
+    calls.clear()
+    spy(monkeypatch, calls)
+    pack_quiet(big, url, "wds", size=16, resume=True, **shards)
+    assert not {k for _, k in calls} & early  # the shards put before the stop are not put again
+    local = packed("wds", big, tmp_path / "local", **shards)
+    got = download(s3, prefix, tmp_path / "got")
+    assert len(list(got.glob("shard-*.tar"))) > 3
+    assert_same_output(got, local)

@@ -74,6 +74,12 @@ class Writer:
     def resume(self, state: dict) -> None:
         """Continue after the point recorded by state(): later partial writes are discarded."""
 
+    def finished_files(self, state: dict) -> list[str]:
+        """The files (names in the writer's folder) that neither the rest of the run nor a
+        resume from the checkpoint ``state`` (a state() answer) will touch again, so an upload
+        may begin before the end (packer/upload.py). None by default."""
+        return []
+
     def finish(self, kept: np.ndarray) -> dict:
         """Complete the data files for the samples ``kept`` (sorted scan indices) and return
         ``{"files": {name: bytes}, ...}`` for the manifest."""

@@ -131,6 +131,10 @@ class WdsWriter(Writer):
         if shard >= 0:
             self._open_shard(shard, offset)
 
+    def finished_files(self, state):
+        """The shards before the checkpoint's open one: closed, and kept as they are by a resume."""
+        return [WDS_SHARD.format(i) for i in range(int(state.get("shard", -1)))]
+
     def finish(self, kept):
         self._close_shard()
         count = len(kept)
