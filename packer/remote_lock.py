@@ -88,7 +88,9 @@ class RemoteLock:
         except (AlreadyExistsError, PreconditionError):
             raise
         except (BaseError, OSError) as err:
-            raise PackError(f"{self.url}: cannot write its lock object {self.name} ({one_line(err)})") from None
+            from .upload import no_bucket
+            raise PackError(no_bucket(self.parent, err) or f"{self.url}: cannot write its lock object {self.name} "
+                            f"({one_line(err)})") from None
 
     def _take_over(self, resume: bool, overwrite: bool) -> None:
         """The lock object exists: refuse a live holder; take a stale one over with --resume/--overwrite."""

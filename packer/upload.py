@@ -155,7 +155,7 @@ class Upload:
     # ------------------------------------------------------------------ the store, one line per error
 
     def _fail(self, err: BaseException, what: str) -> PackError:
-        return PackError(f"{self.url}: cannot {what} ({one_line(err)})")
+        return PackError(no_bucket(self.objects, err) or f"{self.url}: cannot {what} ({one_line(err)})")
 
     def _exists(self, key: str) -> bool:
         import obstore
@@ -387,6 +387,13 @@ def open_upload(src, url: str, recipe, opts, dry_run: bool, mounts=None):
             lock.release()
         raise
     return local, mounts, notes, lock, upload
+
+
+def no_bucket(objects: Objects, err: BaseException) -> str | None:
+    """The one line for a store that answered NoSuchBucket, else None."""
+    if "NoSuchBucket" not in str(err):
+        return None
+    return f"{objects.url}: there is no bucket {objects.bucket!r} (the store answered NoSuchBucket); create it first"
 
 
 def url_of(out) -> str | None:

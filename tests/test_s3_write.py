@@ -328,7 +328,16 @@ def test_errors_are_one_line_naming_the_url(s3, cache, src, tmp_path, monkeypatc
 
 
 def test_the_command_line_takes_an_s3_output_and_refuses_other_urls(s3, cache, src, tmp_path):
+    import obstore
+    res = run_cli(src, "--format", "lmdb", "--size", 16, "-o", "s3://no-such-bucket/x/OUT", "--dry-run")
+    assert res.exit_code == 1 and res.output.strip().splitlines()[-1] == (
+        "Error: s3://no-such-bucket/x/OUT: there is no bucket 'no-such-bucket' (the store answered NoSuchBucket); "
+        "create it first")
+    obstore.put(store(s3), "made", b"")  # the bucket exists (SeaweedFS makes one on its first put)
     url = f"s3://{BUCKET}/cli/OUT"
+    res = run_cli(src, "--format", "lmdb", "--size", 16, "-o", url, "--dry-run", "--staging", tmp_path / "stage")
+    assert res.exit_code == 0 and f"plan: {src} -> {url}" in res.output, res.output
+    assert objects(s3, "cli") == {} and not (tmp_path / "stage").exists()  # a dry run writes nothing, anywhere
     res = run_cli(src, "--format", "lmdb", "--size", 16, "-o", url, "--quiet", "--staging", tmp_path / "stage")
     assert res.exit_code == 0, res.output
     assert f"plan: {src} -> {url}" in res.output and f"into {url}:" in res.output
