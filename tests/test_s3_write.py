@@ -400,3 +400,37 @@ def test_wds_shards_go_up_while_packing_and_a_stopped_run_keeps_them(s3, cache, 
     got = download(s3, prefix, tmp_path / "got")
     assert len(list(got.glob("shard-*.tar"))) > 3
     assert_same_output(got, local)
+
+
+def test_ctrl_c_inside_a_multipart_put_aborts_it_at_once(s3, cache, tmp_path, monkeypatch):
+    import builtins
+
+    from shardpack.packer import upload as upload_module
+    from shardpack.readers.objects import Objects
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(40 << 20))  # 5 parts of 8 MiB
+
+    class Interrupting:  # the file as the client reads it: Ctrl-C lands while its 2nd part is read
+        def __init__(self, f):
+            self.f, self.reads = f, 0
+
+        def read(self, n=-1):
+            self.reads += 1
+            if self.reads == 2:
+                os.kill(os.getpid(), signal.SIGINT)
+            return self.f.read(n)
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+    monkeypatch.setattr(upload_module, "open", lambda path, mode: Interrupting(builtins.open(path, mode)),
+                        raising=False)
+    up = Upload(f"s3://{BUCKET}/ctrl-c/OUT", Objects(f"s3://{BUCKET}/ctrl-c/OUT"), tmp_path / "staged")
+    with pytest.raises(KeyboardInterrupt):
+        up._put("big.bin", big)
+    assert "big.bin" not in objects(s3, "ctrl-c/OUT")  # the multipart upload was aborted, nothing completed
