@@ -252,12 +252,14 @@ class Upload:
     def watch(self, staging, writer) -> None:
         """Upload, on a thread of its own, the files ``writer`` says are finished (wds shards)
         as each checkpoint of ``staging`` (a dataset's, or a split's) passes them, so the upload
-        overlaps the packing; the commit waits for them."""
+        overlaps the packing; the commit waits for them. A checkpoint raises PackError once the
+        lock object was taken over, and the error that stopped the early uploads."""
         out = Path(staging.out)  # the output itself, or a split inside its partial directory
         base = (out.relative_to(partial_dir(self.local)) if partial_dir(self.local) in out.parents
                 else out.relative_to(self.local)).as_posix()
 
         def checkpointed(record: dict) -> None:
+            self.lock.check()  # taken over: stop packing too
             if self._error is not None:
                 raise self._error
             for name in writer.finished_files(record.get("writer") or {}):
