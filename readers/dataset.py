@@ -89,10 +89,11 @@ class ShardDataset(Dataset):
     under fork, spawn and forkserver.
 
     ``path`` is an output directory, or the URL ``s3://bucket/prefix/OUT`` of one in object
-    storage (every format; ``pip install 'shardpack[s3]'``; docs/storage.md): its small files are
-    fetched into the node's cache (``$SHARDPACK_CACHE``, else ``~/.cache/shardpack``; ``root`` is
-    that folder, ``url`` the dataset's URL, a split's for a splits root) and checked once, its
-    pixels read by ranged GETs with many in flight (readers/mirror.py, readers/objects.py); credentials and endpoint from the standard ``AWS_*`` variables
+    storage (every format; ``pip install 'shardpack[s3]'``; docs/storage.md): its small files
+    are fetched into the node's cache (``$SHARDPACK_CACHE``, else ``~/.cache/shardpack``;
+    ``root`` is that folder, ``url`` the dataset's URL, a split's for a splits root) and checked
+    once, its pixels read by ranged GETs with many in flight (readers/mirror.py,
+    readers/objects.py); credentials and endpoint from the standard ``AWS_*`` variables
     (``AWS_ENDPOINT_URL`` for S3-compatible stores) or ``storage_options`` (obstore's S3Store
     keywords). Errors then name the URL. For a splits root (packed from SRC/train, SRC/val, ...) pass
     ``split="val"`` or open ``path/val`` directly. All splits share one class list.

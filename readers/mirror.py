@@ -205,7 +205,8 @@ def derived(objects: Objects, key: str, what: str, compute) -> dict[str, np.ndar
     result is computed again), never an error."""
     size, etag = objects.pixels[key]
     ident = hashlib.sha256(f"{size}:{etag}".encode()).hexdigest()[:16]
-    path = cache_root() / "derived" / f"{hashlib.sha256(objects.name(key).encode()).hexdigest()[:16]}-{ident}-{what}.npz"
+    url = hashlib.sha256(objects.name(key).encode()).hexdigest()[:16]
+    path = cache_root() / "derived" / f"{url}-{ident}-{what}.npz"
     if etag:  # without an ETag an object's identity is its size alone: not enough to reuse
         try:
             with np.load(path, allow_pickle=False) as found:

@@ -263,6 +263,10 @@ class Reader:
         """The files holding the pixels (what must fit in the page cache to be read from RAM)."""
         return []
 
+    def where(self, name: str):
+        """The data file ``name`` as errors name it: its path, or its URL in object storage."""
+        return self.root / name if self.objects is None else self.objects.name(name)
+
     @classmethod
     def pixel_files(cls, manifest: dict) -> list[str]:
         """The data files (names relative to OUT, from ``manifest``) read by byte ranges: what
@@ -316,7 +320,7 @@ class MemmapReader(Reader):
     def _range(self, i, shape) -> int:
         """Byte of the data file where sample i (of ``shape``) starts, after checking its range."""
         if self.shape is None:
-            return self._base + ragged_range(self._offsets, len(self._images), i, shape, self.root / self.data_file)[0]
+            return self._base + ragged_range(self._offsets, len(self._images), i, shape, self.where(self.data_file))[0]
         return self._base + i * math.prod(self.shape)  # the memmap's shape was checked when opened
 
     def read_into(self, i, out):
