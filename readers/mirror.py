@@ -91,6 +91,11 @@ def open_url(url: str, storage_options: dict | None = None, split: str | None = 
     pixel_names = reader_class(objects.url, manifest).pixel_files(manifest)
     with ThreadPoolExecutor(min(HEADS_IN_FLIGHT, max(1, len(pixel_names)))) as pool:
         objects.pixels = dict(zip(pixel_names, pool.map(objects.head, pixel_names)))
+    files = manifest.get("files") if isinstance(manifest.get("files"), dict) else {}
+    for name, (size, _) in objects.pixels.items():
+        if name in files and files[name] != size:
+            raise ShardFormatError(f"{objects.name(name)}: {size} bytes, the manifest records {files[name]}; "
+                                   "the output is damaged, or was packed again without its manifest")
     final = cache_root() / "index" / _key(objects.url, raw)
     if (final / MANIFEST).is_file() and _damaged(final, manifest, pixel_names):
         shutil.rmtree(final, ignore_errors=True)  # a damaged mirror is fetched again, never served
