@@ -52,7 +52,10 @@ def _key(url: str, raw: bytes) -> str:
     return hashlib.sha256(url.encode()).hexdigest()[:16] + "-" + hashlib.sha256(raw).hexdigest()[:16]
 
 
-def _manifest(objects: Objects) -> tuple[bytes, dict]:
+def read_manifest(objects: Objects) -> tuple[bytes, dict]:
+    """The bytes and the JSON object of ``objects``'s manifest.json. Raises ShardFormatError
+    naming the URL when it is missing (not a complete output, or a wrong bucket or prefix),
+    unreadable, or the store cannot be asked."""
     raw = objects.get(MANIFEST, missing_ok=True)
     if raw is None:
         raise ShardFormatError(f"{objects.url}: no {MANIFEST} there; not a complete shardpack output "
@@ -78,7 +81,7 @@ def open_url(url: str, storage_options: dict | None = None, split: str | None = 
     from .formats import reader_class
     from .manifest import split_root
     objects = Objects(url, storage_options)
-    raw, manifest = _manifest(objects)
+    raw, manifest = read_manifest(objects)
     if manifest.get("kind") == SPLITS_KIND or split is not None:
         top = mirror_splits(objects, raw, manifest) if manifest.get("kind") == SPLITS_KIND else None
         if top is None:  # split= for a single dataset: the local wording, naming the URL
@@ -102,6 +105,18 @@ def open_url(url: str, storage_options: dict | None = None, split: str | None = 
     if not (final / MANIFEST).is_file():
         _fetch(objects, raw, final, _small_names(manifest, pixel_names), lambda tmp: _check(objects, tmp, manifest))
     return final, objects
+
+
+def dataset_urls(url: str, storage_options: dict | None = None) -> list[tuple[str | None, str]]:
+    """``[(split name, dataset URL)]`` of the splits root at ``url``, or ``[(None, url)]`` for
+    anything else: ``manifest.dataset_dirs`` for object storage (info, verify). Raises
+    ShardFormatError naming the URL when its manifest cannot be read."""
+    objects = Objects(url, storage_options)
+    _, manifest = read_manifest(objects)
+    splits = manifest.get("splits") if manifest.get("kind") == SPLITS_KIND else None
+    if not isinstance(splits, dict):
+        return [(None, objects.url)]
+    return [(name, f"{objects.url}/{entry.get('path')}") for name, entry in splits.items() if isinstance(entry, dict)]
 
 
 def mirror_splits(objects: Objects, raw: bytes, manifest: dict) -> Path:

@@ -37,6 +37,9 @@ URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # as readers/paths.py (which l
 # 12 MB GET won here, where a request costs little; 4 MiB keeps several GETs of a batch in flight
 # for a store with real latency (not measured).
 MERGE_BYTES = 4 << 20
+# The stores served, by URL scheme: obstore's classes (gs:// and az:// need no code of ours beyond
+# this; untested: no GCS or Azure server in the tests). Each takes (bucket or container, prefix=, **options).
+STORES = {"s3": "S3Store", "gs": "GCSStore", "az": "AzureStore"}
 _client_pid = None  # the process that first used obstore here; inherited across fork, unlike its threads
 # Set to a list to record each ranged GET as (URL, first byte, end byte) in this process (tests count
 # what each DDP rank fetched); None: nothing recorded.
@@ -55,7 +58,8 @@ def one_line(err: BaseException) -> str:
 
 
 class Objects:
-    """The objects under one output URL ``s3://bucket/prefix``: ``url``, ``bucket``, ``prefix``,
+    """The objects under one output URL ``s3://bucket/prefix`` (or gs://, az://: untested): ``url``,
+    ``scheme``, ``bucket``, ``prefix``,
     ``options`` (storage_options). The obstore store is made on first use in each process and
     dropped on pickling, so DataLoader workers (fork, spawn, forkserver) make their own, with the
     ``AWS_*`` settings the dataset was opened with where theirs lack one (a forkserver started
@@ -63,26 +67,30 @@ class Objects:
 
     def __init__(self, url: str, storage_options: dict | None = None):
         scheme, _, rest = url.partition("://")
-        if scheme.lower() != "s3":
-            raise ShardFormatError(f"{url}: only s3:// URLs are served from object storage so far "
-                                   "(copy the output to a local disk and open that path)")
+        self.scheme = scheme.lower()
+        if self.scheme not in STORES:
+            raise ShardFormatError(f"{url}: only s3:// URLs are served from object storage (gs:// and az:// "
+                                   "untested); copy the output to a local disk and open that path")
         bucket, _, prefix = rest.partition("/")
         if not 3 <= len(bucket) <= 63:
-            raise ShardFormatError(f"{url}: {bucket!r} is not an S3 bucket name (3 to 63 characters: "
-                                   "s3://BUCKET/prefix/OUT)")
+            what = {"s3": "an S3 bucket", "gs": "a GCS bucket", "az": "an Azure container"}[self.scheme]
+            raise ShardFormatError(f"{url}: {bucket!r} is not {what} name (3 to 63 characters: "
+                                   f"{self.scheme}://BUCKET/prefix/OUT)")
         self.url, self.bucket, self.prefix = url.rstrip("/"), bucket, prefix.strip("/")
         self.options = dict(storage_options or {})
         self.pixels: dict[str, tuple[int, str | None]] = {}  # name -> (size, ETag), recorded at open
         self._store, self._pid = None, None
         # the AWS_* settings at open, for workers: a forkserver (or a spawn parent) may have been
         # started before they were set, and its children would not see them
-        self._env, self._opened_in = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}, os.getpid()
+        self._env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "GOOGLE_", "AZURE_"))}
+        self._opened_in = os.getpid()
 
     def __getstate__(self):
         return {**self.__dict__, "_store": None, "_pid": None}
 
     def store(self):
-        """This process's obstore S3Store (made on first use, again in each process). Raises
+        """This process's obstore store (S3Store; GCSStore, AzureStore: :data:`STORES`), made on
+        first use, again in each process. Raises
         ShardFormatError in a process forked after its parent used the client: obstore's runtime
         does not survive fork (its threads are gone; a request would hang), so such workers must
         be started with spawn or forkserver."""
@@ -93,8 +101,8 @@ class Objects:
                                        "(obstore is not fork-safe): pass multiprocessing_context='spawn' or "
                                        "'forkserver' to make_loader or the DataLoader")
             try:
+                from obstore import store as stores
                 from obstore.exceptions import BaseError
-                from obstore.store import S3Store
             except ImportError:
                 raise ShardFormatError(f"{self.url}: reading object storage needs the s3 extra: "
                                        "pip install 'shardpack[s3]' (obstore)") from None
@@ -104,14 +112,15 @@ class Objects:
                     os.environ.setdefault(key, value)
             opts = dict(self.options)
             endpoint = opts.get("endpoint") or opts.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL", "")
-            if endpoint.startswith("http://"):  # a local S3-compatible store: plain http is meant
+            if self.scheme == "s3" and endpoint.startswith("http://"):  # a local S3-compatible store: http is meant
                 client = dict(opts.pop("client_options", None) or {})
                 client.setdefault("allow_http", True)
                 opts["client_options"] = client
             try:
-                self._store = S3Store(self.bucket, prefix=self.prefix or None, **opts)
+                self._store = getattr(stores, STORES[self.scheme])(self.bucket, prefix=self.prefix or None, **opts)
             except (BaseError, ValueError, TypeError) as err:  # an unknown or malformed option
-                raise ShardFormatError(f"{self.url}: storage_options or AWS_* settings refused by the S3 "
+                env = {"s3": "AWS_*", "gs": "GOOGLE_*", "az": "AZURE_*"}[self.scheme]
+                raise ShardFormatError(f"{self.url}: storage_options or {env} settings refused by the object store "
                                        f"client ({one_line(err)})") from None
             self._pid = os.getpid()
         return self._store
@@ -154,6 +163,17 @@ class Objects:
                                    f"{len(self.pixels)})")
         size, etag = self.pixels[key]
         return ObjectFile(self, key, size, etag)
+
+    def listing(self) -> list[str]:
+        """The names (relative to the output, sorted) of every object under its prefix.
+        Raises ShardFormatError naming the URL when the store cannot be listed."""
+        import obstore
+        from obstore.exceptions import BaseError
+        try:
+            names = [m["path"] for batch in obstore.list(self.store()) for m in batch]
+        except (BaseError, OSError) as err:
+            raise ShardFormatError(f"{self.url}: cannot be listed ({one_line(err)})") from None
+        return sorted(n[len(self.prefix) + 1:] if self.prefix and n.startswith(self.prefix + "/") else n for n in names)
 
     def digest(self, key: str, progress=None) -> str | None:
         """The xxh3_128 hex digest of the object ``key``, streamed (chunks of about
