@@ -209,14 +209,17 @@ def _one_error_line(res) -> str:
 
 @pytest.mark.parametrize("where", ["out", "src", "info", "verify", "report"])
 def test_a_url_is_refused_in_one_line_before_anything_is_written(tree, tmp_path, where):
-    url = "s3://bucket/x"
+    url = "s3://bucket/x" if where not in ("info", "verify") else "http://bucket/x"  # s3:// is read (test_s3_commands)
     args = {"out": ["pack", tree, "--format", "npy", "--size", 8, "-o", url],
             "src": ["pack", url, "--format", "npy", "--size", 8, "-o", tmp_path / "o"],
             "info": ["info", url], "verify": ["verify", url, "--json"],
             "report": ["pack", tree, "--format", "npy", "--size", 8, "-o", tmp_path / "o", "--report", url]}[where]
     res = cli(*args, cwd=tmp_path)
     line = _one_error_line(res)
-    assert res.returncode == 2 and f"{url} is a URL" in line and "object storage is not supported" in line
+    if where in ("info", "verify"):
+        assert res.returncode == 2 and f"{url}: only s3:// URLs are read from object storage" in line, line
+    else:
+        assert res.returncode == 2 and f"{url} is a URL" in line and "object storage is not supported" in line
     assert res.stdout == "" and sorted(p.name for p in tmp_path.iterdir()) == ["src"]  # no s3: folder, no o
 
 
