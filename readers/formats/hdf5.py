@@ -12,7 +12,11 @@ against both and against ``index/shapes.npy``.
 
 Encoded (``--encoding jpeg``, EncodedHdf5Reader): ``images`` one flat uint8 dataset of the
 records (the JPEG bytes), ``offsets`` int64 (count + 1,). Both layouts carry ``labels``, the
-format's own copy of the labels."""
+format's own copy of the labels.
+
+In object storage (readers/objects.py) h5py reads only the file's header, through an
+objects.RangeReader of 64 KiB blocks fetched by range; the dataset offsets and the small tables
+are kept in the node cache (mirror.derived) and the pixels read by ranged GETs."""
 
 from __future__ import annotations
 

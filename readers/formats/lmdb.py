@@ -22,6 +22,11 @@ file they were found in (another inode, size or mtime: a repack) locates again.
 Encoded (``--encoding jpeg``, EncodedLmdbReader): each value is the sample's record (its JPEG
 bytes), located the same way and read as readers/formats/encoded.py says. The B-tree's pages
 are parsed in lmdb_pages.py.
+
+In object storage there is no LMDB and no map: :func:`locate_in_store` walks the meta, branch
+and leaf pages by ranged GETs (never the values' overflow pages), the result is kept in the
+node cache keyed by data.mdb's URL, size and ETag (mirror.derived: measured, docs/storage.md),
+and each value is read by a ranged GET.
 """
 
 from __future__ import annotations

@@ -18,6 +18,9 @@ Encoded (``--encoding jpeg``, EncodedWdsReader): ``wds_offsets.npy`` int64 (coun
 byte offset and length of member ``<key>.jpg``, whose tar header (the 512 bytes before it) must
 name the sample; from disk each sample's header and record are read by one preadv
 (readers/formats/encoded.py).
+
+In object storage each shard is one object (``Reader.pixel_files``: the manifest's shards); a
+sample's tar header, .npy header and pixels are read by one ranged GET and checked the same way.
 """
 
 from __future__ import annotations
