@@ -196,3 +196,35 @@ def test_a_splits_root_whose_manifest_differs_from_its_digest_is_refused(s3, cac
     obstore.put(store, "splits-edited/OUT/manifest.json", json.dumps(top).encode())
     with pytest.raises(ShardFormatError, match=rf"^{url}/manifest.json: its content differs from its digest"):
         ShardDataset(url, split="val")
+
+
+def test_a_stock_dataloader_with_forkserver_workers_reads_an_s3_output_as_the_local_one(s3, cache, outputs):
+    url = upload(s3, outputs["lmdb", "jpeg"], "stock/lmdb/OUT")
+    kw = {"batch_size": 4, "num_workers": 2, "multiprocessing_context": "forkserver"}
+    got = list(torch.utils.data.DataLoader(ShardDataset(url), **kw))
+    want = list(torch.utils.data.DataLoader(ShardDataset(outputs["lmdb", "jpeg"]), **kw))
+    assert len(got) == len(want) == 4
+    for (a, la), (b, lb) in zip(got, want):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+
+
+def test_a_missing_shard_or_a_foreign_data_file_is_one_line_naming_the_url(s3, cache, outputs):
+    import obstore
+    from obstore.store import S3Store
+    store = S3Store(BUCKET, endpoint=s3.endpoint, client_options={"allow_http": True})
+    url = upload(s3, outputs["wds", "raw"], "faults/wds/OUT")
+    obstore.delete(store, "faults/wds/OUT/shard-000000.tar")
+    with pytest.raises(ShardFormatError, match=rf"^{url}/shard-000000.tar: no such object \(listed in manifest.json\)$"):
+        ShardDataset(url)
+    url = upload(s3, outputs["hdf5", "raw"], "faults/hdf5/OUT")
+    h5 = (outputs["hdf5", "raw"] / "images.h5").read_bytes()
+    obstore.put(store, "faults/hdf5/OUT/images.h5", bytes(len(h5)))  # the same size, no HDF5 header
+    ds = ShardDataset(url)
+    with pytest.raises(ShardFormatError, match=rf"^{url}/images.h5: not a readable HDF5 file"):
+        ds[0]
+    url = upload(s3, outputs["lmdb", "raw"], "faults/lmdb/OUT")
+    mdb = (outputs["lmdb", "raw"] / "data.mdb").read_bytes()
+    obstore.put(store, "faults/lmdb/OUT/data.mdb", bytes(len(mdb)))
+    with pytest.raises(ShardFormatError, match=rf"^{url}/data.mdb: not an LMDB data file this reader can read from "
+                                               "object storage"):
+        ShardDataset(url)[0]
