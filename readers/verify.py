@@ -8,6 +8,8 @@ never a whole object in memory), the rest on the small files mirrored into the n
 from __future__ import annotations
 
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +23,9 @@ from .text import mb, shown
 from .manifest import (COLUMNS, bytes_on_disk, INDEX_DIR, MANIFEST, PATHS_BLOB, SKIPPED, Index, ShardFormatError,
                        dataset_dirs, load_manifest, load_npy, read_splits)
 from .objects import is_url
+
+
+REREADS_IN_FLIGHT = 16  # samples reread at once from object storage (one ranged GET each, or two)
 
 
 @dataclass
@@ -121,25 +126,39 @@ def _reread(root, manifest, index, reader, result: VerifyResult, progress: bool,
     if index.checksums is None:
         return result
     result.reread = True
-    buf = np.empty(0, np.uint8)
-    from .progress import progress as bar
-    for i in bar(range(index.count), enabled=progress, unit="img", desc="verifying"):
+    local = threading.local()
+
+    def check(i: int) -> str | None:  # why sample i differs, or None
         try:
             shape = index.shape(i)
             size = shape[0] * shape[1] * shape[2]
-            if buf.size < size:
-                buf = np.empty(size, np.uint8)
+            buf = getattr(local, "buf", None)
+            if buf is None or buf.size < size:
+                buf = local.buf = np.empty(size, np.uint8)
             out = buf[:size].reshape(shape)
             reader.read_into(i, out)  # an encoded record is decoded: one that cannot be is reported
             stored = reader.record(i) if encoded else out
         except Exception as err:  # noqa: BLE001 -- a damaged record is reported and the check goes on
-            result.mismatches.append(Mismatch(i, _path(index, i), f"unreadable: {err}"))
-        else:
-            if integrity.sample_checksum(stored) != int(index.checksums[i]):
-                result.mismatches.append(Mismatch(i, _path(index, i),
-                                                  f"{'record' if encoded else 'pixel'} checksum differs"))
-        if len(result.mismatches) >= limit:
-            break
+            return f"unreadable: {err}"
+        if integrity.sample_checksum(stored) != int(index.checksums[i]):
+            return f"{'record' if encoded else 'pixel'} checksum differs"
+        return None
+
+    from .progress import progress as bar
+    pool = ThreadPoolExecutor(REREADS_IN_FLIGHT) if reader.objects is not None else None
+    with bar(total=index.count, enabled=progress, unit="img", desc="verifying") as b:
+        for lo in range(0, index.count, 1024):  # object storage: many ranged GETs in flight
+            chunk = range(lo, min(lo + 1024, index.count))
+            for i, problem in zip(chunk, pool.map(check, chunk) if pool else map(check, chunk)):
+                b.update(1)
+                if problem is not None:
+                    result.mismatches.append(Mismatch(i, _path(index, i), problem))
+                if len(result.mismatches) >= limit:
+                    break
+            if len(result.mismatches) >= limit:
+                break
+    if pool is not None:
+        pool.shutdown()
     try:
         copy = reader.own_labels()
     except ShardFormatError as err:

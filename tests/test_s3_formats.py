@@ -214,7 +214,8 @@ def test_a_missing_shard_or_a_foreign_data_file_is_one_line_naming_the_url(s3, c
     store = S3Store(BUCKET, endpoint=s3.endpoint, client_options={"allow_http": True})
     url = upload(s3, outputs["wds", "raw"], "faults/wds/OUT")
     obstore.delete(store, "faults/wds/OUT/shard-000000.tar")
-    with pytest.raises(ShardFormatError, match=rf"^{url}/shard-000000.tar: no such object \(listed in manifest.json\)$"):
+    with pytest.raises(ShardFormatError, match=rf"^{url}/shard-000000.tar: no such object \(listed in "
+                                               r"manifest.json\)$"):
         ShardDataset(url)
     url = upload(s3, outputs["hdf5", "raw"], "faults/hdf5/OUT")
     h5 = (outputs["hdf5", "raw"] / "images.h5").read_bytes()
