@@ -308,12 +308,7 @@ class LmdbReader(Reader):
         start, n = int(self._offsets[i]), int(self._lengths[i])
         where = self._pread.path if self.objects is not None else self._path
         if self.shape is None:
-            if self._map is None:  # object storage: the value's .npy header by one ranged GET
-                head = bytes(self._pread.pread(start, min(n, 4096)))
-                data, got = npy_value(head, 0, min(n, len(head)), where, i)
-                data += start
-            else:
-                data, got = npy_value(self._map, start, start + n, where, i)
+            data, got = npy_value(self._map, start, start + n, where, i)
             check_value(where, i, shape, got, start + n - data)
             return data
         check_value(where, i, shape, None, n)
@@ -321,11 +316,24 @@ class LmdbReader(Reader):
 
     def read_into(self, i, out):
         self._ensure_open()
+        if self._map is None and self.shape is None:  # object storage, variable shapes: one GET
+            return self._read_value(i, out)
         start = self._value(i, out.shape)
         if self._in_ram():
             out[...] = self._data[start:start + out.size].reshape(out.shape)
         else:
             read_exact(self._pread, start, out, i)
+
+    def _read_value(self, i, out):
+        """Sample i's whole .npy value read by one ranged GET, its header checked against
+        ``out``'s shape, its pixels copied into ``out``."""
+        start, n = int(self._offsets[i]), int(self._lengths[i])
+        buf = np.empty(n, np.uint8)
+        self._pread.read(start, [buf], i)
+        head = buf[:4096].tobytes()
+        data, got = npy_value(head, 0, len(head), self._pread.path, i)
+        check_value(self._pread.path, i, out.shape, got, n - data)
+        out[...] = buf[data:].reshape(out.shape)
 
     def start_batch(self, indices, out):
         """Lengths checked for the whole batch at once, then each value copied out of the map (in
