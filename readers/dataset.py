@@ -17,8 +17,9 @@ from .encoding import encoding_of
 from .formats import open_reader
 from .formats.base import check_out
 from .manifest import COLUMNS, INDEX_DIR, Index, ShardFormatError, load_manifest, read_splits, split_root
-from .objects import is_url, open_url
-from .objects import sizes as objects_sizes
+from .mirror import open_url
+from .mirror import sizes as objects_sizes
+from .objects import is_url
 from .samples import Buffers, batch_buffer, rows_of
 
 _warned: set = set()  # roots already warned about in this process (workers never construct)
@@ -88,10 +89,11 @@ class ShardDataset(Dataset):
     under fork, spawn and forkserver.
 
     ``path`` is an output directory, or the URL ``s3://bucket/prefix/OUT`` of one in object
-    storage (npy outputs so far; ``pip install 'shardpack[s3]'``): its small files are fetched
-    into the node's cache (``$SHARDPACK_CACHE``, else ``~/.cache/shardpack``; ``root`` is that
-    folder, ``url`` the URL), its pixels read by ranged GETs with many in flight
-    (readers/objects.py); credentials and endpoint from the standard ``AWS_*`` variables
+    storage (every format; ``pip install 'shardpack[s3]'``; docs/storage.md): its small files
+    are fetched into the node's cache (``$SHARDPACK_CACHE``, else ``~/.cache/shardpack``;
+    ``root`` is that folder, ``url`` the dataset's URL, a split's for a splits root) and checked
+    once, its pixels read by ranged GETs with many in flight (readers/mirror.py,
+    readers/objects.py); credentials and endpoint from the standard ``AWS_*`` variables
     (``AWS_ENDPOINT_URL`` for S3-compatible stores) or ``storage_options`` (obstore's S3Store
     keywords). Errors then name the URL. For a splits root (packed from SRC/train, SRC/val, ...) pass
     ``split="val"`` or open ``path/val`` directly. All splits share one class list.
@@ -118,25 +120,24 @@ class ShardDataset(Dataset):
                  split: str | None = None, check_reads: bool = False, batch_transform=None,
                  seed: int | None = None, storage_options: dict | None = None):
         self.url, objects = None, None
-        if is_url(path):  # an output in object storage: its small files mirrored, its pixels read by range
-            if split is not None:
-                raise ShardFormatError(f"{path}: split= is not served from object storage yet; open "
-                                       f"{path.rstrip('/')}/<split folder> itself")
-            self.url = path.rstrip("/")
-            path, objects = open_url(path, storage_options)
+        if is_url(path):  # an output in object storage: its small files mirrored and checked, its pixels by range
+            path, objects = open_url(path, storage_options, split)  # a splits root: the split's mirror
+            self.url = objects.url
         elif storage_options is not None:
             raise ValueError(f"storage_options= is for s3:// URLs; {path} is a local path")
-        self.root = split_root(path, split)
+        self.root = split_root(path, split if objects is None else None)
         self.split = split
-        if split is not None:  # the splits root's own manifest (which folder is which split)
+        if split is not None and objects is None:  # the splits root's own manifest (which folder is which split)
             integrity.check_manifest(os.path.expanduser(path), read_splits(path))
         self.manifest = load_manifest(self.root, elsewhere=objects_sizes(objects))
-        integrity.check_manifest(self.root, self.manifest)
+        if objects is None:  # a mirror's small files were checked by open_url, once
+            integrity.check_manifest(self.root, self.manifest)
         self.classes: list[str] = list(self.manifest["classes"])
         self.class_to_idx: dict[str, int] = dict(self.manifest["class_to_idx"])
         self.index = Index(self.root, self.manifest)
         self.reader = open_reader(self.root, self.manifest, objects)
-        integrity.check_small_files(self.root, self.manifest, self.reader.data_paths())
+        if objects is None:
+            integrity.check_small_files(self.root, self.manifest, self.reader.data_paths())
         self.check_reads = bool(check_reads)
         self._encoded = encoding_of(self.manifest) is not None
         if self.check_reads and self.index.checksums is None:

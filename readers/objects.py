@@ -1,66 +1,54 @@
-"""Object storage: an output at ``s3://bucket/prefix/OUT``, its small files mirrored to a local
-folder and its pixel file read by byte ranges (ranged GETs), the backend beside diskio.py.
+"""Object storage: the objects under ``s3://bucket/prefix/OUT`` and a pixel object read by byte ranges.
 
-Shape (docs/architecture.md, "Where a new storage backend goes"): :func:`open_url` fetches
-manifest.json, manifest.xxh3 and every small file the manifest lists (index/, labels.npy,
-offsets.npy, skipped.json) into a folder of the node's cache (``$SHARDPACK_CACHE``, else
-``~/.cache/shardpack``; ``index/<url hash>-<manifest hash>``, written under a temporary name,
-checked against the digests recorded at pack time, then renamed), so the manifest, the digest
-checks and the index are read exactly as for a local output. The pixel file stays in the store:
-the format reader opens an :class:`ObjectFile` instead of a diskio.DataFile, with the same
-``read(offset, buffers, sample)``, so a batch's byte ranges go through diskio.submit as before
-(adjacent ranges merged up to :data:`MERGE_BYTES`, one ranged GET each, diskio.THREADS in
-flight per process). The client is obstore (chosen by scripts/bench_s3.py: docs/measurements.md),
-made lazily in each process that reads; obstore does not survive fork, so DataLoader workers
-must be started with spawn or forkserver (a forked one is refused in one line, never left
-hanging). Credentials and endpoint come from the standard ``AWS_*``
-variables (``AWS_ENDPOINT_URL`` for S3-compatible stores) and ``storage_options`` (obstore's
-S3Store keywords, e.g. ``endpoint``, ``region``, ``access_key_id``, ``retry_config``).
+The backend beside diskio.py (docs/architecture.md, "Where a new storage backend goes"; the
+opening and the small-file mirror: readers/mirror.py). A format reader opens an
+:class:`ObjectFile` instead of a diskio.DataFile (formats/base.py's ``open_data``, the one
+seam), with the same ``read(offset, buffers, sample)``, so a batch's byte ranges go through
+diskio.submit as before (adjacent ranges merged up to :data:`MERGE_BYTES`, one ranged GET
+each, diskio.THREADS in flight per process). :class:`RangeReader` is a read-only file object
+over one object, fetched in cached blocks, for libraries that parse a file's header (h5py).
+The client is obstore (chosen by scripts/bench_s3.py: docs/measurements.md), made lazily in
+each process that reads; obstore does not survive fork, so DataLoader workers must be started
+with spawn or forkserver (a forked one is refused in one line, never left hanging).
+Credentials and endpoint come from the standard ``AWS_*`` variables (``AWS_ENDPOINT_URL`` for
+S3-compatible stores) and ``storage_options`` (obstore's S3Store keywords, e.g. ``endpoint``,
+``region``, ``access_key_id``, ``retry_config``); docs/storage.md.
 
 Each pixel object's ETag and size are recorded when the dataset is opened and every ranged GET
 asks ``If-Match`` that ETag: an object replaced under a live reader raises ShardFormatError
-naming the URL instead of serving a mix of old and new bytes. Only npy outputs are served so
-far; other formats are refused in one line.
+naming the URL instead of serving a mix of old and new bytes.
 """
 
 from __future__ import annotations
 
 import errno
-import hashlib
-import json
+import io
 import os
 import re
-import shutil
-import tempfile
-from pathlib import Path
 
 import numpy as np
 
-from .manifest import DATA_FILES, MANIFEST, ShardFormatError
+from .manifest import MANIFEST, ShardFormatError
 
 URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # as readers/paths.py (which loads click)
-SERVED = ("npy",)  # the formats read from object storage so far
 # Adjacent ranges are fetched by one GET of up to 4 MiB (diskio merges 1 MiB for preadv). Measured
 # (scripts/bench_s3.py --merge, local SeaweedFS, 8 threads, load 0.9-1.8): 64 adjacent 196 KB
 # samples as GETs of 0.19 / 0.75 / 3 / 6 / 12 MB: 938 / 1237 / 1586 / 1578 / 2302 samples/s. One
 # 12 MB GET won here, where a request costs little; 4 MiB keeps several GETs of a batch in flight
 # for a store with real latency (not measured).
 MERGE_BYTES = 4 << 20
+# The stores served, by URL scheme: obstore's classes (gs:// and az:// need no code of ours beyond
+# this; untested: no GCS or Azure server in the tests). Each takes (bucket or container, prefix=, **options).
+STORES = {"s3": "S3Store", "gs": "GCSStore", "az": "AzureStore"}
 _client_pid = None  # the process that first used obstore here; inherited across fork, unlike its threads
-DIGEST_FILE = "manifest.xxh3"  # integrity.MANIFEST_DIGEST (not imported: integrity loads xxhash lazily)
+# Set to a list to record each ranged GET as (URL, first byte, end byte) in this process (tests count
+# what each DDP rank fetched); None: nothing recorded.
+FETCHES: list | None = None
 
 
 def is_url(path) -> bool:
     """Whether ``path`` is a URL (``scheme://...``) rather than a local path."""
     return isinstance(path, str) and bool(URL.match(path))
-
-
-def cache_root() -> Path:
-    """The node-local cache folder: ``$SHARDPACK_CACHE``, else ``$XDG_CACHE_HOME/shardpack``,
-    else ``~/.cache/shardpack``."""
-    if os.environ.get("SHARDPACK_CACHE"):
-        return Path(os.environ["SHARDPACK_CACHE"]).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "shardpack"
 
 
 def one_line(err: BaseException) -> str:
@@ -70,7 +58,8 @@ def one_line(err: BaseException) -> str:
 
 
 class Objects:
-    """The objects under one output URL ``s3://bucket/prefix``: ``url``, ``bucket``, ``prefix``,
+    """The objects under one output URL ``s3://bucket/prefix`` (or gs://, az://: untested): ``url``,
+    ``scheme``, ``bucket``, ``prefix``,
     ``options`` (storage_options). The obstore store is made on first use in each process and
     dropped on pickling, so DataLoader workers (fork, spawn, forkserver) make their own, with the
     ``AWS_*`` settings the dataset was opened with where theirs lack one (a forkserver started
@@ -78,26 +67,30 @@ class Objects:
 
     def __init__(self, url: str, storage_options: dict | None = None):
         scheme, _, rest = url.partition("://")
-        if scheme.lower() != "s3":
-            raise ShardFormatError(f"{url}: only s3:// URLs are served from object storage so far "
-                                   "(copy the output to a local disk and open that path)")
+        self.scheme = scheme.lower()
+        if self.scheme not in STORES:
+            raise ShardFormatError(f"{url}: only s3:// URLs are served from object storage (gs:// and az:// "
+                                   "untested); copy the output to a local disk and open that path")
         bucket, _, prefix = rest.partition("/")
         if not 3 <= len(bucket) <= 63:
-            raise ShardFormatError(f"{url}: {bucket!r} is not an S3 bucket name (3 to 63 characters: "
-                                   "s3://BUCKET/prefix/OUT)")
+            what = {"s3": "an S3 bucket", "gs": "a GCS bucket", "az": "an Azure container"}[self.scheme]
+            raise ShardFormatError(f"{url}: {bucket!r} is not {what} name (3 to 63 characters: "
+                                   f"{self.scheme}://BUCKET/prefix/OUT)")
         self.url, self.bucket, self.prefix = url.rstrip("/"), bucket, prefix.strip("/")
         self.options = dict(storage_options or {})
         self.pixels: dict[str, tuple[int, str | None]] = {}  # name -> (size, ETag), recorded at open
         self._store, self._pid = None, None
         # the AWS_* settings at open, for workers: a forkserver (or a spawn parent) may have been
         # started before they were set, and its children would not see them
-        self._env, self._opened_in = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}, os.getpid()
+        self._env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "GOOGLE_", "AZURE_"))}
+        self._opened_in = os.getpid()
 
     def __getstate__(self):
         return {**self.__dict__, "_store": None, "_pid": None}
 
     def store(self):
-        """This process's obstore S3Store (made on first use, again in each process). Raises
+        """This process's obstore store (S3Store; GCSStore, AzureStore: :data:`STORES`), made on
+        first use, again in each process. Raises
         ShardFormatError in a process forked after its parent used the client: obstore's runtime
         does not survive fork (its threads are gone; a request would hang), so such workers must
         be started with spawn or forkserver."""
@@ -108,8 +101,8 @@ class Objects:
                                        "(obstore is not fork-safe): pass multiprocessing_context='spawn' or "
                                        "'forkserver' to make_loader or the DataLoader")
             try:
+                from obstore import store as stores
                 from obstore.exceptions import BaseError
-                from obstore.store import S3Store
             except ImportError:
                 raise ShardFormatError(f"{self.url}: reading object storage needs the s3 extra: "
                                        "pip install 'shardpack[s3]' (obstore)") from None
@@ -119,14 +112,15 @@ class Objects:
                     os.environ.setdefault(key, value)
             opts = dict(self.options)
             endpoint = opts.get("endpoint") or opts.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL", "")
-            if endpoint.startswith("http://"):  # a local S3-compatible store: plain http is meant
+            if self.scheme == "s3" and endpoint.startswith("http://"):  # a local S3-compatible store: http is meant
                 client = dict(opts.pop("client_options", None) or {})
                 client.setdefault("allow_http", True)
                 opts["client_options"] = client
             try:
-                self._store = S3Store(self.bucket, prefix=self.prefix or None, **opts)
+                self._store = getattr(stores, STORES[self.scheme])(self.bucket, prefix=self.prefix or None, **opts)
             except (BaseError, ValueError, TypeError) as err:  # an unknown or malformed option
-                raise ShardFormatError(f"{self.url}: storage_options or AWS_* settings refused by the S3 "
+                env = {"s3": "AWS_*", "gs": "GOOGLE_*", "az": "AZURE_*"}[self.scheme]
+                raise ShardFormatError(f"{self.url}: storage_options or {env} settings refused by the object store "
                                        f"client ({one_line(err)})") from None
             self._pid = os.getpid()
         return self._store
@@ -162,9 +156,44 @@ class Objects:
         return int(meta["size"]), meta.get("e_tag")
 
     def open(self, key: str) -> "ObjectFile":
-        """The pixel object ``key`` for ranged reads, as recorded at open (:func:`open_url`)."""
+        """The pixel object ``key`` for ranged reads, as recorded at open (mirror.open_url).
+        Raises ShardFormatError naming the URL for an object not recorded there."""
+        if key not in self.pixels:
+            raise ShardFormatError(f"{self.name(key)}: not one of the output's data objects (the manifest lists "
+                                   f"{len(self.pixels)})")
         size, etag = self.pixels[key]
         return ObjectFile(self, key, size, etag)
+
+    def listing(self) -> list[str]:
+        """The names (relative to the output, sorted) of every object under its prefix.
+        Raises ShardFormatError naming the URL when the store cannot be listed."""
+        import obstore
+        from obstore.exceptions import BaseError
+        try:
+            names = [m["path"] for batch in obstore.list(self.store()) for m in batch]
+        except (BaseError, OSError) as err:
+            raise ShardFormatError(f"{self.url}: cannot be listed ({one_line(err)})") from None
+        return sorted(n[len(self.prefix) + 1:] if self.prefix and n.startswith(self.prefix + "/") else n for n in names)
+
+    def digest(self, key: str, progress=None) -> str | None:
+        """The xxh3_128 hex digest of the object ``key``, streamed (chunks of about
+        integrity.CHUNK bytes, never the whole object in memory); ``progress(n)`` is called with
+        each chunk's size. None when the object does not exist; ShardFormatError naming the URL
+        when it cannot be read."""
+        import obstore
+        import xxhash
+        from obstore.exceptions import BaseError
+        h = xxhash.xxh3_128()
+        try:
+            for chunk in obstore.get(self.store(), key).stream(min_chunk_size=1 << 20):
+                h.update(memoryview(chunk))
+                if progress is not None:
+                    progress(len(chunk))
+        except FileNotFoundError:
+            return None
+        except (BaseError, OSError) as err:
+            raise ShardFormatError(f"{self.name(key)}: cannot be read ({one_line(err)})") from None
+        return h.hexdigest()
 
 
 class ObjectFile:
@@ -186,6 +215,8 @@ class ObjectFile:
         end = min(offset + length, self.size)
         if end <= offset:
             return memoryview(b"")
+        if FETCHES is not None:
+            FETCHES.append((self.path, offset, end))
         options = {"range": (offset, end)}
         if self.etag:
             options["if_match"] = self.etag
@@ -250,119 +281,56 @@ class _NotInRam:
 NOT_IN_RAM = _NotInRam()
 
 
-def npy_array(objects: Objects, key: str) -> tuple[Unmapped, int]:
-    """The pixel object ``key`` (a .npy) as an :class:`Unmapped` of its header's shape and dtype,
-    and the byte where its data starts. Raises ShardFormatError naming the URL for anything but
-    a C-order .npy whose data the object holds."""
-    file = objects.open(key)
-    head = bytes(file.pread(0, 4096))
-    import io
-    f = io.BytesIO(head)
-    try:
-        version = np.lib.format.read_magic(f)
-        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-        shape, fortran, dtype = read(f)
-    except (ValueError, EOFError) as err:
-        raise ShardFormatError(f"{file.path}: not a readable .npy array ({err})") from None
-    base = f.tell()
-    if fortran or base + int(np.prod(shape)) * dtype.itemsize != file.size:
-        raise ShardFormatError(f"{file.path}: a .npy of {file.size} bytes whose header says {shape} {dtype}"
-                               f"{' in Fortran order' if fortran else ''}")
-    return Unmapped(shape, dtype), base
+class RangeReader(io.RawIOBase):
+    """A read-only, seekable file object over the pixel object ``file`` (an :class:`ObjectFile`)
+    for a library that parses a file's own header (h5py: ``h5py.File(RangeReader(...))``):
+    each read is served from blocks of ``block`` bytes fetched by one ranged GET each (If-Match
+    the ETag recorded at open) and kept, at most ``keep`` of them (the oldest dropped), so only
+    the header's ranges are fetched, never the whole object. ``requests`` and ``fetched`` (bytes)
+    count what it asked for. A failed GET raises OSError naming the URL (ShardFormatError when
+    the object was replaced)."""
 
+    def __init__(self, file: ObjectFile, block: int = 64 << 10, keep: int = 256):
+        super().__init__()
+        self.file, self.block, self.keep = file, int(block), int(keep)
+        self._blocks: dict[int, bytes] = {}
+        self._at, self.requests, self.fetched = 0, 0, 0
 
-def open_url(url: str, storage_options: dict | None = None) -> tuple[Path, Objects]:
-    """The local mirror folder of the output at ``url`` (its small files, checked) and its
-    :class:`Objects` (the pixel objects' sizes and ETags in ``.pixels``).
-
-    Raises ShardFormatError naming the URL in one line: another scheme than s3://, no
-    manifest.json (not a complete output, a missing bucket or prefix), wrong credentials or an
-    unreachable server, a format not in :data:`SERVED`, a splits root, a damaged file."""
-    from .formats import reader_class
-    from .manifest import SPLITS_KIND
-    objects = Objects(url, storage_options)
-    raw = objects.get(MANIFEST, missing_ok=True)
-    if raw is None:
-        raise ShardFormatError(f"{objects.url}: no {MANIFEST} there; not a complete shardpack output "
-                               "(check the bucket and prefix; a packing run writes it last)")
-    try:
-        manifest = json.loads(raw)
-    except ValueError as err:
-        raise ShardFormatError(f"{objects.name(MANIFEST)}: unreadable manifest ({err})") from None
-    if not isinstance(manifest, dict):
-        raise ShardFormatError(f"{objects.name(MANIFEST)}: unreadable manifest (not a JSON object)")
-    if manifest.get("kind") == SPLITS_KIND:
-        names = ", ".join(manifest.get("splits", {}))
-        raise ShardFormatError(f"{objects.url} holds the splits {names}; splits roots are not served from object "
-                               f"storage yet: open {objects.url}/<split folder> itself")
-    fmt = manifest.get("format")
-    if fmt not in SERVED:
-        raise ShardFormatError(f"{objects.url}: a {fmt} output; only npy outputs are served from object storage "
-                               "so far (copy it to a local disk and open that path)")
-    pixel_names = DATA_FILES[fmt]
-    objects.pixels = {name: objects.head(name) for name in pixel_names}
-    reader_class(objects.url, manifest)  # an encoding this version cannot read: refused now
-    digest = objects.get(DIGEST_FILE, missing_ok=True)
-    key = hashlib.sha256(objects.url.encode()).hexdigest()[:16] + "-" + hashlib.sha256(raw).hexdigest()[:16]
-    final = cache_root() / "index" / key
-    if (final / MANIFEST).is_file() and _damaged(final, manifest, pixel_names):
-        shutil.rmtree(final, ignore_errors=True)  # a damaged mirror is fetched again, never served
-    if not (final / MANIFEST).is_file():
-        _fetch_small_files(objects, manifest, raw, digest, final, pixel_names)
-    return final, objects
-
-
-def sizes(objects: Objects | None) -> dict[str, int] | None:
-    """The pixel objects' sizes ``{name: bytes}`` for load_manifest's ``elsewhere``; None: a local output."""
-    return None if objects is None else {name: size for name, (size, _) in objects.pixels.items()}
-
-
-def _damaged(folder: Path, manifest: dict, pixel_names) -> bool:
-    """Whether a mirror's small files no longer match their digests (the cache was damaged)."""
-    from . import integrity
-    try:
-        integrity.check_manifest(folder, manifest)
-        integrity.check_small_files(folder, manifest, [folder / n for n in pixel_names])
-    except ShardFormatError:
+    def readable(self) -> bool:
         return True
-    return False
 
+    def seekable(self) -> bool:
+        return True
 
-def _fetch_small_files(objects, manifest, raw, digest, final: Path, pixel_names) -> None:
-    """Fetch the output's small files into a temporary folder beside ``final``, check them (the
-    manifest against manifest.xxh3, each file against its digest, the manifest's sizes), then
-    rename it to ``final``. Errors name the URL, never the temporary folder."""
-    from . import integrity
-    from .manifest import load_manifest
-    names = (set(manifest.get("files", {})) | set(manifest.get(integrity.DIGESTS, {}))) - set(pixel_names)
-    try:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
-    except OSError as err:
-        raise ShardFormatError(f"{objects.url}: cannot write its index into the cache {final.parent} "
-                               f"({err.strerror or err}); set SHARDPACK_CACHE to a writable folder") from None
-    try:
-        (tmp / MANIFEST).write_bytes(raw)
-        if digest is not None:
-            (tmp / DIGEST_FILE).write_bytes(digest)
-        for name in sorted(names):
-            if Path(name).is_absolute() or ".." in Path(name).parts:
-                raise ShardFormatError(f"{objects.name(MANIFEST)}: lists {name!r}, outside the output")
-            data = objects.get(name, missing_ok=True)
-            if data is None:
-                continue  # load_manifest and the digest check name what is missing
-            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
-            (tmp / name).write_bytes(data)
-        try:
-            integrity.check_manifest(tmp, manifest)
-            load_manifest(tmp, elsewhere=sizes(objects))
-            integrity.check_small_files(tmp, manifest, [tmp / n for n in pixel_names])
-        except ShardFormatError as err:
-            raise ShardFormatError(str(err).replace(str(tmp), objects.url)) from None
-        try:
-            os.rename(tmp, final)
-        except OSError:  # another process put the same mirror there first: the same bytes
-            if not (final / MANIFEST).is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    def tell(self) -> int:
+        return self._at
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._at, io.SEEK_END: self.file.size}[whence]
+        self._at = max(0, base + int(offset))
+        return self._at
+
+    def _get(self, k: int) -> bytes:
+        got = self._blocks.get(k)
+        if got is None:
+            got = bytes(self.file.pread(k * self.block, self.block))
+            self.requests, self.fetched = self.requests + 1, self.fetched + len(got)
+            if len(self._blocks) >= self.keep:
+                self._blocks.pop(next(iter(self._blocks)))
+            self._blocks[k] = got
+        return got
+
+    def readinto(self, buf) -> int:
+        view = memoryview(buf).cast("B")
+        end = min(self._at + len(view), self.file.size)
+        done = 0
+        while self._at + done < end:
+            at = self._at + done
+            k, within = divmod(at, self.block)
+            piece = self._get(k)[within:within + end - at]
+            if not piece:
+                break
+            view[done:done + len(piece)] = piece
+            done += len(piece)
+        self._at += done
+        return done

@@ -1,11 +1,12 @@
 """The paths the commands are given, checked as click parses them: a URL refused, a file to write writable.
 
 A URL (``scheme://...``) is refused rather than taken as the local folder ``s3:/bucket/x``,
-except where the option takes one: ``pack-dataset -o s3://bucket/prefix/OUT`` (packer/upload.py).
-A file a command writes at the end (``pack-dataset --report``, ``bench --json``/``--plot``/
-``--trace``) is checked first, so an hour's pack never ends in a FileNotFoundError for a mistyped
-folder. Both are usage errors (exit status 2) shown as one line. Used by the commands of
-``shardpack/cli/`` and ``readers/bench/cli.py``.
+except where the option takes one: ``pack-dataset -o s3://bucket/prefix/OUT`` (packer/upload.py),
+and ``info``'s and ``verify``'s OUT (``s3://``; ``gs://`` and ``az://`` untested; readers/mirror.py),
+both through ``LocalPath(schemes=...)``. A file a command writes at the end (``pack-dataset --report``,
+``bench --json``/``--plot``/``--trace``) is checked first, so an hour's pack never ends in a
+FileNotFoundError for a mistyped folder. Both are usage errors (exit status 2) shown as one line.
+Used by the commands of ``shardpack/cli/`` and ``readers/bench/cli.py``.
 """
 
 from __future__ import annotations
@@ -138,8 +139,9 @@ class LocalPath(click.Path):
             scheme = text.partition("://")[0].lower()
             if scheme in self.schemes:
                 return text
-            raise PathRefused(f"{value} is a URL; of object storage only {', '.join(s + '://' for s in self.schemes)} "
-                              f"is supported here: {self.url_hint}", ctx, param)
+            taken = ", ".join(s + "://" for s in self.schemes)
+            raise PathRefused(f"{value} is a URL; of object storage only {taken} "
+                              f"{'is' if len(self.schemes) == 1 else 'are'} supported here: {self.url_hint}", ctx, param)
         refusal = url_refusal(value, self.url_hint) or (file_to_write_refusal(value) if self.to_write else None)
         if refusal is not None:
             raise PathRefused(refusal, ctx, param)

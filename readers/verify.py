@@ -1,8 +1,15 @@
-"""Check a packed output against its own records (``shardpack verify``); summarise it (``info``)."""
+"""Check a packed output against its own records (``shardpack verify``); summarise it (``info``).
+
+Both take a local OUT or the URL of one in object storage (``s3://bucket/prefix/OUT``): there
+every object's digest is checked by a streamed GET (readers/objects.py's ``Objects.digest``,
+never a whole object in memory), the rest on the small files mirrored into the node cache
+(readers/mirror.py) and the samples reread by ranged GETs; lines name the URL."""
 
 from __future__ import annotations
 
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,7 +21,11 @@ from .formats import open_reader
 from .formats.base import flagged
 from .text import mb, shown
 from .manifest import (COLUMNS, bytes_on_disk, INDEX_DIR, MANIFEST, PATHS_BLOB, SKIPPED, Index, ShardFormatError,
-                       load_manifest, load_npy, read_splits)
+                       dataset_dirs, load_manifest, load_npy, read_splits)
+from .objects import is_url
+
+
+REREADS_IN_FLIGHT = 16  # samples reread at once from object storage (one ranged GET each, or two)
 
 
 @dataclass
@@ -66,13 +77,45 @@ def verify(root, progress: bool = False, limit: int = 1000) -> VerifyResult:
     path (at most ``limit``). Raises ShardFormatError (one line) when the output cannot be read
     at all: incomplete, its manifest unreadable or inconsistent, an index column unreadable.
     """
+    if is_url(root):
+        return _verify_url(str(root), progress, limit)
     root = Path(root).expanduser()
     manifest = load_manifest(root)
     index = Index(root, manifest)
     result = VerifyResult(root, index.count)
     check_digests(root, manifest, result, progress)
     result.problems += index_problems(root, manifest, index)
-    reader = open_reader(root, manifest)
+    return _reread(root, manifest, index, open_reader(root, manifest), result, progress, limit)
+
+
+def _verify_url(url: str, progress: bool, limit: int) -> VerifyResult:
+    """:func:`verify` of the output at ``url``: every object its digests cover streamed from the
+    store and hashed (and its manifest against manifest.xxh3 there), the objects no digest
+    covers listed; when all match, the index and samples checked on the node's mirror, every
+    line naming the URL instead of the mirror folder."""
+    from .mirror import open_url, read_manifest, sizes
+    from .objects import Objects
+    objects = Objects(url)
+    _, manifest = read_manifest(objects)
+    result = VerifyResult(objects.url, int(manifest.get("count") or 0))
+    check_digests(objects.url, manifest, result, progress, objects)
+    if result.problems:
+        return result  # the mirror would refuse a damaged small file: nothing more to conclude
+    folder, objects = open_url(url)
+    manifest = load_manifest(folder, elsewhere=sizes(objects))
+    index = Index(folder, manifest)
+    result.problems += index_problems(folder, manifest, index)
+    _reread(folder, manifest, index, open_reader(folder, manifest, objects), result, progress, limit)
+    named = str(folder)
+    result.problems = [p.replace(named, objects.url) for p in result.problems]
+    for m in result.mismatches:
+        m.problem = m.problem.replace(named, objects.url)
+    return result
+
+
+def _reread(root, manifest, index, reader, result: VerifyResult, progress: bool, limit: int) -> VerifyResult:
+    """The reader's own checks and records, then every sample reread and compared with its
+    checksum, and the format's label copy with the index's, into ``result``."""
     try:
         reader.check()  # sample 0 is read with the others below
         encoded = encoding_of(manifest) is not None  # checksums over the stored records, each decoded too
@@ -83,25 +126,39 @@ def verify(root, progress: bool = False, limit: int = 1000) -> VerifyResult:
     if index.checksums is None:
         return result
     result.reread = True
-    buf = np.empty(0, np.uint8)
-    from .progress import progress as bar
-    for i in bar(range(index.count), enabled=progress, unit="img", desc="verifying"):
+    local = threading.local()
+
+    def check(i: int) -> str | None:  # why sample i differs, or None
         try:
             shape = index.shape(i)
             size = shape[0] * shape[1] * shape[2]
-            if buf.size < size:
-                buf = np.empty(size, np.uint8)
+            buf = getattr(local, "buf", None)
+            if buf is None or buf.size < size:
+                buf = local.buf = np.empty(size, np.uint8)
             out = buf[:size].reshape(shape)
             reader.read_into(i, out)  # an encoded record is decoded: one that cannot be is reported
             stored = reader.record(i) if encoded else out
         except Exception as err:  # noqa: BLE001 -- a damaged record is reported and the check goes on
-            result.mismatches.append(Mismatch(i, _path(index, i), f"unreadable: {err}"))
-        else:
-            if integrity.sample_checksum(stored) != int(index.checksums[i]):
-                result.mismatches.append(Mismatch(i, _path(index, i),
-                                                  f"{'record' if encoded else 'pixel'} checksum differs"))
-        if len(result.mismatches) >= limit:
-            break
+            return f"unreadable: {err}"
+        if integrity.sample_checksum(stored) != int(index.checksums[i]):
+            return f"{'record' if encoded else 'pixel'} checksum differs"
+        return None
+
+    from .progress import progress as bar
+    pool = ThreadPoolExecutor(REREADS_IN_FLIGHT) if reader.objects is not None else None
+    with bar(total=index.count, enabled=progress, unit="img", desc="verifying") as b:
+        for lo in range(0, index.count, 1024):  # object storage: many ranged GETs in flight
+            chunk = range(lo, min(lo + 1024, index.count))
+            for i, problem in zip(chunk, pool.map(check, chunk) if pool else map(check, chunk)):
+                b.update(1)
+                if problem is not None:
+                    result.mismatches.append(Mismatch(i, _path(index, i), problem))
+                if len(result.mismatches) >= limit:
+                    break
+            if len(result.mismatches) >= limit:
+                break
+    if pool is not None:
+        pool.shutdown()
     try:
         copy = reader.own_labels()
     except ShardFormatError as err:
@@ -113,17 +170,24 @@ def verify(root, progress: bool = False, limit: int = 1000) -> VerifyResult:
     return result
 
 
-def check_digests(root: Path, manifest: dict, result: VerifyResult, progress: bool = False) -> None:
+def check_digests(root, manifest: dict, result: VerifyResult, progress: bool = False, objects=None) -> None:
     """Into ``result``: the manifest against manifest.xxh3 and every file its digests cover
     (streamed, a bar over the bytes with ``progress``), one problem per damaged file; the files
-    no digest covers, with a note saying so (an output packed before digests: all of them)."""
-    problem = integrity.manifest_problem(root, manifest)
+    no digest covers, with a note saying so (an output packed before digests: all of them).
+    ``objects`` (readers.objects.Objects; ``root`` its URL): the files are the objects under it."""
+    problem = (integrity.manifest_problem(root, manifest) if objects is None
+               else _object_manifest_problem(objects, manifest))
     result.problems += [problem] if problem else []
     try:
         digests = integrity.recorded(root, manifest)
     except ShardFormatError as err:
         result.problems.append(str(err))
         digests = None
+    if objects is not None:
+        if digests is not None:
+            listed = [n for n in objects.listing() if n not in integrity.NOT_SEALED]
+            result.not_covered = [n for n in listed if n not in digests] if digests else [MANIFEST, *listed]
+        return _check_object_digests(objects, manifest, digests, result, progress)
     result.not_covered = integrity.not_covered(root, manifest) if digests is not None else []
     if digests == {}:
         result.notes.append(f"{root}: packed before file digests were recorded (no \"{integrity.DIGESTS}\" in "
@@ -144,10 +208,57 @@ def check_digests(root: Path, manifest: dict, result: VerifyResult, progress: bo
             result.digests_checked += 1
 
 
+def _object_manifest_problem(objects, manifest: dict) -> str | None:
+    """integrity.manifest_problem for the manifest.json of ``objects`` (its manifest.xxh3 read there)."""
+    stored = objects.get(integrity.MANIFEST_DIGEST, missing_ok=True)
+    if stored is None:
+        return (f"{objects.name(integrity.MANIFEST_DIGEST)} is missing, but {MANIFEST} records file digests: the "
+                "output was copied incompletely or damaged") if integrity.DIGESTS in manifest else None
+    if stored.decode("ascii", "replace").strip() != integrity.manifest_digest(manifest):
+        return (f"{objects.name(MANIFEST)}: its content differs from its digest in {integrity.MANIFEST_DIGEST} "
+                "(written at pack time): the manifest was edited or damaged")
+    return None
+
+
+def _check_object_digests(objects, manifest: dict, digests, result: VerifyResult, progress: bool) -> None:
+    """The notes and per-object digest problems of :func:`check_digests` for object storage."""
+    if digests == {}:
+        result.notes.append(f"{objects.url}: packed before file digests were recorded: nothing but the samples "
+                            "is checked; pack it again to cover them")
+    elif result.not_covered:
+        result.notes.append(f"{objects.url}: {len(result.not_covered)} object(s) no digest covers (added after the "
+                            f"pack?), not checked: {', '.join(result.not_covered[:5])}")
+    if not digests:
+        return
+    files = manifest.get("files") if isinstance(manifest.get("files"), dict) else {}
+    from .progress import progress as bar
+    with bar(total=sum(int(files.get(n) or 0) for n in digests), enabled=progress, unit="B", unit_scale=True,
+             desc="digests") as b:
+        for name, digest in digests.items():
+            got = objects.digest(name, progress=b.update)
+            if got is None:
+                result.problems.append(f"{objects.name(name)} is missing (its digest is recorded in {MANIFEST})")
+            elif got != digest:
+                result.problems.append(f"{objects.name(name)}: its content differs from its xxh3_128 digest in "
+                                       f"{MANIFEST} (recorded at pack time): the object is damaged")
+            result.digests_checked += 1
+
+
 def splits_root_problems(root) -> list[str]:
     """For a splits root: its own manifest against manifest.xxh3 and each split's manifest.xxh3
     against the digest the root records, one line each (each split is verified on its own);
-    [] for anything else."""
+    [] for anything else. ``root`` may be a URL (the files then read from object storage)."""
+    if is_url(root):
+        from .mirror import read_manifest
+        from .manifest import SPLITS_KIND
+        from .objects import Objects
+        objects = Objects(str(root))
+        _, top = read_manifest(objects)
+        if top.get("kind") != SPLITS_KIND:
+            return []
+        result = VerifyResult(objects.url, 0)
+        check_digests(objects.url, top, result, objects=objects)
+        return result.problems
     root = Path(root).expanduser()
     top = read_splits(root)
     if top is None:
@@ -155,6 +266,15 @@ def splits_root_problems(root) -> list[str]:
     result = VerifyResult(root, 0)
     check_digests(root, top, result)
     return result.problems
+
+
+def datasets(out) -> list[tuple[str | None, object]]:
+    """``[(split name, dataset)]`` of OUT for ``info`` and ``verify``: its splits' folders (or
+    URLs, for an output in object storage), or ``[(None, OUT)]`` for a single dataset."""
+    if is_url(out):
+        from .mirror import dataset_urls
+        return dataset_urls(str(out))
+    return dataset_dirs(out)
 
 
 def _path(index: Index, i: int) -> str:
@@ -205,24 +325,25 @@ def info_text(root) -> str:
     the pixels were made, skipped files. Raises ShardFormatError (one line) when the output is
     damaged: its manifest, index columns or data files' headers, or a file that ShardDataset
     checks at open differs from its digest (not every sample, nor the pixel files: ``verify``)."""
-    root = Path(root).expanduser()
-    m = load_manifest(root)
-    integrity.check_manifest(root, m)
+    named, root, m, objects = opened(root)
     index = Index(root, m)
-    reader = open_reader(root, m)
-    integrity.check_small_files(root, m, reader.data_paths())
+    reader = open_reader(root, m, objects)
+    if objects is None:  # a mirror's small files were checked by open_url
+        integrity.check_manifest(root, m)
+        integrity.check_small_files(root, m, reader.data_paths())
     reader.check(index.shape(0) if index.count else None)
-    size = bytes_on_disk(root)
+    size = stored_bytes(root, m, objects)
     px, run = m.get("pixels", {}), m.get("run") if isinstance(m.get("run"), dict) else {}
     classes = [shown(c) for c in m["classes"]]
     lines = [
-        f"{shown(str(root))}",
+        f"{shown(str(named))}",
         f"  format      {m['format']} (format version {m['format_version']})",
         f"  samples     {m['count']} of {m.get('scanned', m['count'])} files scanned",
         f"  classes     {len(classes)}: {', '.join(classes[:5])}{' ...' if len(classes) > 5 else ''}",
         f"  shape       {tuple(m['shape']) if m.get('shape') else 'variable'} {m.get('dtype', 'uint8')} "
         f"{m.get('layout', 'HWC')}",
-        f"  on disk     {mb(size)}",
+        f"  on disk     {mb(size)}" if objects is None else f"  in store    {mb(size)} (its small files mirrored "
+                                                           f"in {shown(str(root))})",
         f"  encoding    {describe_encoding(m)}",
         f"  pixels      {px.get('resize')} {px.get('size')} px, {px.get('filter')} (antialias), background "
         f"{tuple(px.get('background') or ())}, draft {px.get('draft')}, allow_truncated {px.get('allow_truncated')}",
@@ -241,3 +362,24 @@ def info_text(root) -> str:
     if len(rows) > 20:
         lines.append(f"    ... {len(rows) - 20} more in {root / SKIPPED}")
     return "\n".join(lines)
+
+
+def opened(root) -> tuple[object, Path, dict, object]:
+    """``(name shown, local folder, manifest, objects)`` of OUT for ``info``: the folder itself
+    and None, or for a URL the mirror readers/mirror.py fetched and checked and its
+    readers.objects.Objects. Raises ShardFormatError as ShardDataset does."""
+    if is_url(root):
+        from .mirror import open_url, sizes
+        folder, objects = open_url(str(root))
+        return objects.url, folder, load_manifest(folder, elsewhere=sizes(objects)), objects
+    root = Path(root).expanduser()
+    return root, root, load_manifest(root), None
+
+
+def stored_bytes(root: Path, manifest: dict, objects=None) -> int:
+    """Bytes OUT takes: on disk (bytes_on_disk), or for an output in object storage the sizes
+    of the objects its manifest lists, as recorded at pack time."""
+    if objects is None:
+        return bytes_on_disk(root)
+    files = manifest.get("files") if isinstance(manifest.get("files"), dict) else {}
+    return sum(int(v) for v in files.values() if isinstance(v, int))

@@ -132,15 +132,33 @@ def take_into(images: np.ndarray, indices: np.ndarray, out: np.ndarray) -> None:
     np.take(images, check_indices(indices, len(images)), axis=0, out=out, mode="clip")
 
 
-def open_data(reader, images):
-    """``(file, in_ram)`` for ``reader``'s data file: a diskio.DataFile and diskio.InRam over its
-    map ``images``, or for an output in object storage (``reader.objects``) an
-    objects.ObjectFile (ranged GETs) and objects.NOT_IN_RAM. The one place a backend is chosen."""
+def open_data(reader, images, name: str | None = None, fits: bool | None = None):
+    """``(file, in_ram)`` for ``reader``'s data file ``name`` (default ``reader.data_file``): a
+    diskio.DataFile and diskio.InRam over its map ``images`` (``fits``: whether the data can fit
+    in the page cache; asked when None), or for an output in object storage
+    (``reader.objects``) an objects.ObjectFile (ranged GETs) and objects.NOT_IN_RAM. The one
+    place a backend is chosen. Raises OSError for a local file that cannot be opened,
+    ShardFormatError naming the URL for an object the output does not list."""
+    name = reader.data_file if name is None else name
     if reader.objects is not None:
         from ..objects import NOT_IN_RAM
-        return reader.objects.open(reader.data_file), NOT_IN_RAM
-    file = diskio.DataFile(reader.root / reader.data_file)
-    return file, diskio.InRam(images, larger_than_ram(reader.data_paths()) is None, file)
+        return reader.objects.open(name), NOT_IN_RAM
+    file = diskio.DataFile(reader.root / name)
+    if fits is None:
+        fits = larger_than_ram(reader.data_paths()) is None
+    return file, diskio.InRam(images, fits, file)
+
+
+def header_file(reader, name: str | None = None):
+    """``reader``'s data file ``name`` (default ``reader.data_file``) as a binary file object for
+    parsing its header (h5py, numpy's .npy header): the local file opened, or for an output in
+    object storage an objects.RangeReader (ranged GETs of cached blocks, never the whole
+    object). The caller closes it."""
+    name = reader.data_file if name is None else name
+    if reader.objects is not None:
+        from ..objects import RangeReader
+        return RangeReader(reader.objects.open(name))
+    return open(reader.root / name, "rb")
 
 
 class Reader:
@@ -245,6 +263,16 @@ class Reader:
         """The files holding the pixels (what must fit in the page cache to be read from RAM)."""
         return []
 
+    def where(self, name: str):
+        """The data file ``name`` as errors name it: its path, or its URL in object storage."""
+        return self.root / name if self.objects is None else self.objects.name(name)
+
+    @classmethod
+    def pixel_files(cls, manifest: dict) -> list[str]:
+        """The data files (names relative to OUT, from ``manifest``) read by byte ranges: what
+        stays in object storage when the output is there (readers/mirror.py mirrors the rest)."""
+        return [cls.data_file] if getattr(cls, "data_file", "") else []
+
     def read_batch(self, indices: np.ndarray) -> np.ndarray:
         """Samples ``indices`` (int64 (B,), any order) as a new uint8 array (B, H, W, 3) in that
         order: fixed shapes only (formats that can copy a batch at once override read_batch_into)."""
@@ -292,7 +320,7 @@ class MemmapReader(Reader):
     def _range(self, i, shape) -> int:
         """Byte of the data file where sample i (of ``shape``) starts, after checking its range."""
         if self.shape is None:
-            return self._base + ragged_range(self._offsets, len(self._images), i, shape, self.root / self.data_file)[0]
+            return self._base + ragged_range(self._offsets, len(self._images), i, shape, self.where(self.data_file))[0]
         return self._base + i * math.prod(self.shape)  # the memmap's shape was checked when opened
 
     def read_into(self, i, out):

@@ -150,7 +150,7 @@ class FlatReader(EncodedReader):
             a, b = int(pair[0]), int(pair[1])
         else:
             a, b = int(self._offsets[i]), int(self._offsets[i + 1])
-        self._span(i, a, b, len(self._images), self.root / self.data_file)
+        self._span(i, a, b, len(self._images), self.where(self.data_file))
         return a, b
 
     def _locate(self, i):

@@ -12,7 +12,11 @@ against both and against ``index/shapes.npy``.
 
 Encoded (``--encoding jpeg``, EncodedHdf5Reader): ``images`` one flat uint8 dataset of the
 records (the JPEG bytes), ``offsets`` int64 (count + 1,). Both layouts carry ``labels``, the
-format's own copy of the labels."""
+format's own copy of the labels.
+
+In object storage (readers/objects.py) h5py reads only the file's header, through an
+objects.RangeReader of 64 KiB blocks fetched by range; the dataset offsets and the small tables
+are kept in the node cache (mirror.derived) and the pixels read by ranged GETs."""
 
 from __future__ import annotations
 
@@ -23,18 +27,20 @@ import numpy as np
 
 from ..encoding import JPEG, RAW
 from ..manifest import COLUMNS, HDF5_FILE, INDEX_DIR, ShardFormatError, expect_array
-from .base import MemmapReader, check_value, flagged
+from .base import MemmapReader, check_value, flagged, header_file
 from .encoded import FlatReader
 
 
-def dataset_offset(path, name="images"):
-    """Byte offset, shape and dtype of contiguous dataset ``name`` in the HDF5 file ``path``.
+def dataset_offset(path, name="images", file=None, size=None):
+    """Byte offset, shape and dtype of contiguous dataset ``name`` in the HDF5 file ``path``
+    (or in ``file``, a binary file object of ``size`` bytes that ``path`` names in messages:
+    an object in object storage read by ranges, readers/objects.py's RangeReader).
 
     Raises ShardFormatError naming the file when it is not a readable HDF5 file, lacks the
     dataset, or the dataset is chunked, compressed, not yet allocated or beyond the file's end.
     """
     try:
-        with h5py.File(path, "r") as f:
+        with h5py.File(path if file is None else file, "r") as f:
             ds = f.get(name)
             if not isinstance(ds, h5py.Dataset):
                 raise ShardFormatError(f"{path}: no dataset {name!r}")
@@ -46,7 +52,7 @@ def dataset_offset(path, name="images"):
         if isinstance(err, ShardFormatError):
             raise
         raise ShardFormatError(f"{path}: not a readable HDF5 file ({err})") from None
-    if offset + int(np.prod(shape)) * dtype.itemsize > path.stat().st_size:
+    if offset + int(np.prod(shape)) * dtype.itemsize > (path.stat().st_size if size is None else size):
         raise ShardFormatError(f"{path}: dataset {name!r} runs past the end of the file")
     return offset, shape, dtype
 
@@ -65,14 +71,60 @@ def _map(path, name, where=None, random=False):
     return m.view(np.ndarray)
 
 
-def _labels(root, count: int) -> np.ndarray:
+def _in_store(reader, tables: tuple[str, ...]) -> tuple[tuple, dict]:
+    """For an output in object storage: the ``images`` dataset's ``(offset, shape, dtype)`` and
+    the small ``tables`` (offsets, shapes) as arrays, found by h5py in the header of images.h5
+    read by ranged GETs of 64 KiB blocks (objects.RangeReader) and the tables by one GET each,
+    kept in the node cache per object (mirror.derived): each node reads them once."""
+    from ..mirror import derived
+
+    def compute():
+        out = {}
+        with header_file(reader) as f:
+            where, size = reader.objects.name(HDF5_FILE), f.file.size
+            for name in ("images", *tables):
+                offset, shape, dtype = dataset_offset(where, name, f, size)
+                out[f"{name}_at"] = np.array([offset, *shape], np.int64)
+                out[f"{name}_dtype"] = np.array(dtype.str)
+                if name != "images":
+                    n = int(np.prod(shape)) * dtype.itemsize
+                    raw = bytes(f.file.pread(offset, n))
+                    if len(raw) != n:
+                        raise ShardFormatError(f"{where}: dataset {name!r} runs past the end of the object")
+                    out[name] = np.frombuffer(raw, dtype).reshape(shape)
+        return out
+
+    found = derived(reader.objects, HDF5_FILE, "hdf5-" + "-".join(("images", *tables)), compute)
+    at = found["images_at"].tolist()
+    return (at[0], tuple(at[1:]), np.dtype(str(found["images_dtype"]))), {t: found[t] for t in tables}
+
+
+def _images(reader, tables: tuple[str, ...] = ()):
+    """``(images, where, tables)``: the images dataset as a map (or, in object storage, an
+    objects.Unmapped of its shape and dtype, read by ranges), its ``(offset, shape, dtype)``,
+    and ``{name: array}`` of the small ``tables`` (local: maps advised MADV_RANDOM, and
+    ``{name}_at``: each table's ``(offset, shape, dtype)``)."""
+    if reader.objects is not None:
+        from ..objects import Unmapped
+        where, found = _in_store(reader, tables)
+        return Unmapped(where[1], where[2]), where, found
+    path = reader.root / HDF5_FILE
+    where, found = dataset_offset(path, "images"), {}
+    for t in tables:
+        at = found[f"{t}_at"] = dataset_offset(path, t)
+        found[t] = _map(path, t, at, random=True)
+    return _map(path, "images", where), where, found
+
+
+def _labels(reader) -> np.ndarray:
     """The ``labels`` dataset of images.h5: integers (count,); raises ShardFormatError otherwise."""
+    where = reader.root / HDF5_FILE if reader.objects is None else reader.objects.name(HDF5_FILE)
     try:
-        with h5py.File(root / HDF5_FILE, "r") as f:
+        with header_file(reader) as file, h5py.File(file, "r") as f:
             labels = f["labels"][:]
     except (OSError, KeyError, ValueError) as err:
-        raise ShardFormatError(f"{root / HDF5_FILE}: no readable labels ({err})") from None
-    return expect_array(labels, f"{root / HDF5_FILE} labels", "i", (count,))
+        raise ShardFormatError(f"{where}: no readable labels ({err})") from None
+    return expect_array(labels, f"{where} labels", "i", (reader.count,))
 
 
 class Hdf5Reader(MemmapReader):
@@ -89,7 +141,7 @@ class Hdf5Reader(MemmapReader):
         return [p for p in out if p]
 
     def own_labels(self):
-        return _labels(self.root, self.count)
+        return _labels(self)
 
     def read_into(self, i, out):
         self._ensure_open()
@@ -100,12 +152,10 @@ class Hdf5Reader(MemmapReader):
 
     def _open(self):
         path = self.root / HDF5_FILE
-        where = dataset_offset(path, "images")
-        self._images = _map(path, "images", where)
+        self._images, where, tables = _images(self, ("offsets", "shapes") if self.shape is None else ())
         self._open_file(where[0])
         if self.shape is None:
-            self._offsets = _map(path, "offsets", random=True)
-            self._shapes = _map(path, "shapes", random=True)
+            self._offsets, self._shapes = tables["offsets"], tables["shapes"]
             ok = (self._offsets.shape == (self.count + 1,) and self._offsets.dtype.kind in "iu"
                   and self._shapes.shape == (self.count, 3) and self._images.shape == (int(self._offsets[-1]),))
             expect = f"{self.count} samples in {self._offsets.shape} offsets, {self._shapes.shape} shapes"
@@ -121,15 +171,14 @@ class EncodedHdf5Reader(FlatReader):
     data_file, fmt = HDF5_FILE, "hdf5"
 
     def _open(self):
-        path = self.root / HDF5_FILE
-        where, offsets = dataset_offset(path, "images"), dataset_offset(path, "offsets")
-        self._images = _map(path, "images", where)
-        self._offsets = _map(path, "offsets", offsets, random=True)
-        self._offsets_at = offsets[0]
+        self._images, where, tables = _images(self, ("offsets",))
+        self._offsets = tables["offsets"]
+        if self.objects is None:  # read with preadv once the map may be cut short (encoded.py)
+            self._offsets_at = tables["offsets_at"][0]
         self._check_flat(where[0])
 
     def own_labels(self):
-        return _labels(self.root, self.count)
+        return _labels(self)
 
 
 READERS = {RAW: Hdf5Reader, JPEG: EncodedHdf5Reader}  # what open_reader builds, by encoding

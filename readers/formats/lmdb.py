@@ -22,6 +22,11 @@ file they were found in (another inode, size or mtime: a repack) locates again.
 Encoded (``--encoding jpeg``, EncodedLmdbReader): each value is the sample's record (its JPEG
 bytes), located the same way and read as readers/formats/encoded.py says. The B-tree's pages
 are parsed in lmdb_pages.py.
+
+In object storage there is no LMDB and no map: :func:`locate_in_store` walks the meta, branch
+and leaf pages by ranged GETs (never the values' overflow pages), the result is kept in the
+node cache keyed by data.mdb's URL, size and ETag (mirror.derived: measured, docs/storage.md),
+and each value is read by a ranged GET.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from ..encoding import JPEG, RAW
 from ..manifest import ShardFormatError, sample_key
 from ..system import larger_than_ram
 from .. import diskio
-from .base import Reader, check_indices, check_out, check_value, flagged, npy_value, read_exact
+from .base import Reader, check_indices, check_out, check_value, flagged, npy_value, open_data, read_exact
 from .encoded import EncodedReader
 from .lmdb_pages import P_LEAF, P_OVERFLOW, PAGE_HEADER, Records, meta, read_pages
 
@@ -123,6 +128,56 @@ def locate(root: Path, count: int, data: mmap.mmap) -> tuple[np.ndarray, np.ndar
     return offsets, lengths
 
 
+PAGES_IN_FLIGHT = 16  # ranged GETs at once while walking a data.mdb in object storage
+
+
+def locate_in_store(file) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`locate` for a data.mdb in object storage (``file``: its objects.ObjectFile): the
+    meta pages, then each level's branch or leaf pages, fetched by ranged GETs (adjacent pages by
+    one, :data:`PAGES_IN_FLIGHT` in flight), parsed by lmdb_pages.walk; never the overflow pages
+    that hold the values. There is no LMDB to check the result against: the keys must be
+    ``sample_key(0..count-1)`` in order (checked by the caller) and every value inside the
+    object. Raises ShardFormatError naming the URL when the pages are not laid out as lmdb_pages
+    reads them (then the output must be copied to a local disk) or a GET fails."""
+    from concurrent.futures import ThreadPoolExecutor
+    from ..objects import MERGE_BYTES
+    from .lmdb_pages import walk
+    head = bytes(file.pread(0, 2 * 4096))
+    current = meta(head) if len(head) >= 2 * PAGE_HEADER else None
+    if current is not None and current["psize"] > 4096:  # pages larger than 4 KiB: both meta pages
+        current = meta(bytes(file.pread(0, 2 * current["psize"])))
+    if current is None:
+        raise ShardFormatError(f"{file.path}: not an LMDB data file this reader can read from object storage "
+                               "(no meta page it knows); copy the output to a local disk and open that path")
+    psize = current["psize"]
+    if (current["last_page"] + 1) * psize > file.size:
+        raise ShardFormatError(f"{file.path}: {file.size} bytes, cut short: LMDB's meta page says it holds "
+                               f"{current['last_page'] + 1} pages of {psize} bytes")
+
+    def fetch(pages: np.ndarray) -> np.ndarray:
+        if len(pages) and (pages.min() < 0 or pages.max() > current["last_page"]):
+            raise IndexError("a page outside the file")
+        order = np.unique(pages)
+        runs, start = [], 0  # runs of adjacent pages, each one GET of at most MERGE_BYTES
+        for k in range(1, len(order) + 1):
+            if k == len(order) or order[k] != order[k - 1] + 1 or (k - start) * psize >= MERGE_BYTES:
+                runs.append((int(order[start]), k - start))
+                start = k
+        with ThreadPoolExecutor(PAGES_IN_FLIGHT) as pool:
+            got = list(pool.map(lambda r: bytes(file.pread(r[0] * psize, r[1] * psize)), runs))
+        rows = np.frombuffer(b"".join(got), np.uint8)
+        if len(rows) != len(order) * psize:
+            raise ValueError("a page short of its size")
+        return rows.reshape(len(order), psize)[np.searchsorted(order, pages)]
+
+    records = walk(current, fetch)
+    if records is None:
+        raise ShardFormatError(f"{file.path}: its B-tree pages are not laid out as this reader reads them without "
+                               "LMDB (sub-databases, duplicates, another byte order?); copy the output to a local "
+                               "disk and open that path")
+    return records
+
+
 def _agrees(txn, records: Records, data: mmap.mmap, spread: int = 64) -> bool:
     """Whether LMDB's own values of the first, the last and a spread of records are where
     ``records`` puts them, byte for byte."""
@@ -188,6 +243,7 @@ class LmdbReader(Reader):
     # _data: the map as a uint8 array (record location, .npy headers); _pread: data.mdb for preadv
     _handles = ("_map", "_data", "_pread", "_in_ram")
     fmt = "lmdb"
+    data_file = DATA
 
     def __init__(self, root, manifest):
         super().__init__(root, manifest)
@@ -198,6 +254,13 @@ class LmdbReader(Reader):
         return [self._path]
 
     def _open(self):
+        if self.objects is not None:  # object storage: no map, no LMDB; records located by ranged GETs
+            self._pread, self._in_ram = open_data(self, None)
+            self._map = self._data = None
+            if self._offsets is None or self._file != self._pread.etag:
+                self._offsets, self._lengths = self._located(self._pread)
+                self._file = self._pread.etag
+            return
         with open(self._path, "rb") as f:
             st = os.fstat(f.fileno())
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -211,6 +274,27 @@ class LmdbReader(Reader):
         self._pread = diskio.DataFile(self._path)
         self._in_ram = diskio.InRam(self._data, larger_than_ram(self.data_paths()) is None, self._pread)
 
+    def _located(self, file) -> tuple[np.ndarray, np.ndarray]:
+        """The records' offsets and lengths in the data.mdb object ``file``: walked by ranged
+        GETs (:func:`locate_in_store`) once per node, then kept in the node cache keyed by the
+        object's URL, size and ETag (mirror.derived); the keys and spans checked each time."""
+        from ..mirror import derived
+
+        def compute():
+            records = locate_in_store(file)
+            _check_keys(records, self.count, file.path)
+            return {"offsets": records.offsets, "lengths": records.lengths}
+
+        found = derived(self.objects, DATA, "lmdb-records", compute)
+        offsets, lengths = found["offsets"], found["lengths"]
+        if len(offsets) != self.count or len(lengths) != self.count:
+            raise ShardFormatError(f"{file.path}: {len(offsets)} records, the manifest says {self.count} samples")
+        outside = (lengths > 0) & ((offsets < 0) | (offsets + lengths > file.size))
+        if outside.any():
+            raise ShardFormatError(f"{file.path}: record {sample_key(int(np.flatnonzero(outside)[0]))} lies "
+                                   "outside the object")
+        return offsets.astype(np.int64), lengths.astype(np.uint32)
+
     def record_problems(self, index):
         """Fixed shapes: every value H*W*3 bytes long."""
         if self.shape is None:
@@ -222,20 +306,34 @@ class LmdbReader(Reader):
     def _value(self, i: int, shape) -> int:
         """Where sample i's pixels start in data.mdb, after checking its value against ``shape``."""
         start, n = int(self._offsets[i]), int(self._lengths[i])
+        where = self._pread.path if self.objects is not None else self._path
         if self.shape is None:
-            data, got = npy_value(self._map, start, start + n, self._path, i)
-            check_value(self._path, i, shape, got, start + n - data)
+            data, got = npy_value(self._map, start, start + n, where, i)
+            check_value(where, i, shape, got, start + n - data)
             return data
-        check_value(self._path, i, shape, None, n)
+        check_value(where, i, shape, None, n)
         return start
 
     def read_into(self, i, out):
         self._ensure_open()
+        if self._map is None and self.shape is None:  # object storage, variable shapes: one GET
+            return self._read_value(i, out)
         start = self._value(i, out.shape)
         if self._in_ram():
             out[...] = self._data[start:start + out.size].reshape(out.shape)
         else:
             read_exact(self._pread, start, out, i)
+
+    def _read_value(self, i, out):
+        """Sample i's whole .npy value read by one ranged GET, its header checked against
+        ``out``'s shape, its pixels copied into ``out``."""
+        start, n = int(self._offsets[i]), int(self._lengths[i])
+        buf = np.empty(n, np.uint8)
+        self._pread.read(start, [buf], i)
+        head = buf[:4096].tobytes()
+        data, got = npy_value(head, 0, len(head), self._pread.path, i)
+        check_value(self._pread.path, i, out.shape, got, n - data)
+        out[...] = buf[data:].reshape(out.shape)
 
     def start_batch(self, indices, out):
         """Lengths checked for the whole batch at once, then each value copied out of the map (in

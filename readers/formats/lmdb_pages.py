@@ -6,7 +6,10 @@ fault each, about 8 us a record for 196 KB values (10 s for 1.28M). The pages th
 values are, the B-tree's branch and leaf pages, are a few thousand, so this module reads those
 instead, all leaves at once with numpy (about 0.2 s for 1.28M). lmdb.py checks the result against
 LMDB itself (record count, and a spread of values fetched with ``txn.get``) and falls back to the
-cursor walk when they disagree, so this parser never has the last word.
+cursor walk when they disagree, so this parser never has the last word. For an output in
+object storage (no LMDB there) the same walk asks for the pages it needs, level by level, from
+a ``fetch(page numbers) -> rows`` function (lmdb.py's, ranged GETs): the meta pages, the branch
+pages and the leaf pages, never the overflow pages that hold the values.
 
 LMDB's layout (liblmdb 0.9, mdb.c), native byte order, 64-bit page numbers:
 
@@ -54,10 +57,11 @@ class Records:
         return self.keys[int(self._key_starts[i]):int(self._key_starts[i + 1])]
 
 
-def meta(data: mmap.mmap, txnid: int | None = None) -> dict | None:
-    """The current meta page of the data.mdb mapped as ``data`` (the one of transaction ``txnid``,
-    or the newer one when None): page size, the main database's depth, root page and entries,
-    the last page used and the txnid; None when neither meta page is one this module reads."""
+def meta(data, txnid: int | None = None) -> dict | None:
+    """The current meta page of data.mdb, whose first two pages (at least) are the buffer
+    ``data`` (the file's map, or its first bytes): the one of transaction ``txnid``, or the newer
+    one when None: page size, the main database's depth, root page and entries, the last page
+    used and the txnid; None when neither meta page is one this module reads."""
     if sys.byteorder != "little" or len(data) < 2 * PAGE_HEADER or len(data) % 2:
         return None
     u8 = np.frombuffer(data, np.uint8)
@@ -84,27 +88,42 @@ def read_pages(data: mmap.mmap, txnid: int | None = None) -> Records | None:
     current = meta(data, txnid)
     if current is None:
         return None
+    psize = current["psize"]
     u8 = np.frombuffer(data, np.uint8)
-    w16 = np.frombuffer(data, np.uint16, len(data) // 2)
+    whole = u8[:len(u8) - len(u8) % psize].reshape(-1, psize)
+
+    def fetch(pages: np.ndarray) -> np.ndarray:
+        return whole[pages]  # IndexError for a page outside the file: walk says None
+
+    return walk(current, fetch)
+
+
+def walk(current: dict, fetch) -> Records | None:
+    """The records of the main database whose meta page :func:`meta` read as ``current``,
+    reading the branch and leaf pages with ``fetch(page numbers (int64 (n,))) -> uint8 (n,
+    psize)``, one call per level of the tree; None as :func:`read_pages` (``fetch`` may raise
+    IndexError or ValueError for a page outside the file)."""
     psize, depth, root, entries = (current[k] for k in ("psize", "depth", "root", "entries"))
     try:
         if entries == 0:
             return Records(np.zeros(0, np.int64), np.zeros(0, np.uint32), b"", np.zeros(0, np.int64))
         pages = np.array([root], np.int64)
         for _ in range(depth - 1):  # branch levels, each page's children in key order
-            node = _nodes(w16, pages * psize, P_BRANCH)
+            u8, w16, page_at = _rows(fetch(pages), psize)
+            node = _nodes(w16, page_at, P_BRANCH)
             if node is None:
                 return None
             pages = (_w(w16, node) | _w(w16, node + 2) << 16 | _w(w16, node + 4) << 32)
-        node = _nodes(w16, pages * psize, P_LEAF)
+        u8, w16, page_at = _rows(fetch(pages), psize)
+        node = _nodes(w16, page_at, P_LEAF)
         if node is None or len(node) != entries:
             return None
         nflags, ksize = _w(w16, node + 4), _w(w16, node + 6)
         if (nflags & (F_SUBDATA | F_DUPDATA)).any():
             return None
-        at = node + 8 + ksize  # the value, or the overflow page's number
+        at = node + 8 + ksize  # the value, or the overflow page's number (positions in the rows)
         big = (nflags & F_BIGDATA).astype(bool)
-        offsets = at.copy()
+        offsets = pages[at // psize] * psize + at % psize  # in the file
         offsets[big] = _gather(u8, at[big], 8) * psize + PAGE_HEADER
         lengths = _w(w16, node) | _w(w16, node + 2) << 16
         keys = _keys(u8, node + 8, ksize)
@@ -113,6 +132,14 @@ def read_pages(data: mmap.mmap, txnid: int | None = None) -> Records | None:
     if (lengths >= 1 << 32).any():
         return None
     return Records(offsets, lengths.astype(np.uint32), keys, ksize)
+
+
+def _rows(rows: np.ndarray, psize: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pages fetched as rows: their bytes flat, as 16-bit words, and where each page starts."""
+    u8 = np.ascontiguousarray(rows, np.uint8).reshape(-1)
+    if len(u8) != len(rows) * psize:
+        raise ValueError("a page short of its size")
+    return u8, u8.view(np.uint16), np.arange(len(rows), dtype=np.int64) * psize
 
 
 def _u(u8: np.ndarray, at: int, size: int) -> int:

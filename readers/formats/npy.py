@@ -19,28 +19,38 @@ import numpy as np
 
 from ..encoding import JPEG, RAW
 from ..manifest import NPY_IMAGES, NPY_LABELS, NPY_OFFSETS, ShardFormatError, load_npy
-from .base import MemmapReader
+from .base import MemmapReader, header_file
 from .encoded import FlatReader
 
 
-def _data_start(path) -> int:
-    """The byte where the array's data starts in the .npy file ``path`` (after its header)."""
-    with open(path, "rb") as f:
-        version = np.lib.format.read_magic(f)
-        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-        read(f)
-        return f.tell()
+def _header(f) -> tuple[tuple, bool, np.dtype, int]:
+    """Shape, Fortran order, dtype of the .npy file object ``f`` and the byte its data starts at."""
+    version = np.lib.format.read_magic(f)
+    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, fortran, dtype = read(f)
+    return shape, fortran, dtype, f.tell()
 
 
 def _images(reader) -> tuple:
     """``images.npy`` of ``reader``'s output as its read-only map and the byte where its data
     starts; for an output in object storage a stand-in of the header's shape and dtype instead
-    of the map (readers/objects.py: its bytes are read by range)."""
-    if reader.objects is not None:
-        from ..objects import npy_array
-        return npy_array(reader.objects, NPY_IMAGES)
-    path = reader.root / NPY_IMAGES
-    return load_npy(path), _data_start(path)
+    of the map (objects.Unmapped: its bytes are read by range), after checking the object holds
+    that C-order array's bytes exactly."""
+    if reader.objects is None:
+        path = reader.root / NPY_IMAGES
+        with open(path, "rb") as f:
+            return load_npy(path), _header(f)[3]
+    from ..objects import Unmapped
+    with header_file(reader) as f:
+        try:
+            shape, fortran, dtype, base = _header(f)
+        except (ValueError, EOFError) as err:
+            raise ShardFormatError(f"{f.file.path}: not a readable .npy array ({err})") from None
+        size, where = f.file.size, f.file.path
+    if fortran or base + int(np.prod(shape)) * dtype.itemsize != size:
+        raise ShardFormatError(f"{where}: a .npy of {size} bytes whose header says {shape} {dtype}"
+                               f"{' in Fortran order' if fortran else ''}")
+    return Unmapped(shape, dtype), base
 
 
 def _labels(root, count: int) -> np.ndarray:

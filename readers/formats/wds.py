@@ -18,6 +18,9 @@ Encoded (``--encoding jpeg``, EncodedWdsReader): ``wds_offsets.npy`` int64 (coun
 byte offset and length of member ``<key>.jpg``, whose tar header (the 512 bytes before it) must
 name the sample; from disk each sample's header and record are read by one preadv
 (readers/formats/encoded.py).
+
+In object storage each shard is one object (``Reader.pixel_files``: the manifest's shards); a
+sample's tar header, .npy header and pixels are read by one ranged GET and checked the same way.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from ..encoding import JPEG, JPEG_MEMBER, RAW
 from ..manifest import WDS_OFFSETS, WDS_SHARD, ShardFormatError, load_npy, sample_key
 from ..system import larger_than_ram
 from .. import diskio
-from .base import Reader, check_indices, check_out, check_value, flagged, npy_value, read_exact
+from .base import Reader, check_indices, check_out, check_value, flagged, npy_value, open_data, read_exact
 from .encoded import EncodedReader
 
 BLOCK = tarfile.BLOCKSIZE
@@ -57,6 +60,11 @@ class _Shards(Reader):
 
     def data_paths(self):
         return sorted(self.root.glob("shard-*.tar"))
+
+    @classmethod
+    def pixel_files(cls, manifest):
+        files = manifest.get("files") if isinstance(manifest.get("files"), dict) else {}
+        return sorted(n for n in files if n.startswith("shard-") and n.endswith(".tar"))
 
     def _map(self, shard):
         m = self._maps.get(shard)
@@ -87,15 +95,24 @@ class _Shards(Reader):
         return True
 
     def _file(self, shard) -> diskio.DataFile | None:
-        """Shard ``shard`` open for preadv, or None when it cannot be (the checks then say why)."""
+        """Shard ``shard`` open for preadv (an objects.ObjectFile in object storage), or None
+        when it cannot be (the checks then say why)."""
         f = self._files.get(shard)
         if f is None and shard >= 0:
             try:
-                self._map(shard)  # checks the output is unchanged; raises for a missing shard
-                f = self._files[shard] = diskio.DataFile(self.root / WDS_SHARD.format(shard))
+                if self.objects is None:
+                    self._map(shard)  # checks the output is unchanged; raises for a missing shard
+                f = self._files[shard] = open_data(self, None, WDS_SHARD.format(shard), fits=False)[0]
             except (OSError, ShardFormatError):
                 return None
         return f
+
+    def _no_shard(self, shard: int, i: int):
+        """Raise ShardFormatError: sample i's shard cannot be opened (missing, or not listed)."""
+        if self.objects is None and shard >= 0:
+            self._map(shard)  # raises naming why it cannot be mapped
+        raise ShardFormatError(f"{self.where(WDS_SHARD.format(max(shard, 0)))}: cannot open this shard"
+                               f"{'' if shard >= 0 else f' (shard {shard})'}; {WDS_OFFSETS} puts sample {i} there")
 
 
 class WdsReader(_Shards):
@@ -125,9 +142,15 @@ class WdsReader(_Shards):
         self._offsets = load_npy(self.root / WDS_OFFSETS, "i", (self.count, 2))
         self._in_ram, self._fits = {}, larger_than_ram(self.data_paths()) is None
 
-    def _pixels_at(self, i: int, shard: int, offset: int, shape) -> mmap.mmap:
-        """The shard map holding sample i's pixels at ``offset``, after checking that the member
-        there is sample i's .npy with ``shape`` and that its pixels lie inside the shard."""
+    def _head(self, i: int, shard: int, start: int, offset: int):
+        """``(shard's map or None, the shard's size, its bytes start - BLOCK .. offset)``: the
+        member's tar header and .npy header before sample i's pixels at ``offset``, from the
+        map, or in object storage by one ranged GET (b"" when ``start`` < BLOCK)."""
+        if self.objects is not None:
+            f = self._file(shard)
+            if f is None:
+                self._no_shard(shard, i)
+            return None, f.size, bytes(f.pread(start - BLOCK, offset - start + BLOCK)) if start >= BLOCK else b""
         try:
             m = self._map(shard) if shard >= 0 else None
         except ShardFormatError as err:
@@ -136,24 +159,31 @@ class WdsReader(_Shards):
         if f is not None and os.fstat(f.fd).st_size < len(m):  # the map's tail would be SIGBUS now
             raise ShardFormatError(f"{self.root / WDS_SHARD.format(shard)}: sample {i}: the shard is shorter "
                                    f"than when it was opened ({len(m)} bytes; cut short or rewritten?)")
+        if m is None:
+            return None, 0, b""
+        return m, len(m), m[start - BLOCK:offset] if start >= BLOCK else b""
+
+    def _pixels_at(self, i: int, shard: int, offset: int, shape) -> mmap.mmap | None:
+        """The shard map holding sample i's pixels at ``offset`` (None in object storage), after
+        checking that the member there is sample i's .npy with ``shape`` and that its pixels lie
+        inside the shard."""
         start = offset - offset % BLOCK
-        name = _member(i)
-        if m is None or start < BLOCK or m[start - BLOCK:start - BLOCK + len(name)] != name:
-            raise ShardFormatError(f"{self.root / WDS_SHARD.format(shard)}: no member {sample_key(i)}.npy "
+        m, size, head = self._head(i, shard, start, offset)
+        name, path = _member(i), self.where(WDS_SHARD.format(max(shard, 0)))
+        if size == 0 or start < BLOCK or head[:len(name)] != name:
+            raise ShardFormatError(f"{path}: no member {sample_key(i)}.npy "
                                    f"before offset {offset}, where {WDS_OFFSETS} puts sample {i}")
-        if self._header is not None and m[start:offset] == self._header:  # fixed shape: all alike
+        if self._header is not None and head[BLOCK:] == self._header:  # fixed shape: all alike
             got = self.shape
         else:
-            path = self.root / WDS_SHARD.format(shard)
-            data, got = npy_value(m, start, offset, path, i)
-            if data != offset:
-                raise ShardFormatError(f"{path}: sample {i}: its .npy header ends at byte {data}, "
+            data, got = npy_value(head, BLOCK, len(head), path, i)
+            if data != len(head):
+                raise ShardFormatError(f"{path}: sample {i}: its .npy header ends at byte {data + start - BLOCK}, "
                                        f"{WDS_OFFSETS} says its pixels start at {offset}")
             if self.shape is not None and got == self.shape:
-                self._header = m[start:offset]
-        if got != shape or offset + math.prod(shape) > len(m):
-            check_value(self.root / WDS_SHARD.format(shard), i, tuple(shape), got,
-                        min(len(m) - offset, math.prod(got)))
+                self._header = head[BLOCK:]
+        if got != shape or offset + math.prod(shape) > size:
+            check_value(path, i, tuple(shape), got, min(size - offset, math.prod(got)))
         return m
 
     def read_into(self, i, out):
@@ -201,7 +231,10 @@ class WdsReader(_Shards):
             for k in sorted(set(slow) | set(np.flatnonzero(~ok).tolist())):
                 i, (shard, offset) = int(idx[k]), at[k]
                 m = self._pixels_at(i, shard, offset, self.shape)
-                flat[k] = np.frombuffer(m, np.uint8, size, offset)
+                if m is None:  # object storage: read by range
+                    read_exact(self._file(shard), offset, flat[k], i)
+                else:
+                    flat[k] = np.frombuffer(m, np.uint8, size, offset)
 
         return diskio.submit(jobs, check)
 
@@ -235,10 +268,11 @@ class EncodedWdsReader(EncodedReader, _Shards):
     def _on_disk(self, i):
         shard, offset, n = self._table[i].tolist()
         f = self._file(shard)
-        path = self.root / WDS_SHARD.format(shard)
         if f is None:
-            self._sample_map(shard, i)  # raises, naming the shard and the sample
-            raise ShardFormatError(f"{path}: cannot open this shard; {WDS_OFFSETS} puts sample {i} there")
+            if self.objects is None:
+                self._sample_map(shard, i)  # raises, naming the shard and the sample
+            self._no_shard(shard, i)
+        path = f.path
         if offset < BLOCK or offset % BLOCK:
             self._no_member(i, path, offset)
         self._span(i, offset, offset + n, f.size, path)

@@ -12,24 +12,27 @@ import sys
 
 import click
 
-from ..readers.manifest import dataset_dirs
 from ..readers.paths import LocalPath
 from .entry import pipe_closed
 
+STORES = ("s3", "gs", "az")  # readers/objects.py's STORES (gs:// and az:// untested); not imported: it loads numpy
+READ_HINT = "copy the output to a local disk and open that path"
+
 
 @click.command()
-@click.argument("out", type=LocalPath(exists=True, file_okay=False))
+@click.argument("out", type=LocalPath(exists=True, file_okay=False, schemes=STORES, url_hint=READ_HINT))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout (also on failure).")
 def info(out, as_json):
-    """Describe the packed output OUT: count, classes, shape, size, how the pixels were made."""
+    """Describe the packed output OUT (a folder, or s3://bucket/prefix/OUT): count, classes, shape,
+    size, how the pixels were made."""
     from .document import print_document
     from .records import failure, info_document
     if as_json:
         print_document(*info_document(out))
     from ..readers.text import shown
-    from ..readers.verify import info_text
+    from ..readers.verify import datasets, info_text
     try:
-        for split, root in dataset_dirs(out):  # a splits root: each split in turn
+        for split, root in datasets(out):  # a splits root: each split in turn
             click.echo(info_text(root) if split is None else f"split {shown(split)}: {info_text(root)}")
     except Exception as err:  # noqa: BLE001 -- damage no check foresaw too: one line, never a traceback
         if pipe_closed(err):  # stdout's reader went away: entry.py ends quietly
@@ -38,12 +41,13 @@ def info(out, as_json):
 
 
 @click.command()
-@click.argument("out", type=LocalPath(exists=True, file_okay=False))
+@click.argument("out", type=LocalPath(exists=True, file_okay=False, schemes=STORES, url_hint=READ_HINT))
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON document on stdout, pass or fail (same exit status); progress on stderr.")
 def verify(out, quiet, as_json):
-    """Check OUT: every file against its digest recorded at pack time, every index column and
+    """Check OUT (a folder, or s3://bucket/prefix/OUT: each object streamed): every file against
+    its digest recorded at pack time, every index column and
     manifest field the readers rely on, against each other and the data, and every sample reread
     and compared with the checksums written at pack time.
 
@@ -59,13 +63,13 @@ def verify(out, quiet, as_json):
             click.echo("\n" + doc["error"], err=True)
         print_document(doc, status)
     from ..readers.text import one_line, shown
-    from ..readers.verify import splits_root_problems, verify as run_verify
+    from ..readers.verify import datasets, splits_root_problems, verify as run_verify
     failed, checked, roots = False, 0, []
     try:
         for problem in splits_root_problems(out):  # a splits root's own manifest
             click.echo(f"PROBLEM {one_line(problem)}")
             failed = True
-        for _, root in (roots := dataset_dirs(out)):  # a splits root: every split
+        for _, root in (roots := datasets(out)):  # a splits root: every split
             result = run_verify(root, progress=not quiet)
             for note in result.notes:
                 click.echo(f"NOTE {one_line(note)}")

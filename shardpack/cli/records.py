@@ -17,7 +17,7 @@ from pathlib import Path
 
 import click
 
-from ..readers.manifest import SKIPPED, ShardFormatError, bytes_on_disk, dataset_dirs, load_manifest, write_json_atomic
+from ..readers.manifest import SKIPPED, ShardFormatError, write_json_atomic
 from .document import SCHEMA, interrupted_text
 from .entry import pipe_closed
 
@@ -81,16 +81,16 @@ def info_document(out) -> tuple[dict, int]:
     """``{"schema", "path", "ok", "datasets": [{"split", "path", "bytes_on_disk", "skipped",
     "manifest"}], "error"}``: one entry per dataset (each split of a splits root), with its whole
     manifest and the rows of its skipped.json. Checks what ``shardpack info`` checks."""
-    from ..readers.verify import info_text
+    from ..readers.verify import datasets, info_text, opened, stored_bytes
     doc = {"schema": SCHEMA, "command": "info", "path": str(out), "ok": True, "datasets": [], "error": None}
     try:
-        for split, root in dataset_dirs(out):
+        for split, root in datasets(out):  # an output in object storage: its URL, read from its mirror
             info_text(root)  # the same checks (manifest, index, data file headers) as the text
-            manifest = load_manifest(root)
-            skipped = root / SKIPPED
+            named, folder, manifest, objects = opened(root)
+            skipped = folder / SKIPPED
             doc["datasets"].append({
-                "split": split, "path": str(root),
-                "bytes_on_disk": bytes_on_disk(root),
+                "split": split, "path": str(named),
+                "bytes_on_disk": stored_bytes(folder, manifest, objects),
                 "skipped": json.loads(skipped.read_text()) if skipped.exists() else [],
                 "manifest": manifest})
     except Exception as err:  # noqa: BLE001 -- damage no check foresaw too: one document, never a traceback
@@ -110,14 +110,14 @@ def verify_document(out, progress: bool = False) -> tuple[dict, int]:
     so far, ``interrupted`` true, ``ok`` false, ``error`` saying so (:func:`interrupted_text`),
     status 130."""
     from ..readers.text import one_line
-    from ..readers.verify import splits_root_problems, verify as run_verify
+    from ..readers.verify import datasets, splits_root_problems, verify as run_verify
     doc = {"schema": SCHEMA, "command": "verify", "path": str(out), "ok": True, "problems": [], "datasets": [],
            "error": None, "interrupted": False}
     roots = []
     try:
         doc["problems"] += [one_line(p) for p in splits_root_problems(out)]
         doc["ok"] = not doc["problems"]
-        for split, root in (roots := dataset_dirs(out)):
+        for split, root in (roots := datasets(out)):
             result = run_verify(root, progress=progress)
             problems = [one_line(p) for p in result.problems]
             doc["datasets"].append({
