@@ -140,8 +140,9 @@ class LocalPath(click.Path):
             if scheme in self.schemes:
                 return text
             taken = ", ".join(s + "://" for s in self.schemes)
-            raise PathRefused(f"{value} is a URL; of object storage only {taken} "
-                              f"{'is' if len(self.schemes) == 1 else 'are'} supported here: {self.url_hint}", ctx, param)
+            verb = "is" if len(self.schemes) == 1 else "are"
+            raise PathRefused(f"{value} is a URL; of object storage only {taken} {verb} supported here: "
+                              f"{self.url_hint}", ctx, param)
         refusal = url_refusal(value, self.url_hint) or (file_to_write_refusal(value) if self.to_write else None)
         if refusal is not None:
             raise PathRefused(refusal, ctx, param)
