@@ -1,7 +1,7 @@
 """Packing into object storage (``-o s3://bucket/prefix/OUT``): staged on a local disk, uploaded, the manifest last.
 
 The run packs into a local output ``<staging>/<url hash>/OUT`` (``--staging DIR``, default
-``uploads/`` under the node cache, readers/objects.cache_root()) exactly as into a local path,
+``uploads/`` under the node cache, readers/mirror.cache_root()) exactly as into a local path,
 with the whole partial-output protocol of staging.py (checkpoints, ``--resume`` of the packing,
 the local commit); so that disk needs the output's full size plus the run's scratch (the plan's
 free-space check measures it). Then :meth:`Upload.commit` uploads it: first it deletes every
@@ -30,7 +30,8 @@ import threading
 from pathlib import Path
 
 from ..readers.manifest import MANIFEST, ShardFormatError, partial_dir, write_json_atomic
-from ..readers.objects import DIGEST_FILE, Objects, cache_root, is_url, one_line
+from ..readers.mirror import DIGEST_FILE, cache_root
+from ..readers.objects import Objects, is_url, one_line
 from ..readers.text import mb, plural
 
 from .options import AlreadyComplete, PackError, say
