@@ -104,8 +104,10 @@ def start(folder: Path, timeout_s: float = 60.0) -> Server:
     log = open(folder / "weed.log", "wb")
     args = [weed, "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={folder / 'data'}",
             f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}",
-            "-s3", f"-s3.port={s3}", f"-s3.config={config}", "-master.volumeSizeLimitMB=256",
-            "-volume.max=8", "-metricsPort=0",
+            "-s3", f"-s3.port={s3}", f"-s3.config={config}", "-master.volumeSizeLimitMB=64",
+            # each bucket is a collection that grows 7 volumes at its first write: 8 volumes in all
+            # served one bucket, and a later bucket's PUT got 500 "Not enough data nodes found!"
+            "-volume.max=200", "-metricsPort=0",
             "-s3.port.iceberg=0", "-s3.port.lance=0"]  # their default ports are fixed: off
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             cwd=folder, start_new_session=True, preexec_fn=_die_with_parent)
