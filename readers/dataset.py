@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import operator
 import os
+import threading
 import warnings
 from collections.abc import Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 
 from . import diskio, integrity, system
 from .draws import SampleDraws, sample_keys
@@ -19,6 +21,7 @@ from .formats.base import check_out
 from .manifest import COLUMNS, INDEX_DIR, Index, ShardFormatError, load_manifest, read_splits, split_root
 from .objects import is_url, open_url
 from .objects import sizes as objects_sizes
+from .rows import row_threads
 from .samples import Buffers, batch_buffer, rows_of
 
 _warned: set = set()  # roots already warned about in this process (workers never construct)
@@ -220,12 +223,19 @@ class ShardDataset(Dataset):
         x = hwc.permute(0, 3, 1, 2)
         if self.transform is None:
             if self.batch_transform is not None:
-                x = self.batch_transform(x, generator=self._draws(idx))
+                x = self._batch_transformed(x, idx)
             return rows_of(x)
         imgs = [self.transform(im) for im in x]
         if self.batch_transform is None:
             return imgs
-        return rows_of(self.batch_transform(torch.stack(imgs), generator=self._draws(idx)))
+        return rows_of(self._batch_transformed(torch.stack(imgs), idx))
+
+    def _batch_transformed(self, x: torch.Tensor, idx) -> torch.Tensor:
+        """``batch_transform`` on ``x`` (B, 3, H, W) with the keyed draws of samples ``idx``; its
+        per-image loops on the usable CPUs in a stock DataLoader's main process (readers/rows.py:
+        the same bytes as on one thread), on one thread in workers and loader threads."""
+        with row_threads(_row_threads()):
+            return self.batch_transform(x, generator=self._draws(idx))
 
     def _draws(self, idx) -> SampleDraws:
         return SampleDraws(sample_keys(self.seed, self.epoch, idx))
@@ -340,6 +350,20 @@ class ShardDataset(Dataset):
         m = self.manifest
         return (f"ShardDataset({self.url or str(self.root)!r}: {m['format']}, {len(self)} samples, "
                 f"{len(self.classes)} classes, shape {m.get('shape') or 'variable'})")
+
+
+def _row_threads() -> int:
+    """Threads for a batch transform's per-image loops here: the usable CPUs in a stock
+    DataLoader's main process, 1 in a DataLoader worker (one batch per worker already) and in a
+    thread of shardpack's own (make_loader's loader threads, the row pool)."""
+    if get_worker_info() is not None or threading.current_thread().name.startswith("shardpack-"):
+        return 1
+    return _usable_cpus(os.getpid())
+
+
+@functools.lru_cache(maxsize=4)
+def _usable_cpus(pid: int) -> int:
+    return system.usable_cpus()  # ~0.2 ms (cgroup files): once per process
 
 
 class BatchRead:

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 
 from . import transform_checks as checks
 from .draws import uniform
+from .rows import for_each_row
 
 TRIES = 10  # torchvision's RandomResizedCrop tries before the fallback
 
@@ -199,8 +200,11 @@ def _one(images, k: int) -> torch.Tensor:
 def _crop_into(images, top, left, out: torch.Tensor) -> torch.Tensor:
     """Crop (top[k], left[k]) of ``images[k]`` (a batch or a list) into ``out[k]``, of out's size."""
     h, w = out.shape[-2:]
-    for k, (t, lf) in enumerate(zip(top.tolist(), left.tolist())):
-        out[k] = images[k][:, t:t + h, lf:lf + w]
+    top, left = top.tolist(), left.tolist()
+
+    def crop(k):
+        out[k] = images[k][:, top[k]:top[k] + h, left[k]:left[k] + w]
+    for_each_row(len(top), crop)
     return out
 
 
@@ -245,14 +249,17 @@ class RandomResizedCrop(_Transform):
 
     def _resized(self, images, top, left, h, w, out):
         """Box k of ``images[k]`` (a batch or a list) resized into ``out[k]``; returns ``out``."""
-        rows = zip(top.tolist(), left.tolist(), h.tolist(), w.tolist())
-        for k, (t, lf, hh, ww) in enumerate(rows):
+        rows = list(zip(top.tolist(), left.tolist(), h.tolist(), w.tolist()))
+
+        def resize(k):
+            t, lf, hh, ww = rows[k]
             box = _one(images, k)[:, :, t:t + hh, lf:lf + ww]
             if (hh, ww) == self.size:
                 out[k] = box[0]
             else:
                 out[k] = F.interpolate(box, size=self.size, mode=self.interpolation,
                                        antialias=self.antialias)[0]
+        for_each_row(len(rows), resize)
         return out
 
 
@@ -337,8 +344,11 @@ class RandomHorizontalFlip(_Transform):
         if len(x) == 1 and not self.inplace:
             return x.flip(-1) if flip[0] else x
         out = x if self.inplace else x.clone()
-        for k in (k for k, f in enumerate(flip) if f):
-            out[k] = x[k].flip(-1)
+        flipped = [k for k, f in enumerate(flip) if f]
+
+        def mirror(j):
+            out[flipped[j]] = x[flipped[j]].flip(-1)
+        for_each_row(len(flipped), mirror)
         return out
 
     def _images(self, images, generator):
