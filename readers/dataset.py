@@ -22,7 +22,7 @@ from .manifest import COLUMNS, INDEX_DIR, Index, ShardFormatError, load_manifest
 from .objects import is_url, open_url
 from .objects import sizes as objects_sizes
 from .rows import row_threads
-from .samples import Buffers, batch_buffer, rows_of
+from .samples import Buffers, batch_buffer, rows_of, rows_of_images
 
 _warned: set = set()  # roots already warned about in this process (workers never construct)
 
@@ -328,7 +328,10 @@ class ShardDataset(Dataset):
         are views of that batch (or of ``batch_transform``'s output) in the order of ``indices``,
         and ``torch.stack`` of all of them in order (what default collate does) returns the batch
         itself without copying: (B, 3, H, W) channels_last, as ``make_loader`` gives. A
-        ``transform`` runs per sample on views of a sorted read, as before.
+        ``transform`` runs per sample on views of a sorted read, as before; when its outputs are
+        uint8 (C, H, W) tensors of one shape they are copied into one batch (in the first one's
+        memory format: plain copies) and handed out as its rows, so default collate stacks them
+        without the transposing copy (``readers.samples.rows_of_images``).
         """
         if self.reader.shape is None:
             return [self[i] for i in indices]
@@ -344,7 +347,10 @@ class ShardDataset(Dataset):
             return list(zip(self._images(hwc, idx), labels))
         hwc, rows = self._read_sorted(idx)
         imgs = self._images(torch.from_numpy(hwc), np.sort(idx, kind="stable"))
-        return [(imgs[r], label) for r, label in zip(rows.tolist(), labels)]
+        imgs = [imgs[r] for r in rows.tolist()]
+        if self.batch_transform is None:
+            imgs = rows_of_images(imgs, self._buffers)
+        return list(zip(imgs, labels))
 
     def __repr__(self):
         m = self.manifest
