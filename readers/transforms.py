@@ -110,11 +110,16 @@ def _sizes(images) -> tuple[torch.Tensor, torch.Tensor]:
             torch.tensor([im.shape[-1] for im in images], dtype=torch.int64))
 
 
+def _channels_last(x: torch.Tensor) -> bool:
+    """Whether batch x is channels_last (and not also standard-contiguous)."""
+    return x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+
+
 def _empty_like(x: torch.Tensor, h: int, w: int, b: int | None = None) -> torch.Tensor:
     """A (b, C, h, w) uint8 tensor (b: len(x) by default) in x's memory format (channels_last
     stays channels_last)."""
     b, c = len(x) if b is None else b, x.shape[1]
-    if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
+    if _channels_last(x):
         return torch.empty((b, h, w, c), dtype=x.dtype, device=x.device).permute(0, 3, 1, 2)
     return torch.empty((b, c, h, w), dtype=x.dtype, device=x.device)
 
@@ -198,6 +203,12 @@ class RandomResizedCrop(_Transform):
         b, _, height, width = x.shape
         if b == 1:  # one image: the same box, drawn without tensor arithmetic
             rows = [box_of_one(height, width, self.scale, self.ratio, generator)]
+            t, lf, hh, ww = rows[0]
+            if (hh, ww) != self.size:  # interpolate's own output when it has the layout out would have
+                y = F.interpolate(x[:, :, t:t + hh, lf:lf + ww], size=self.size, mode=self.interpolation,
+                                  antialias=self.antialias)
+                if _channels_last(y) == _channels_last(x):
+                    return y
         else:
             rows = _rows(resized_crop_params(torch.full((b,), height), torch.full((b,), width),
                                              self.scale, self.ratio, generator))

@@ -13,6 +13,12 @@ plain uint8 batches, (a) RandomCrop(224) + flip, (b) RandomResizedCrop(224) + fl
 per-sample ``transform=`` (the tutorial way; the base commit has only that), and make_loader's
 ``batch_transform`` in its auto mode. Medians of the rounds, and per-round ratios (median
 [min-max]) to make_loader and to the base commit's per-sample path at the same num_workers.
+
+With ``FFCV_PYTHON`` naming a python that has ffcv (its own venv, never the project's; FFCV 1.0.2
+builds on Debian 12 with apt's libturbojpeg0-dev libopencv-dev pkg-config, then ``pip install
+torch==2.13.0 pillow ffcv``), FFCV's loader joins the rounds (scripts/ffcv_peer.py, kept running
+in that python, interleaved like the others) on .betons of the same 256 px pixels: raw on (b)
+and (c), JPEG q90 on (b), at 1 and 2 threads (FFCV has no plain random crop: no (a)).
 """
 
 from __future__ import annotations
@@ -86,6 +92,34 @@ def contenders(out: Path, workload: str, samples: int) -> dict:
     return found
 
 
+class FfcvPeer:
+    """scripts/ffcv_peer.py in ``python``, serving FFCV timings: ``rate(kind, workload, workers, n)``."""
+
+    def __init__(self, python: str, out: Path, work: Path):
+        import subprocess
+        work.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen([python, str(Path(__file__).with_name("ffcv_peer.py")), str(out), str(work)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True)
+        if self.proc.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"FFCV did not start in {python} (run scripts/ffcv_peer.py there to see why)")
+
+    def rate(self, kind: str, workload: str, workers: int, samples: int) -> float:
+        self.proc.stdin.write(f"{kind} {workload} {workers} {samples}\n")
+        self.proc.stdin.flush()
+        return float(self.proc.stdout.readline())
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def ffcv_contenders(workload: str) -> dict:
+    """name -> (kind, workload, workers) for the FFCV peer."""
+    kinds = {"b": ("raw", "jpg"), "c": ("raw",)}.get(workload, ())
+    return {f"FFCV {kind} w{w}": (kind, workload, w) for kind in kinds for w in (1, 2)}
+
+
 def spread(values) -> str:
     return f"{statistics.median(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
 
@@ -104,13 +138,26 @@ def main(src, work, samples, rounds, workloads):
     if not (out / "manifest.json").exists():
         pack(src, out, Recipe(size=256), Options(fmt="npy", progress=False, overwrite=True))
     np.asarray(ShardDataset(out).reader.read_batch(np.arange(len(ShardDataset(out)))))  # page cache
+    peer = None
+    if os.environ.get("FFCV_PYTHON"):
+        try:
+            peer = FfcvPeer(os.environ["FFCV_PYTHON"], out, work / "ffcv")
+        except (OSError, RuntimeError) as err:
+            print(f"FFCV: not measured ({err})")
+    else:
+        print("FFCV: not measured (set FFCV_PYTHON to a python with ffcv, e.g. /work/venv-ffcv/bin/python)")
     for workload in workloads:
         found = contenders(out, workload, samples)
+        if peer is not None:
+            found.update(ffcv_contenders(workload))
         rates: dict[str, list] = {name: [] for name in found}
         loads: dict[str, list] = {name: [] for name in found}
         for r in range(rounds):
             for name in (list(found) if r % 2 == 0 else list(found)[::-1]):
-                rates[name].append(time_pass(found[name](), warmup=2).rate)
+                if isinstance(found[name], tuple):
+                    rates[name].append(peer.rate(*found[name], samples))
+                else:
+                    rates[name].append(time_pass(found[name](), warmup=2).rate)
                 loads[name].append(os.getloadavg()[0])
         print(f"\n({workload}) {WORKLOADS[workload][0]}: median samples/s of {rounds} rounds, "
               "x = per-round ratio to make_loader, median [min-max]; load = 1-min load average per round")
@@ -119,9 +166,11 @@ def main(src, work, samples, rounds, workloads):
             line = (f"  {name:30s} {statistics.median(rates[name]):8.0f}  x {spread(ratio)}"
                     f"  load {'/'.join(f'{v:.1f}' for v in loads[name])}")
             base = name.replace("stock", "base stock", 1).replace("batch_transform", "per-sample")
-            if not name.startswith("base") and base in found:
+            if not name.startswith("base") and base != name and base in found:
                 line += f"  vs {base}: {spread([a / b for a, b in zip(rates[name], rates[base])])}"
             print(line, flush=True)
+    if peer is not None:
+        peer.close()
     harness.finish(machine)
 
 
