@@ -12,7 +12,8 @@ plain uint8 batches, (a) RandomCrop(224) + flip, (b) RandomResizedCrop(224) + fl
 ``batch_transform=`` (this branch: once per batch in ``__getitems__``, keyed draws), through a
 per-sample ``transform=`` (the tutorial way; the base commit has only that), and make_loader's
 ``batch_transform`` in its auto mode. Medians of the rounds, and per-round ratios (median
-[min-max]) to make_loader and to the base commit's per-sample path at the same num_workers.
+[min-max]) to make_loader and to the base commit's per-sample path at the same num_workers
+(``--base``, 052f441: its ``__getitems__`` and its own readers/transforms.py, loaded beside ours).
 
 With ``FFCV_PYTHON`` naming a python that has ffcv (its own venv, never the project's; FFCV 1.0.2
 builds on Debian 12 with apt's libturbojpeg0-dev libopencv-dev pkg-config, then ``pip install
@@ -23,8 +24,11 @@ and (c), JPEG q90 on (b), at 1 and 2 threads (FFCV has no plain random crop: no 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import statistics
+import subprocess
+import types
 from pathlib import Path
 
 import click
@@ -42,17 +46,40 @@ from shardpack.readers.loading import make_loader  # noqa: E402
 from shardpack.readers.transforms import Compose, RandomCrop, RandomHorizontalFlip, RandomResizedCrop  # noqa: E402
 
 BATCH = 64
+BASE = "052f441"  # issue 26's pre-change commit
+OURS = types.SimpleNamespace(Compose=Compose, RandomCrop=RandomCrop, RandomHorizontalFlip=RandomHorizontalFlip,
+                             RandomResizedCrop=RandomResizedCrop)
 WORKLOADS = {
-    "c": ("plain uint8 batches", lambda: None),
-    "a": ("RandomCrop(224) + flip", lambda: Compose([RandomCrop(224), RandomHorizontalFlip(inplace=True)])),
+    "c": ("plain uint8 batches", lambda t=OURS: None),
+    "a": ("RandomCrop(224) + flip",
+          lambda t=OURS: t.Compose([t.RandomCrop(224), t.RandomHorizontalFlip(inplace=True)])),
     "b": ("RandomResizedCrop(224) + flip",
-          lambda: Compose([RandomResizedCrop(224), RandomHorizontalFlip(inplace=True)])),
+          lambda t=OURS: t.Compose([t.RandomResizedCrop(224), t.RandomHorizontalFlip(inplace=True)])),
 }
+
+
+def base_transforms(rev: str, work: Path):
+    """readers/transforms.py of commit ``rev`` (a standalone module there), loaded beside ours: the
+    base contenders' per-sample transform is the base commit's code, not this checkout's."""
+    path = work / f"transforms-{rev}.py"
+    if not path.exists():
+        text = subprocess.run(["git", "-C", str(harness.REPO), "show", f"{rev}:readers/transforms.py"],
+                              capture_output=True, check=True).stdout
+        path.write_bytes(text)
+    spec = importlib.util.spec_from_file_location(f"transforms_{rev}", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except ImportError as err:
+        raise SystemExit(f"bench_stock: {rev}'s readers/transforms.py does not load on its own ({err}); "
+                         f"pass --base an older commit") from None
+    return module
 
 
 class BaseDataset(ShardDataset):
     """The base commit's (052f441) ``__getitems__``: channels_last views of the (B, H, W, 3) read,
-    which default collate stacks with a transposing copy; ``transform`` per sample."""
+    which default collate stacks with a transposing copy; ``transform`` per sample (the base
+    contenders give it the base commit's transforms, :func:`base_transforms`)."""
 
     def __getitems__(self, indices):
         idx = self._indices(indices)
@@ -63,8 +90,8 @@ class BaseDataset(ShardDataset):
         return [(t(chw[r]), label) for r, label in zip(rows.tolist(), labels)]
 
 
-def contenders(out: Path, workload: str, samples: int) -> dict:
-    """name -> function() -> loader."""
+def contenders(out: Path, workload: str, samples: int, base) -> dict:
+    """name -> function() -> loader; ``base``: the base commit's transforms module."""
     make = WORKLOADS[workload][1]
 
     def sampler(ds):
@@ -88,7 +115,7 @@ def contenders(out: Path, workload: str, samples: int) -> dict:
         else:
             found[f"stock batch_transform w{w}"] = stock(ShardDataset, w, batch_transform=make(), seed=0)
             found[f"stock per-sample w{w}"] = stock(ShardDataset, w, transform=make())
-            found[f"base stock per-sample w{w}"] = stock(BaseDataset, w, transform=make())
+            found[f"base stock per-sample w{w}"] = stock(BaseDataset, w, transform=make(base))
     return found
 
 
@@ -130,7 +157,9 @@ def spread(values) -> str:
 @click.option("--samples", default=1280, show_default=True, help="samples timed per measurement")
 @click.option("--rounds", default=3, show_default=True)
 @click.option("--workloads", default="cab", show_default=True)
-def main(src, work, samples, rounds, workloads):
+@click.option("--base", default=BASE, show_default=True,
+              help="the commit whose per-sample transforms the base contenders run")
+def main(src, work, samples, rounds, workloads, base):
     from shardpack.packer import Options, Recipe, pack
     torch.set_num_threads(1)  # as in DataLoader workers: the loaders' own parallelism is compared
     machine = harness.Machine()
@@ -138,6 +167,7 @@ def main(src, work, samples, rounds, workloads):
     if not (out / "manifest.json").exists():
         pack(src, out, Recipe(size=256), Options(fmt="npy", progress=False, overwrite=True))
     np.asarray(ShardDataset(out).reader.read_batch(np.arange(len(ShardDataset(out)))))  # page cache
+    base_module = base_transforms(base, work)
     peer = None
     if os.environ.get("FFCV_PYTHON"):
         try:
@@ -147,7 +177,7 @@ def main(src, work, samples, rounds, workloads):
     else:
         print("FFCV: not measured (set FFCV_PYTHON to a python with ffcv, e.g. /work/venv-ffcv/bin/python)")
     for workload in workloads:
-        found = contenders(out, workload, samples)
+        found = contenders(out, workload, samples, base_module)
         if peer is not None:
             found.update(ffcv_contenders(workload))
         rates: dict[str, list] = {name: [] for name in found}
