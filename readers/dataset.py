@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import functools
 import operator
 import os
-import threading
 import warnings
 from collections.abc import Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, get_worker_info
+from torch.utils.data import Dataset
 
 from . import diskio, integrity, system
+from . import rows as row_pool
 from .draws import SampleDraws, sample_keys
 from .encoding import encoding_of
 from .formats import open_reader
@@ -21,7 +20,6 @@ from .formats.base import check_out
 from .manifest import COLUMNS, INDEX_DIR, Index, ShardFormatError, load_manifest, read_splits, split_root
 from .objects import is_url, open_url
 from .objects import sizes as objects_sizes
-from .rows import row_threads
 from .samples import Buffers, batch_buffer, rows_of, rows_of_images
 
 _warned: set = set()  # roots already warned about in this process (workers never construct)
@@ -234,7 +232,7 @@ class ShardDataset(Dataset):
         """``batch_transform`` on ``x`` (B, 3, H, W) with the keyed draws of samples ``idx``; its
         per-image loops on the usable CPUs in a stock DataLoader's main process (readers/rows.py:
         the same bytes as on one thread), on one thread in workers and loader threads."""
-        with row_threads(_row_threads()):
+        with row_pool.row_threads(row_pool.threads_here()):
             return self.batch_transform(x, generator=self._draws(idx))
 
     def _draws(self, idx) -> SampleDraws:
@@ -356,20 +354,6 @@ class ShardDataset(Dataset):
         m = self.manifest
         return (f"ShardDataset({self.url or str(self.root)!r}: {m['format']}, {len(self)} samples, "
                 f"{len(self.classes)} classes, shape {m.get('shape') or 'variable'})")
-
-
-def _row_threads() -> int:
-    """Threads for a batch transform's per-image loops here: the usable CPUs in a stock
-    DataLoader's main process, 1 in a DataLoader worker (one batch per worker already) and in a
-    thread of shardpack's own (make_loader's loader threads, the row pool)."""
-    if get_worker_info() is not None or threading.current_thread().name.startswith("shardpack-"):
-        return 1
-    return _usable_cpus(os.getpid())
-
-
-@functools.lru_cache(maxsize=4)
-def _usable_cpus(pid: int) -> int:
-    return system.usable_cpus()  # ~0.2 ms (cgroup files): once per process
 
 
 class BatchRead:

@@ -15,11 +15,16 @@ nesting would oversubscribe the CPUs).
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+
+from torch.utils.data import get_worker_info
+
+from . import system
 
 _local = threading.local()
 _pool: ThreadPoolExecutor | None = None
@@ -63,11 +68,25 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 
+def threads_here() -> int:
+    """Threads for a batch transform's per-image loops in this thread: the usable CPUs in a stock
+    DataLoader's main process, 1 in a DataLoader worker (one batch per worker already) and in a
+    thread of shardpack's own (make_loader's loader threads, this pool)."""
+    if get_worker_info() is not None or threading.current_thread().name.startswith("shardpack-"):
+        return 1
+    return _usable_cpus(os.getpid())
+
+
+@functools.lru_cache(maxsize=4)
+def _usable_cpus(pid: int) -> int:
+    return system.usable_cpus()  # ~0.2 ms (cgroup files): once per process
+
+
 def for_each_row(n: int, fn: Callable[[int], object]) -> None:
     """Call ``fn(k)`` for k in 0..n-1: in order in this thread, or, inside :func:`row_threads`,
     in interleaved shares (k, k + t, k + 2t, ...) on t threads, this one running the first. ``fn``
     must write only what image k owns. The first error raised (by share order) is re-raised once
-    every share has ended."""
+    every share has ended. Fewer than MIN_ROWS calls run in this thread."""
     threads = min(getattr(_local, "threads", 1), n)
     if threads <= 1 or n < MIN_ROWS:
         for k in range(n):

@@ -12,7 +12,6 @@ from torch.utils.data import DataLoader
 import helpers
 from helpers import make_tree
 from shardpack.readers import ShardDataset
-from shardpack.readers import dataset as dataset_mod
 from shardpack.readers import rows
 from shardpack.readers.draws import SampleDraws, sample_keys
 from shardpack.readers.loading import make_loader
@@ -89,9 +88,9 @@ def _loaded(ds, workers):
 def test_stock_loader_batch_transform_bytes_match_on_one_thread_many_and_in_workers(packed, monkeypatch):
     ds = ShardDataset(packed, batch_transform=Compose([RandomResizedCrop(16), RandomHorizontalFlip(inplace=True)]),
                       seed=11)
-    monkeypatch.setattr(dataset_mod, "_row_threads", lambda: 1)
+    monkeypatch.setattr(rows, "threads_here", lambda: 1)
     serial, labels = _loaded(ds, 0)
-    monkeypatch.setattr(dataset_mod, "_row_threads", lambda: 4)
+    monkeypatch.setattr(rows, "threads_here", lambda: 4)
     parallel, labels_parallel = _loaded(ds, 0)
     monkeypatch.undo()
     workers, labels_workers = _loaded(ds, 2)
@@ -108,7 +107,7 @@ def threads_seen(x, generator=None):
 
 
 def test_row_threads_are_on_in_the_main_process_only(packed, monkeypatch):
-    monkeypatch.setattr(dataset_mod, "_usable_cpus", lambda pid: 3)
+    monkeypatch.setattr(rows, "_usable_cpus", lambda pid: 3)
     ds = ShardDataset(packed, batch_transform=threads_seen, seed=0)
     main, _ = _loaded(ds, 0)
     in_workers, _ = _loaded(ds, 2)
