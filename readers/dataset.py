@@ -12,6 +12,7 @@ import torch
 from torch.utils.data import Dataset
 
 from . import diskio, integrity, system
+from . import rows as row_pool
 from .draws import SampleDraws, sample_keys
 from .encoding import encoding_of
 from .formats import open_reader
@@ -20,7 +21,7 @@ from .manifest import COLUMNS, INDEX_DIR, Index, ShardFormatError, load_manifest
 from .mirror import open_url
 from .mirror import sizes as objects_sizes
 from .objects import is_url
-from .samples import Buffers, batch_buffer, rows_of
+from .samples import Buffers, batch_buffer, rows_of, rows_of_images
 
 _warned: set = set()  # roots already warned about in this process (workers never construct)
 
@@ -221,12 +222,19 @@ class ShardDataset(Dataset):
         x = hwc.permute(0, 3, 1, 2)
         if self.transform is None:
             if self.batch_transform is not None:
-                x = self.batch_transform(x, generator=self._draws(idx))
+                x = self._batch_transformed(x, idx)
             return rows_of(x)
         imgs = [self.transform(im) for im in x]
         if self.batch_transform is None:
             return imgs
-        return rows_of(self.batch_transform(torch.stack(imgs), generator=self._draws(idx)))
+        return rows_of(self._batch_transformed(torch.stack(imgs), idx))
+
+    def _batch_transformed(self, x: torch.Tensor, idx) -> torch.Tensor:
+        """``batch_transform`` on ``x`` (B, 3, H, W) with the keyed draws of samples ``idx``; its
+        per-image loops on the usable CPUs in a stock DataLoader's main process (readers/rows.py:
+        the same bytes as on one thread), on one thread in workers and loader threads."""
+        with row_pool.row_threads(row_pool.threads_here()):
+            return self.batch_transform(x, generator=self._draws(idx))
 
     def _draws(self, idx) -> SampleDraws:
         return SampleDraws(sample_keys(self.seed, self.epoch, idx))
@@ -319,7 +327,10 @@ class ShardDataset(Dataset):
         are views of that batch (or of ``batch_transform``'s output) in the order of ``indices``,
         and ``torch.stack`` of all of them in order (what default collate does) returns the batch
         itself without copying: (B, 3, H, W) channels_last, as ``make_loader`` gives. A
-        ``transform`` runs per sample on views of a sorted read, as before.
+        ``transform`` runs per sample on views of a sorted read, as before; when its outputs are
+        uint8 (C, H, W) tensors of one shape they are copied into one batch (in the first one's
+        memory format: plain copies) and handed out as its rows, so default collate stacks them
+        without the transposing copy (``readers.samples.rows_of_images``).
         """
         if self.reader.shape is None:
             return [self[i] for i in indices]
@@ -335,7 +346,10 @@ class ShardDataset(Dataset):
             return list(zip(self._images(hwc, idx), labels))
         hwc, rows = self._read_sorted(idx)
         imgs = self._images(torch.from_numpy(hwc), np.sort(idx, kind="stable"))
-        return [(imgs[r], label) for r, label in zip(rows.tolist(), labels)]
+        imgs = [imgs[r] for r in rows.tolist()]
+        if self.batch_transform is None:
+            imgs = rows_of_images(imgs, self._buffers)
+        return list(zip(imgs, labels))
 
     def __repr__(self):
         m = self.manifest

@@ -101,3 +101,27 @@ def _whole_batch(tensors, dim) -> torch.Tensor | None:
         shared.copy_(batch)
         return shared
     return batch
+
+
+def rows_of_images(imgs: list, buffers: Buffers | None = None) -> list:
+    """Per-sample outputs ``imgs`` as the :class:`BatchRow` rows of one uint8 (B, C, H, W) batch
+    (:func:`batch_buffer`: shared memory in a DataLoader worker) when they are plain uint8
+    (C, H, W) CPU tensors of one shape, each copied into its row; the batch has the first
+    one's memory format (channels_last when its channels are innermost, as shardpack's crops
+    of ShardDataset samples give), so the copies are plain and default collate's stack returns
+    the batch itself instead of a transposing copy. Anything else is returned as it is."""
+    first = imgs[0] if imgs else None
+    if (type(first) is not torch.Tensor or first.dtype != torch.uint8 or first.ndim != 3
+            or first.device.type != "cpu" or first.requires_grad):
+        return imgs
+    for t in imgs:
+        if type(t) is not torch.Tensor or t.shape != first.shape or t.dtype != first.dtype or t.device != first.device:
+            return imgs
+    c, h, w = first.shape
+    if first.stride(0) == 1 and c > 1:  # channels innermost: an HWC batch seen as CHW
+        batch = batch_buffer((len(imgs), h, w, c), buffers).permute(0, 3, 1, 2)
+    else:
+        batch = batch_buffer((len(imgs), c, h, w), buffers)
+    for k, t in enumerate(imgs):
+        batch[k] = t
+    return rows_of(batch)

@@ -40,10 +40,9 @@ import torch
 import torch.nn.functional as F
 
 from . import transform_checks as checks
+from .crop_boxes import TRIES, box_of_one, crop_of_one, crop_params, resized_crop_params  # noqa: F401 (public here)
 from .draws import uniform
-
-TRIES = 10  # torchvision's RandomResizedCrop tries before the fallback
-
+from .rows import for_each_row
 
 def _pair(size) -> tuple[int, int]:
     """A transform's ``size`` (an int, or (h, w) / [s] as torchvision takes) as (h, w); ValueError
@@ -57,59 +56,6 @@ def _pair(size) -> tuple[int, int]:
     if min(pair) < 1:
         raise ValueError(f"size must be at least 1 pixel, got {size!r}")
     return pair
-
-
-def resized_crop_params(height, width, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), generator=None):
-    """RandomResizedCrop boxes for B images, as torchvision's ``RandomResizedCrop.get_params``.
-
-    ``height``, ``width``: int tensors or sequences (B,) of image sizes in pixels. Returns
-    int64 tensors ``(top, left, h, w)``, each (B,). Per image: up to 10 tries of area fraction
-    ``U(scale)`` and aspect ratio ``exp(U(log ratio))`` (uniforms drawn in float32 as torchvision
-    does); the first box that fits is placed uniformly (``randint(0, H - h + 1)``); if none fits,
-    the central crop of the whole image clamped to ``ratio``. Raises ValueError unless ``scale``
-    and ``ratio`` are (lo, hi) with 0 < lo <= hi (torchvision warns on some of these; we refuse;
-    a scale above 1 is left to the fallback here, refused by the transforms when made).
-    """
-    scale, ratio = checks.crop_range("", "scale", scale), checks.crop_range("", "ratio", ratio)
-    height = torch.as_tensor(height, dtype=torch.int64).reshape(-1)
-    width = torch.as_tensor(width, dtype=torch.int64).reshape(-1)
-    n = len(height)
-    area = (height * width).double()[:, None]
-    log_ratio = torch.log(torch.tensor(ratio))
-    u = uniform((n, TRIES, 2), generator)  # float32, as torch.empty(1).uniform_()
-    target = area * (scale[0] + (scale[1] - scale[0]) * u[..., 0]).double()
-    aspect = torch.exp(log_ratio[0] + (log_ratio[1] - log_ratio[0]) * u[..., 1]).double()
-    w = torch.round(torch.sqrt(target * aspect)).long()
-    h = torch.round(torch.sqrt(target / aspect)).long()
-    ok = (w > 0) & (w <= width[:, None]) & (h > 0) & (h <= height[:, None])
-    first = ok.int().argmax(1, keepdim=True)  # index of the first valid try (0 when none)
-    w, h, found = w.gather(1, first)[:, 0], h.gather(1, first)[:, 0], ok.any(1)
-
-    # torchvision's fallback: the whole image, cropped centrally to the nearest allowed ratio
-    in_ratio = width.double() / height.double()
-    fw = torch.where(in_ratio > max(ratio), torch.round(height.double() * max(ratio)).long(), width)
-    fh = torch.where(in_ratio < min(ratio), torch.round(width.double() / min(ratio)).long(), height)
-    w, h = torch.where(found, w, fw), torch.where(found, h, fh)
-
-    pos = uniform((n, 2), generator, torch.float64)
-    top = torch.where(found, (pos[:, 0] * (height - h + 1)).long(), (height - h) // 2)
-    left = torch.where(found, (pos[:, 1] * (width - w + 1)).long(), (width - w) // 2)
-    return top, left, h, w
-
-
-def crop_params(height, width, size, generator=None):
-    """RandomCrop boxes for B images of (height, width) (int tensors (B,)) and crop ``size``
-    (th, tw), as torchvision's ``RandomCrop.get_params``: top ``randint(0, H - th + 1)``, left
-    ``randint(0, W - tw + 1)``. Returns int64 tensors (top, left), each (B,). Raises ValueError
-    naming both sizes when an image is smaller than the crop."""
-    th, tw = size
-    height = torch.as_tensor(height, dtype=torch.int64).reshape(-1)
-    width = torch.as_tensor(width, dtype=torch.int64).reshape(-1)
-    if (height < th).any() or (width < tw).any():
-        raise ValueError(f"crop size {(th, tw)} is larger than an input image "
-                         f"({int(height.min())}x{int(width.min())}); pass padding or pad_if_needed")
-    pos = uniform((len(height), 2), generator, torch.float64)
-    return (pos[:, 0] * (height - th + 1)).long(), (pos[:, 1] * (width - tw + 1)).long()
 
 
 class _Transform:
@@ -131,7 +77,7 @@ class _Transform:
                             f"got {_kind(img)}")
         checks.check_layout(type(self).__name__, img.shape, is_numpy)
         single = x.ndim == 3
-        out = self._batch(x[None] if single else x, generator)
+        out = self._batch(_batch_of_one(x) if single else x, generator)
         out = out[0] if single else out
         return np.ascontiguousarray(out.movedim(-3, -1).numpy()) if is_numpy else out
 
@@ -164,11 +110,16 @@ def _sizes(images) -> tuple[torch.Tensor, torch.Tensor]:
             torch.tensor([im.shape[-1] for im in images], dtype=torch.int64))
 
 
+def _channels_last(x: torch.Tensor) -> bool:
+    """Whether batch x is channels_last (and not also standard-contiguous)."""
+    return x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+
+
 def _empty_like(x: torch.Tensor, h: int, w: int, b: int | None = None) -> torch.Tensor:
     """A (b, C, h, w) uint8 tensor (b: len(x) by default) in x's memory format (channels_last
     stays channels_last)."""
     b, c = len(x) if b is None else b, x.shape[1]
-    if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
+    if _channels_last(x):
         return torch.empty((b, h, w, c), dtype=x.dtype, device=x.device).permute(0, 3, 1, 2)
     return torch.empty((b, c, h, w), dtype=x.dtype, device=x.device)
 
@@ -186,6 +137,18 @@ def _crop(x: torch.Tensor, top, left, h: int, w: int) -> torch.Tensor:
     return _crop_into(x, top, left, _empty_like(x, h, w))
 
 
+def _rows(box) -> list[tuple[int, int, int, int]]:
+    """(top, left, h, w) tensors (B,) as B tuples of ints."""
+    return list(zip(*(v.tolist() for v in box)))
+
+
+def _batch_of_one(x: torch.Tensor) -> torch.Tensor:
+    """x (C, H, W) as a batch of one whose batch stride is the image's size: ``x[None]`` of a
+    channels_last view has batch stride C, which hides channels_last from ``interpolate`` (its
+    slower path, then a transposing copy; the pixels are the same)."""
+    return x.as_strided((1, *x.shape), (x.numel(), *x.stride()))
+
+
 def _one(images, k: int) -> torch.Tensor:
     """Image k of ``images`` (a batch or a list) as a batch of one, in its memory format: its
     batch stride is the image's size (``unsqueeze`` would give a stride that hides channels_last
@@ -199,8 +162,11 @@ def _one(images, k: int) -> torch.Tensor:
 def _crop_into(images, top, left, out: torch.Tensor) -> torch.Tensor:
     """Crop (top[k], left[k]) of ``images[k]`` (a batch or a list) into ``out[k]``, of out's size."""
     h, w = out.shape[-2:]
-    for k, (t, lf) in enumerate(zip(top.tolist(), left.tolist())):
-        out[k] = images[k][:, t:t + h, lf:lf + w]
+    top, left = top.tolist(), left.tolist()
+
+    def crop(k):
+        out[k] = images[k][:, top[k]:top[k] + h, left[k]:left[k] + w]
+    for_each_row(len(top), crop)
     return out
 
 
@@ -235,24 +201,36 @@ class RandomResizedCrop(_Transform):
 
     def _batch(self, x, generator):
         b, _, height, width = x.shape
-        box = resized_crop_params(torch.full((b,), height), torch.full((b,), width),
-                                  self.scale, self.ratio, generator)
-        return self._resized(x, *box, _empty_like(x, *self.size))
+        if b == 1:  # one image: the same box, drawn without tensor arithmetic
+            rows = [box_of_one(height, width, self.scale, self.ratio, generator)]
+            t, lf, hh, ww = rows[0]
+            if (hh, ww) != self.size:  # interpolate's own output when it has the layout out would have
+                y = F.interpolate(x[:, :, t:t + hh, lf:lf + ww], size=self.size, mode=self.interpolation,
+                                  antialias=self.antialias)
+                if _channels_last(y) == _channels_last(x):
+                    return y
+        else:
+            rows = _rows(resized_crop_params(torch.full((b,), height), torch.full((b,), width),
+                                             self.scale, self.ratio, generator))
+        return self._resized(x, rows, _empty_like(x, *self.size))
 
     def _images(self, images, generator):
         box = resized_crop_params(*_sizes(images), self.scale, self.ratio, generator)
-        return self._resized(images, *box, _stacked_like(images, *self.size))
+        return self._resized(images, _rows(box), _stacked_like(images, *self.size))
 
-    def _resized(self, images, top, left, h, w, out):
-        """Box k of ``images[k]`` (a batch or a list) resized into ``out[k]``; returns ``out``."""
-        rows = zip(top.tolist(), left.tolist(), h.tolist(), w.tolist())
-        for k, (t, lf, hh, ww) in enumerate(rows):
+    def _resized(self, images, rows: list, out):
+        """Box ``rows[k]`` (top, left, h, w) of ``images[k]`` (a batch or a list) resized into
+        ``out[k]``; returns ``out``."""
+
+        def resize(k):
+            t, lf, hh, ww = rows[k]
             box = _one(images, k)[:, :, t:t + hh, lf:lf + ww]
             if (hh, ww) == self.size:
                 out[k] = box[0]
             else:
                 out[k] = F.interpolate(box, size=self.size, mode=self.interpolation,
                                        antialias=self.antialias)[0]
+        for_each_row(len(rows), resize)
         return out
 
 
@@ -286,6 +264,9 @@ class RandomCrop(_Transform):
     def _batch(self, x, generator):
         x = self._padded(x)
         b, _, height, width = x.shape
+        if b == 1:  # one image: the same box, drawn without tensor arithmetic
+            top, left = crop_of_one(height, width, self.size, generator)
+            return x[:, :, top:top + self.size[0], left:left + self.size[1]]
         top, left = crop_params(torch.full((b,), height), torch.full((b,), width), self.size, generator)
         return _crop(x, top, left, *self.size)
 
@@ -337,8 +318,11 @@ class RandomHorizontalFlip(_Transform):
         if len(x) == 1 and not self.inplace:
             return x.flip(-1) if flip[0] else x
         out = x if self.inplace else x.clone()
-        for k in (k for k, f in enumerate(flip) if f):
-            out[k] = x[k].flip(-1)
+        flipped = [k for k, f in enumerate(flip) if f]
+
+        def mirror(j):
+            out[flipped[j]] = x[flipped[j]].flip(-1)
+        for_each_row(len(flipped), mirror)
         return out
 
     def _images(self, images, generator):

@@ -23,7 +23,8 @@ processes are the parallelism being compared. The measuring code lives in reader
 ``--against REV`` measures instead the readers of git revision REV (checked out in a temporary
 git worktree and imported beside this checkout's as ``shardpack_old``) against this checkout's,
 on the same packed data in the page cache, in rounds that alternate which goes first: per format,
-plain uint8 batches through ``make_loader`` (defaults) and RandomCrop(224) + flip batches, and
+plain uint8 batches through ``make_loader`` (defaults), RandomCrop(224) + flip and
+RandomResizedCrop(224) + flip batches (each version's own transforms), and
 the median ratio new/old with its spread (flagged where the rounds spread by more than 5 %), and
 each one's ratio to the memcpy bound measured in the same rounds (the better of 1 and all usable
 CPUs' threads, per round); ``--formats`` picks the formats::
@@ -205,10 +206,17 @@ def load_old(rev: str, where: Path):
     return module
 
 
-def _pass(ds, make, workload, samples) -> float:
-    """Samples/s of one pass of ``samples`` random samples through ``make`` (a make_loader),
-    the first two batches not timed."""
-    loader = make(ds, BATCH, seed=0, batch_transform=WORKLOADS[workload][1](), sampler=sampler(ds, samples))
+def _transform(workload: str, t):
+    """The batch transform of ``workload`` made of ``t``'s classes (a transforms module: each
+    version's own, whose draws take its own loader's keyed generator)."""
+    crop = {"a": lambda: t.RandomCrop(224), "b": lambda: t.RandomResizedCrop(224)}.get(workload)
+    return None if crop is None else t.Compose([crop(), t.RandomHorizontalFlip(inplace=True)])
+
+
+def _pass(ds, make, workload, samples, t) -> float:
+    """Samples/s of one pass of ``samples`` random samples through ``make`` (a make_loader) with
+    ``workload``'s batch transform from transforms module ``t``, the first two batches not timed."""
+    loader = make(ds, BATCH, seed=0, batch_transform=_transform(workload, t), sampler=sampler(ds, samples))
     n, t = 0, None
     for k, (imgs, _) in enumerate(loader):
         if k == 1:
@@ -233,18 +241,20 @@ def compare(args, rev):
         load_old(rev, tmp / "tree")  # imported as shardpack_old
         from shardpack import readers as new_readers
         # imported by name: shardpack's lazy __init__ has no `readers` attribute until it is imported
+        from shardpack.readers import transforms as new_transforms
         versions = {"old": (importlib.import_module("shardpack_old.readers"),
-                            importlib.import_module("shardpack_old.readers.loading").make_loader),
-                    "new": (new_readers, make_loader)}
+                            importlib.import_module("shardpack_old.readers.loading").make_loader,
+                            importlib.import_module("shardpack_old.readers.transforms")),
+                    "new": (new_readers, make_loader, new_transforms)}
         print(f"old: {rev} ({_rev(rev)}) from {tmp / 'tree'}; new: this checkout ({_rev('HEAD')} + working tree)")
         rows = []
         for fmt in args.formats:
-            for workload in ("c", "a"):
+            for workload in ("c", "a", "b"):
                 contenders = {}
-                for name, (mod, make) in versions.items():
+                for name, (mod, make, t) in versions.items():
                     ds = mod.ShardDataset(packed[fmt])
-                    contenders[name] = (lambda ds=ds, make=make, workload=workload:
-                                        _pass(ds, make, workload, args.samples))
+                    contenders[name] = (lambda ds=ds, make=make, workload=workload, t=t:
+                                        _pass(ds, make, workload, args.samples, t))
                 contenders["bound"] = lambda: _bound(images, args.samples)
                 got = harness.rounds(contenders, args.repeats)
                 r, spread = harness.ratio(got["new"], got["old"])

@@ -12,13 +12,23 @@ plain uint8 batches, (a) RandomCrop(224) + flip, (b) RandomResizedCrop(224) + fl
 ``batch_transform=`` (this branch: once per batch in ``__getitems__``, keyed draws), through a
 per-sample ``transform=`` (the tutorial way; the base commit has only that), and make_loader's
 ``batch_transform`` in its auto mode. Medians of the rounds, and per-round ratios (median
-[min-max]) to make_loader and to the base commit's per-sample path at the same num_workers.
+[min-max]) to make_loader and to the base commit's per-sample path at the same num_workers
+(``--base``, 052f441: its ``__getitems__`` and its own readers/transforms.py, loaded beside ours).
+
+With ``FFCV_PYTHON`` naming a python that has ffcv (its own venv, never the project's; FFCV 1.0.2
+builds on Debian 12 with apt's libturbojpeg0-dev libopencv-dev pkg-config, then ``pip install
+torch==2.13.0 pillow ffcv``), FFCV's loader joins the rounds (scripts/ffcv_peer.py, kept running
+in that python, interleaved like the others) on .betons of the same 256 px pixels: raw on (b)
+and (c), JPEG q90 on (b), at 1 and 2 threads (FFCV has no plain random crop: no (a)).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import statistics
+import subprocess
+import types
 from pathlib import Path
 
 import click
@@ -36,17 +46,40 @@ from shardpack.readers.loading import make_loader  # noqa: E402
 from shardpack.readers.transforms import Compose, RandomCrop, RandomHorizontalFlip, RandomResizedCrop  # noqa: E402
 
 BATCH = 64
+BASE = "052f441"  # issue 26's pre-change commit
+OURS = types.SimpleNamespace(Compose=Compose, RandomCrop=RandomCrop, RandomHorizontalFlip=RandomHorizontalFlip,
+                             RandomResizedCrop=RandomResizedCrop)
 WORKLOADS = {
-    "c": ("plain uint8 batches", lambda: None),
-    "a": ("RandomCrop(224) + flip", lambda: Compose([RandomCrop(224), RandomHorizontalFlip(inplace=True)])),
+    "c": ("plain uint8 batches", lambda t=OURS: None),
+    "a": ("RandomCrop(224) + flip",
+          lambda t=OURS: t.Compose([t.RandomCrop(224), t.RandomHorizontalFlip(inplace=True)])),
     "b": ("RandomResizedCrop(224) + flip",
-          lambda: Compose([RandomResizedCrop(224), RandomHorizontalFlip(inplace=True)])),
+          lambda t=OURS: t.Compose([t.RandomResizedCrop(224), t.RandomHorizontalFlip(inplace=True)])),
 }
+
+
+def base_transforms(rev: str, work: Path):
+    """readers/transforms.py of commit ``rev`` (a standalone module there), loaded beside ours: the
+    base contenders' per-sample transform is the base commit's code, not this checkout's."""
+    path = work / f"transforms-{rev}.py"
+    if not path.exists():
+        text = subprocess.run(["git", "-C", str(harness.REPO), "show", f"{rev}:readers/transforms.py"],
+                              capture_output=True, check=True).stdout
+        path.write_bytes(text)
+    spec = importlib.util.spec_from_file_location(f"transforms_{rev}", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except ImportError as err:
+        raise SystemExit(f"bench_stock: {rev}'s readers/transforms.py does not load on its own ({err}); "
+                         f"pass --base an older commit") from None
+    return module
 
 
 class BaseDataset(ShardDataset):
     """The base commit's (052f441) ``__getitems__``: channels_last views of the (B, H, W, 3) read,
-    which default collate stacks with a transposing copy; ``transform`` per sample."""
+    which default collate stacks with a transposing copy; ``transform`` per sample (the base
+    contenders give it the base commit's transforms, :func:`base_transforms`)."""
 
     def __getitems__(self, indices):
         idx = self._indices(indices)
@@ -57,8 +90,8 @@ class BaseDataset(ShardDataset):
         return [(t(chw[r]), label) for r, label in zip(rows.tolist(), labels)]
 
 
-def contenders(out: Path, workload: str, samples: int) -> dict:
-    """name -> function() -> loader."""
+def contenders(out: Path, workload: str, samples: int, base) -> dict:
+    """name -> function() -> loader; ``base``: the base commit's transforms module."""
     make = WORKLOADS[workload][1]
 
     def sampler(ds):
@@ -82,8 +115,36 @@ def contenders(out: Path, workload: str, samples: int) -> dict:
         else:
             found[f"stock batch_transform w{w}"] = stock(ShardDataset, w, batch_transform=make(), seed=0)
             found[f"stock per-sample w{w}"] = stock(ShardDataset, w, transform=make())
-            found[f"base stock per-sample w{w}"] = stock(BaseDataset, w, transform=make())
+            found[f"base stock per-sample w{w}"] = stock(BaseDataset, w, transform=make(base))
     return found
+
+
+class FfcvPeer:
+    """scripts/ffcv_peer.py in ``python``, serving FFCV timings: ``rate(kind, workload, workers, n)``."""
+
+    def __init__(self, python: str, out: Path, work: Path):
+        import subprocess
+        work.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen([python, str(Path(__file__).with_name("ffcv_peer.py")), str(out), str(work)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True)
+        if self.proc.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"FFCV did not start in {python} (run scripts/ffcv_peer.py there to see why)")
+
+    def rate(self, kind: str, workload: str, workers: int, samples: int) -> float:
+        self.proc.stdin.write(f"{kind} {workload} {workers} {samples}\n")
+        self.proc.stdin.flush()
+        return float(self.proc.stdout.readline())
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def ffcv_contenders(workload: str) -> dict:
+    """name -> (kind, workload, workers) for the FFCV peer."""
+    kinds = {"b": ("raw", "jpg"), "c": ("raw",)}.get(workload, ())
+    return {f"FFCV {kind} w{w}": (kind, workload, w) for kind in kinds for w in (1, 2)}
 
 
 def spread(values) -> str:
@@ -96,7 +157,9 @@ def spread(values) -> str:
 @click.option("--samples", default=1280, show_default=True, help="samples timed per measurement")
 @click.option("--rounds", default=3, show_default=True)
 @click.option("--workloads", default="cab", show_default=True)
-def main(src, work, samples, rounds, workloads):
+@click.option("--base", default=BASE, show_default=True,
+              help="the commit whose per-sample transforms the base contenders run")
+def main(src, work, samples, rounds, workloads, base):
     from shardpack.packer import Options, Recipe, pack
     torch.set_num_threads(1)  # as in DataLoader workers: the loaders' own parallelism is compared
     machine = harness.Machine()
@@ -104,13 +167,27 @@ def main(src, work, samples, rounds, workloads):
     if not (out / "manifest.json").exists():
         pack(src, out, Recipe(size=256), Options(fmt="npy", progress=False, overwrite=True))
     np.asarray(ShardDataset(out).reader.read_batch(np.arange(len(ShardDataset(out)))))  # page cache
+    base_module = base_transforms(base, work)
+    peer = None
+    if os.environ.get("FFCV_PYTHON"):
+        try:
+            peer = FfcvPeer(os.environ["FFCV_PYTHON"], out, work / "ffcv")
+        except (OSError, RuntimeError) as err:
+            print(f"FFCV: not measured ({err})")
+    else:
+        print("FFCV: not measured (set FFCV_PYTHON to a python with ffcv, e.g. /work/venv-ffcv/bin/python)")
     for workload in workloads:
-        found = contenders(out, workload, samples)
+        found = contenders(out, workload, samples, base_module)
+        if peer is not None:
+            found.update(ffcv_contenders(workload))
         rates: dict[str, list] = {name: [] for name in found}
         loads: dict[str, list] = {name: [] for name in found}
         for r in range(rounds):
             for name in (list(found) if r % 2 == 0 else list(found)[::-1]):
-                rates[name].append(time_pass(found[name](), warmup=2).rate)
+                if isinstance(found[name], tuple):
+                    rates[name].append(peer.rate(*found[name], samples))
+                else:
+                    rates[name].append(time_pass(found[name](), warmup=2).rate)
                 loads[name].append(os.getloadavg()[0])
         print(f"\n({workload}) {WORKLOADS[workload][0]}: median samples/s of {rounds} rounds, "
               "x = per-round ratio to make_loader, median [min-max]; load = 1-min load average per round")
@@ -119,9 +196,11 @@ def main(src, work, samples, rounds, workloads):
             line = (f"  {name:30s} {statistics.median(rates[name]):8.0f}  x {spread(ratio)}"
                     f"  load {'/'.join(f'{v:.1f}' for v in loads[name])}")
             base = name.replace("stock", "base stock", 1).replace("batch_transform", "per-sample")
-            if not name.startswith("base") and base in found:
+            if not name.startswith("base") and base != name and base in found:
                 line += f"  vs {base}: {spread([a / b for a, b in zip(rates[name], rates[base])])}"
             print(line, flush=True)
+    if peer is not None:
+        peer.close()
     harness.finish(machine)
 
 
