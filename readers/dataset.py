@@ -17,6 +17,7 @@ from .encoding import encoding_of
 from .formats import open_reader
 from .formats.base import check_out
 from .manifest import COLUMNS, INDEX_DIR, Index, ShardFormatError, load_manifest, read_splits, split_root
+from .blockcache import attach as attach_cache
 from .objects import is_url, open_url
 from .objects import sizes as objects_sizes
 from .samples import Buffers, batch_buffer, rows_of
@@ -93,7 +94,13 @@ class ShardDataset(Dataset):
     folder, ``url`` the URL), its pixels read by ranged GETs with many in flight
     (readers/objects.py); credentials and endpoint from the standard ``AWS_*`` variables
     (``AWS_ENDPOINT_URL`` for S3-compatible stores) or ``storage_options`` (obstore's S3Store
-    keywords). Errors then name the URL. For a splits root (packed from SRC/train, SRC/val, ...) pass
+    keywords; requests retry 4 times with backoff within 20 s unless ``retry_config`` says
+    otherwise). The pixels read are kept in a node-local block cache shared by workers and jobs
+    (readers/blockcache.py, docs/cache.md): ``cache_dir`` (default ``$SHARDPACK_CACHE``, else
+    ``~/.cache/shardpack``; False: none) of at most ``cache_limit`` bytes (an int or a size such
+    as ``"50GB"``; default the cache filesystem's free space less 10 %; 0: none); opening warns
+    (RuntimeWarning) whether the cache holds all the pixels or every epoch fetches part of them.
+    Errors then name the URL. For a splits root (packed from SRC/train, SRC/val, ...) pass
     ``split="val"`` or open ``path/val`` directly. All splits share one class list.
 
     Opening checks the manifest against its digest (``manifest.xxh3``) and every small file
@@ -116,7 +123,8 @@ class ShardDataset(Dataset):
 
     def __init__(self, path: str | os.PathLike, transform=None, target_transform=None, *,
                  split: str | None = None, check_reads: bool = False, batch_transform=None,
-                 seed: int | None = None, storage_options: dict | None = None):
+                 seed: int | None = None, storage_options: dict | None = None, cache_dir=None,
+                 cache_limit: int | str | None = None):
         self.url, objects = None, None
         if is_url(path):  # an output in object storage: its small files mirrored, its pixels read by range
             if split is not None:
@@ -124,8 +132,13 @@ class ShardDataset(Dataset):
                                        f"{path.rstrip('/')}/<split folder> itself")
             self.url = path.rstrip("/")
             path, objects = open_url(path, storage_options)
-        elif storage_options is not None:
-            raise ValueError(f"storage_options= is for s3:// URLs; {path} is a local path")
+            attach_cache(objects, cache_dir, cache_limit)  # readers/blockcache.py; warns which case
+        else:
+            given = [k for k, v in (("storage_options", storage_options), ("cache_dir", cache_dir),
+                                    ("cache_limit", cache_limit)) if v is not None]
+            if given:
+                raise ValueError(f"{'= and '.join(given)}= {'is' if len(given) == 1 else 'are'} for s3:// URLs; "
+                                 f"{path} is a local path")
         self.root = split_root(path, split)
         self.split = split
         if split is not None:  # the splits root's own manifest (which folder is which split)
