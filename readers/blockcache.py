@@ -64,6 +64,13 @@ def _size_text(n: float) -> str:
     return size_text(n)
 
 
+class _Flight:
+    """A chunk being fetched by one thread: ``done`` once it landed, ``data`` its bytes (None: failed)."""
+
+    def __init__(self):
+        self.done, self.data = threading.Event(), None
+
+
 class BlockCache:
     """A block cache folder ``root`` of at most ``limit`` bytes (see the module's docstring).
     Picklable (a path and numbers; each process opens its own files). ``fetched`` / ``hits``:
@@ -83,6 +90,7 @@ class BlockCache:
     def _reset(self):
         self._lock, self._pid = threading.Lock(), os.getpid()
         self._off, self._written, self._threshold, self._touched, self._checked = None, 0, None, {}, {}
+        self._flights: dict[tuple[str, int], _Flight] = {}  # chunks being fetched by this process's threads
         self.fetched = self.hits = 0
 
     def __getstate__(self):
@@ -119,18 +127,67 @@ class BlockCache:
         self._touch(oid, file)
         if not missing:
             self._revalidate(oid, file)
-        for a, z in _runs(missing):
-            start, stop = a * self.chunk, min(z * self.chunk, file.size)
-            got = file.pread(start, stop - start)
-            if len(got) != stop - start:
-                raise OSError(errno.EIO, f"the store answered {len(got)} of {stop - start} bytes at byte {start}",
-                              file.path)
-            view[start - c0 * self.chunk:stop - c0 * self.chunk] = got
-            self._store(oid, file, a, z, view[start - c0 * self.chunk:])
+        mine, theirs = self._claim(oid, missing)
+        try:
+            if mine:  # another thread may have stored some between the look and the claim
+                again = []
+                for a, z in _runs(mine):
+                    for b in range(a // per, (z - 1) // per + 1):
+                        lo, hi = max(a, b * per), min(z, (b + 1) * per)
+                        again += self._load(oid, file.size, b, lo, hi, view[(lo - c0) * self.chunk:], c0)
+                for c in set(mine) - set(again):
+                    self._flights[(oid, c)].data = view[(c - c0) * self.chunk:(c - c0 + 1) * self.chunk]
+                fetch = again
+            else:
+                fetch = []
+            for a, z in _runs(fetch):
+                start, stop = a * self.chunk, min(z * self.chunk, file.size)
+                got = file.pread(start, stop - start)
+                if len(got) != stop - start:
+                    raise OSError(errno.EIO, f"the store answered {len(got)} of {stop - start} bytes at byte "
+                                             f"{start}", file.path)
+                view[start - c0 * self.chunk:stop - c0 * self.chunk] = got
+                self._store(oid, file, a, z, view[start - c0 * self.chunk:])
+                for c in range(a, z):
+                    self._flights[(oid, c)].data = view[(c - c0) * self.chunk:(c - c0 + 1) * self.chunk]
+        finally:
+            self._land(oid, mine)
+        for c, flight in theirs:  # fetched by another thread of this process meanwhile: its bytes
+            flight.done.wait()
+            at = (c - c0) * self.chunk
+            n = min(self.chunk, file.size - c * self.chunk)
+            if flight.data is not None:
+                view[at:at + n] = flight.data[:n]
+            else:  # its fetch failed: this read asks itself
+                got = file.pread(c * self.chunk, n)
+                if len(got) != n:
+                    raise OSError(errno.EIO, f"the store answered {len(got)} of {n} bytes at byte {c * self.chunk}",
+                                  file.path)
+                view[at:at + n] = got
         with self._lock:
             self.hits += (end - offset) - sum(min(z * self.chunk, file.size) - a * self.chunk
-                                              for a, z in _runs(missing))
+                                              for a, z in _runs(fetch))
         return view[offset - c0 * self.chunk:end - c0 * self.chunk]
+
+    def _claim(self, oid, missing) -> tuple[list, list]:
+        """The ``missing`` chunks this thread fetches, and ``(chunk, _Flight)`` of those another
+        thread of this process is fetching now (so a process fetches a chunk once)."""
+        mine, theirs = [], []
+        with self._lock:
+            for c in missing:
+                flight = self._flights.get((oid, c))
+                if flight is None:
+                    self._flights[(oid, c)] = _Flight()
+                    mine.append(c)
+                else:
+                    theirs.append((c, flight))
+        return mine, theirs
+
+    def _land(self, oid, mine) -> None:
+        with self._lock:
+            flights = [self._flights.pop((oid, c)) for c in mine]
+        for f in flights:
+            f.done.set()
 
     def _path(self, oid: str, b: int) -> Path:
         return self.blocks / oid / str(b // 1024) / f"{b}.blk"
