@@ -51,6 +51,11 @@ def output(tmp_path_factory) -> Path:
     return packed("npy", make_tree(d / "src", {"a": N // 2, "b": N // 2}, sizes=[(128, 128)]), d / "out", size=128)
 
 
+@pytest.fixture(autouse=True)
+def _index_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SHARDPACK_CACHE", str(tmp_path / "index-cache"))  # the mirrors, never ~/.cache
+
+
 def cache_dir(tmp_path, **settings) -> Path:
     d = tmp_path / "blocks"
     d.mkdir()
