@@ -1,0 +1,159 @@
+"""scripts/bench_s3.py's loader measurements over s3:// (``--first``, ``--inflight``, ``--cache``):
+a packed 256 px npy output on a local SeaweedFS (tests/s3server.py), random batches of 64 through
+make_loader(mode="main"), the requests counted by tests/s3proxy.py where it stands between.
+
+- ``--first``: time to the first batch (a fresh dataset, a cold cache) and the bytes fetched
+  before it, for outputs of growing size: flat in the object's size (no whole object waited for);
+  the same loader on the local copy beside it.
+- ``--inflight``: samples/s with 8 vs 32 ranged GETs in flight per process (diskio.THREADS),
+  uncached, through the proxy adding ``--latency-ms`` to every request (a store farther away).
+- ``--cache``: one epoch with no cache, a cold cache (a fresh folder each round), a warm cache,
+  and the local copy; bytes fetched per epoch from the cache's counters.
+
+Rounds interleave the contenders (A B C, then C B A), medians of ``--rounds``, ``os.getloadavg()``
+beside every number, ratios within one run.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # s3server, s3proxy, helpers
+import s3proxy  # noqa: E402
+
+SAMPLE = 196_608
+BUCKET = "bench"
+
+
+def _output(tmp: Path, mb: int, name: str) -> Path:
+    from helpers import make_tree, packed
+    n = max(64, (mb << 20) // SAMPLE // 64 * 64)
+    src = make_tree(tmp / f"src-{name}", {"a": n // 2, "b": n - n // 2}, sizes=[(64, 64)])
+    return packed("npy", src, tmp / f"out-{name}", size=256)
+
+
+def _upload(server, out: Path, prefix: str) -> str:
+    import obstore
+    from obstore.store import S3Store
+    store = S3Store(BUCKET, endpoint=server.endpoint, client_options={"allow_http": True})
+    for f in sorted(p for p in out.rglob("*") if p.is_file()):
+        obstore.put(store, f"{prefix}/{f.relative_to(out).as_posix()}", f.read_bytes())
+    return f"s3://{BUCKET}/{prefix}"
+
+
+def _open(url, **kw):
+    from shardpack import ShardDataset
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return ShardDataset(url, **kw)
+
+
+def _epoch(ds, seed: int) -> int:
+    from shardpack import make_loader
+    n = 0
+    for imgs, _ in make_loader(ds, 64, seed=seed, mode="main"):
+        n += len(imgs)
+    return n
+
+
+def _table(rates: dict, unit: str, base: str | None = None) -> None:
+    base_med = statistics.median(v for v, _ in rates[base]) if base else None
+    for name, got in rates.items():
+        med = statistics.median(v for v, _ in got)
+        ratio = f" {med / base_med:5.2f} of {base}" if base_med else ""
+        each = ", ".join(f"{v:.0f} @ {ld:.2f}" for v, ld in got)
+        print(f"  {name:28s} {med:9.0f} {unit}{ratio}   rounds: {each}")
+
+
+def first_batch(args, server, tmp: Path) -> None:
+    from shardpack import ShardDataset, make_loader
+    proxy = s3proxy.start(server.endpoint)
+    try:
+        print(f"time to the first batch of 64 (random order, cold cache, main mode), median of {args.rounds}; "
+              "bytes and GETs of images.npy fetched before it (the proxy's count)")
+        for mb in args.sizes:
+            out = _output(tmp, mb, f"first{mb}")
+            url = _upload(server, out, f"first/{mb}")
+            times: dict[str, list] = {"s3:// cold cache": [], "local copy": []}
+            counts = []
+            for r in range(args.rounds):
+                for name in (list(times) if r % 2 == 0 else list(times)[::-1]):
+                    os.environ["SHARDPACK_CACHE"] = str(tmp / f"idx-{mb}-{r}-{name[:2]}")
+                    t = time.perf_counter()
+                    if name == "local copy":
+                        ds = ShardDataset(out)
+                    else:
+                        ds = _open(url, storage_options={"endpoint": proxy.endpoint}, cache_dir=tmp / f"c{mb}-{r}")
+                        proxy.reset()
+                        t_open = time.perf_counter() - t
+                    next(iter(make_loader(ds, 64, seed=r, mode="main")))
+                    took = time.perf_counter() - t
+                    times[name].append((took * 1000, os.getloadavg()[0]))
+                    if name != "local copy":
+                        counts.append((*proxy.counts("images.npy"), t_open))
+            size = (out / "images.npy").stat().st_size
+            req, got, t_open = counts[len(counts) // 2]
+            print(f" {size / 1e6:6.0f} MB object: {got / 1e6:.1f} MB in {req} GETs before the first batch "
+                  f"(its 64 samples: {64 * SAMPLE / 1e6:.1f} MB; the open took {t_open * 1000:.0f} ms)")
+            _table(times, "ms", "local copy")
+    finally:
+        proxy.stop()
+
+
+def inflight(args, server, tmp: Path) -> None:
+    from shardpack.readers import diskio
+    proxy = s3proxy.start(server.endpoint)
+    try:
+        out = _output(tmp, args.mb, "inflight")
+        url = _upload(server, out, "inflight")
+        os.environ["SHARDPACK_CACHE"] = str(tmp / "idx-inflight")
+        ds = _open(url, storage_options={"endpoint": proxy.endpoint}, cache_limit=0)
+        proxy.latency(args.latency_ms)
+        rates: dict[str, list] = {f"{k} in flight": [] for k in args.threads}
+        for r in range(args.rounds):
+            for k in (args.threads if r % 2 == 0 else args.threads[::-1]):
+                diskio.THREADS, diskio._pool_pid = k, None  # a new pool of k threads
+                t = time.perf_counter()
+                n = _epoch(ds, r)
+                rates[f"{k} in flight"].append((n / (time.perf_counter() - t), os.getloadavg()[0]))
+        print(f"{len(ds)} samples of 256 px uncached through the proxy adding {args.latency_ms:g} ms a request, "
+              f"random batches of 64, main mode (make_loader prefetching), median of {args.rounds}")
+        _table(rates, "samples/s", f"{args.threads[0]} in flight")
+    finally:
+        proxy.stop()
+
+
+def cache_epochs(args, server, tmp: Path) -> None:
+    from shardpack import ShardDataset
+    out = _output(tmp, args.mb, "cache")
+    url = _upload(server, out, "cache")
+    os.environ["SHARDPACK_CACHE"] = str(tmp / "idx-cache")
+    warm = _open(url, cache_dir=tmp / "warm")
+    _epoch(warm, 99)  # warmed
+    runs = {"no cache": lambda r: _open(url, cache_limit=0),
+            "cold cache": lambda r: _open(url, cache_dir=tmp / f"cold{r}"),
+            "warm cache": lambda r: warm,
+            "local copy": lambda r: ShardDataset(out)}
+    rates: dict[str, list] = {k: [] for k in runs}
+    fetched: dict[str, list] = {k: [] for k in runs}
+    names = list(runs)
+    for r in range(args.rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            ds = runs[name](r)
+            cache = getattr(getattr(ds.reader, "objects", None), "cache", None)
+            before = cache.fetched if cache is not None else 0
+            t = time.perf_counter()
+            n = _epoch(ds, r)
+            rates[name].append((n / (time.perf_counter() - t), os.getloadavg()[0]))
+            fetched[name].append((cache.fetched - before) if cache is not None else 0)
+    data = len(warm) * SAMPLE
+    print(f"one epoch of {len(warm)} samples of 256 px ({data / 1e6:.0f} MB) from local SeaweedFS, random batches "
+          f"of 64, main mode, rounds interleaved, median of {args.rounds}")
+    _table(rates, "samples/s", "local copy")
+    for name in ("cold cache", "warm cache"):
+        print(f"  {name}: stored {statistics.median(fetched[name]) / data:.2f} x the data per epoch")
