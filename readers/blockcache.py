@@ -47,6 +47,8 @@ import time
 import warnings
 from pathlib import Path
 
+import numpy as np
+
 from . import cachespace
 
 BLOCK = 4 << 20  # a block file's span of the object (see docs/cache.md for the measurement)
@@ -85,6 +87,7 @@ class BlockCache:
             raise ValueError(f"{self.root / SETTINGS}: block_bytes must be a multiple of chunk_bytes, "
                              f"at most {(HEADER - TABLE) // 8} chunks a block")
         self.blocks = self.root / f"blocks-{self.block}-{self.chunk}"
+        self._blocks = str(self.blocks)
         self._reset()
 
     def _reset(self):
@@ -95,7 +98,7 @@ class BlockCache:
 
     def __getstate__(self):
         return {"root": self.root, "limit": self.limit, "block": self.block, "chunk": self.chunk,
-                "revalidate_s": self.revalidate_s, "blocks": self.blocks}
+                "revalidate_s": self.revalidate_s, "blocks": self.blocks, "_blocks": self._blocks}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
@@ -115,7 +118,9 @@ class BlockCache:
             return memoryview(b"")
         if not file.etag or self.limit <= 0:  # no identity to key by: never cached
             return file.pread(offset, end - offset)
-        oid = object_id(file)
+        oid = getattr(file, "cache_id", None)
+        if oid is None:
+            oid = file.cache_id = object_id(file)
         c0, c1 = offset // self.chunk, -(-end // self.chunk)
         span = bytearray(min(c1 * self.chunk, file.size) - c0 * self.chunk)
         view = memoryview(span)
@@ -189,8 +194,8 @@ class BlockCache:
         for f in flights:
             f.done.set()
 
-    def _path(self, oid: str, b: int) -> Path:
-        return self.blocks / oid / str(b // 1024) / f"{b}.blk"
+    def _path(self, oid: str, b: int) -> str:
+        return f"{self._blocks}/{oid}/{b // 1024}/{b}.blk"
 
     def _load(self, oid, size, b, lo, hi, out, c0) -> list[int]:
         """Fill ``out`` (from chunk ``lo`` on) with block ``b``'s cached chunks ``lo .. hi - 1``
@@ -211,13 +216,15 @@ class BlockCache:
             return list(range(lo, hi))
         finally:
             os.close(fd)
-        missing = []
+        missing, chunk, first = [], self.chunk, b * per
+        table = np.frombuffer(head, "<u8", offset=TABLE).tolist()
+        digest = _xxh3()
         for k in range(k0, k1):
-            at = (k - k0) * self.chunk
-            n = min(self.chunk, size - (b * per + k) * self.chunk)
-            want = int.from_bytes(head[TABLE + 8 * k:TABLE + 8 * k + 8], "little")
-            if want == 0 or at + n > got or _digest(out[at:at + n], b * per + k) != want:
-                missing.append(b * per + k)
+            at = (k - k0) * chunk
+            n = min(chunk, size - (first + k) * chunk)
+            want = table[k]
+            if want == 0 or at + n > got or (digest(out[at:at + n], first + k) or 1) != want:
+                missing.append(first + k)
         return missing
 
     # -- writing ---------------------------------------------------------------------------
@@ -257,7 +264,7 @@ class BlockCache:
     def _open_block(self, oid, file, b) -> int | None:
         """Block ``b``'s file open for writing, made (header under a temporary name, then linked
         into place) if it is missing and admitted; None when not admitted."""
-        path = self._path(oid, b)
+        path = Path(self._path(oid, b))
         try:
             return os.open(path, os.O_RDWR | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -378,6 +385,11 @@ def open_cache(cache_dir, cache_limit, data_bytes: int) -> BlockCache | None:
 def object_id(file) -> str:
     """The cache's key of an object: a hash of its URL, ETag and size (24 hex digits)."""
     return hashlib.sha256(f"{file.path}\0{file.etag}\0{file.size}".encode()).hexdigest()[:24]
+
+
+def _xxh3():
+    import xxhash
+    return xxhash.xxh3_64_intdigest
 
 
 def _digest(data, position: int) -> int:
