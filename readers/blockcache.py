@@ -122,8 +122,7 @@ class BlockCache:
         if oid is None:
             oid = file.cache_id = object_id(file)
         c0, c1 = offset // self.chunk, -(-end // self.chunk)
-        span = bytearray(min(c1 * self.chunk, file.size) - c0 * self.chunk)
-        view = memoryview(span)
+        view = memoryview(np.empty(min(c1 * self.chunk, file.size) - c0 * self.chunk, np.uint8)).cast("B")
         missing = []
         per = self.block // self.chunk
         for b in range(c0 // per, (c1 - 1) // per + 1):
@@ -216,15 +215,15 @@ class BlockCache:
             return list(range(lo, hi))
         finally:
             os.close(fd)
-        missing, chunk, first = [], self.chunk, b * per
-        table = np.frombuffer(head, "<u8", offset=TABLE).tolist()
+        chunk, first = self.chunk, b * per
+        table = np.frombuffer(head, "<u8", offset=TABLE)[k0:k1].tolist()
         digest = _xxh3()
-        for k in range(k0, k1):
-            at = (k - k0) * chunk
-            n = min(chunk, size - (first + k) * chunk)
-            want = table[k]
-            if want == 0 or at + n > got or (digest(out[at:at + n], first + k) or 1) != want:
-                missing.append(first + k)
+        starts = range(0, min(got, nbytes), chunk)
+        # the chunks read whole, each hashed where it lies (the object's last may be shorter)
+        found = [digest(out[at:at + chunk], first + k0 + j) or 1 for j, at in enumerate(starts)
+                 if at + min(chunk, size - (first + k0 + j) * chunk) <= got]
+        missing = [first + k0 + j for j, want in enumerate(table)
+                   if j >= len(found) or want == 0 or found[j] != want]
         return missing
 
     # -- writing ---------------------------------------------------------------------------
