@@ -16,7 +16,8 @@ Rounds interleave the clients (A B C D, then D C B A, ...), medians of ROUNDS, e
     .venv/bin/python scripts/bench_s3.py [--mb 100] [--batches 8] [--rounds 3] [--threads 32] [--merge]
 
 ``--first``, ``--inflight`` and ``--cache`` instead measure make_loader over s3:// (time to the first
-batch vs object size, 8 vs 32 GETs in flight behind added latency, no / cold / warm cache epochs):
+batch vs object size, 8 vs 32 GETs in flight behind added latency, no / cold / warm cache epochs;
+``--blocks``: the cache's block size, no server):
 scripts/bench_s3_cache.py, whose docstring says how.
 
 ``--merge`` instead times runs of 64 adjacent samples fetched as GETs of 1 to 64 samples each
@@ -200,8 +201,13 @@ def main() -> None:
     ap.add_argument("--inflight-threads", type=int, nargs="+", default=[8, 32])
     ap.add_argument("--latency-ms", type=float, default=20.0)
     ap.add_argument("--cache", action="store_true", help="instead: no cache / cold / warm cache / local epochs")
+    ap.add_argument("--blocks", action="store_true", help="instead: the block cache's block size (no server)")
     args = ap.parse_args()
     import obstore
+    if args.blocks:
+        import bench_s3_cache
+        with tempfile.TemporaryDirectory(prefix="bench-s3-blocks-") as tmp:
+            return bench_s3_cache.block_sizes(args, Path(tmp))
     if args.first or args.inflight or args.cache:
         import bench_s3_cache
         args.threads = args.inflight_threads

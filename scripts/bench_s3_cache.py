@@ -158,3 +158,55 @@ def cache_epochs(args, server, tmp: Path) -> None:
     _table(rates, "samples/s", "local copy")
     for name in ("cold cache", "warm cache"):
         print(f"  {name}: stored {statistics.median(fetched[name]) / data:.2f} x the data per epoch")
+
+
+class _InMemory:
+    """An object held in memory, read as an objects.ObjectFile is (``path``, ``size``, ``etag``, ``pread``)."""
+
+    def __init__(self, data: bytes):
+        self.data, self.size, self.etag, self.path = data, len(data), "bench", "s3://bench/blocks/images.npy"
+
+    def pread(self, offset: int, length: int) -> memoryview:
+        return memoryview(self.data)[offset:offset + length]
+
+
+def block_sizes(args, tmp: Path) -> None:
+    """The block size: warm reads/s of random 196 KB samples, the files a GB takes, and the usage
+    scan's time, for 1, 4 and 16 MiB blocks (16 KiB chunks), the object in memory (no server)."""
+    import json
+
+    import numpy as np
+
+    from shardpack.readers import cachespace
+    from shardpack.readers.blockcache import BlockCache
+    data = np.random.default_rng(0).integers(0, 256, args.mb << 20, np.uint8).tobytes()
+    obj, n = _InMemory(data), (len(data) - 128) // SAMPLE
+    sizes = [1 << 20, 4 << 20, 16 << 20]
+    caches = {}
+    for b in sizes:
+        root = tmp / f"blocks-{b}"
+        root.mkdir()
+        (root / "cache.json").write_text(json.dumps({"block_bytes": b, "chunk_bytes": 16 << 10}))
+        caches[b] = BlockCache(root, 1 << 40)
+        for i in range(n):
+            caches[b].read(obj, 128 + i * SAMPLE, SAMPLE)
+    rates: dict[str, list] = {f"{b >> 20} MiB blocks": [] for b in sizes}
+    scans: dict[str, list] = {f"{b >> 20} MiB blocks": [] for b in sizes}
+    rng = np.random.default_rng(1)
+    for r in range(args.rounds):
+        for b in (sizes if r % 2 == 0 else sizes[::-1]):
+            order = rng.integers(0, n, 2000).tolist()
+            t = time.perf_counter()
+            for i in order:
+                caches[b].read(obj, 128 + i * SAMPLE, SAMPLE)
+            rates[f"{b >> 20} MiB blocks"].append((len(order) / (time.perf_counter() - t), os.getloadavg()[0]))
+            t = time.perf_counter()
+            cachespace.usage(caches[b].blocks)
+            per_gb = (time.perf_counter() - t) * 1e6 / (len(data) / 1e9)
+            scans[f"{b >> 20} MiB blocks"].append((per_gb, os.getloadavg()[0]))
+    print(f"warm reads of random {SAMPLE} B samples from one thread, a {len(data) / 1e6:.0f} MB object cached "
+          f"whole, 16 KiB chunks, median of {args.rounds}")
+    _table(rates, "reads/s", "4 MiB blocks")
+    print("the usage scan (what eviction walks), microseconds per GB cached; files per GB: "
+          + ", ".join(f"{b >> 20} MiB: {1e9 / b:.0f}" for b in sizes))
+    _table(scans, "us/GB", "4 MiB blocks")
