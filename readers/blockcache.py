@@ -53,7 +53,7 @@ from . import cachespace
 
 BLOCK = 4 << 20  # a block file's span of the object (see docs/cache.md for the measurement)
 CHUNK = 16 << 10  # the unit fetched and checksummed: a read is widened to whole chunks
-HEADER = 4096  # magic + geometry + one 8-byte checksum per chunk (BLOCK / CHUNK = 256 of them)
+HEADER = 4096  # magic + geometry + one 8-byte checksum per chunk (256 of them), in whole 4 KiB pages
 TABLE = 64  # where the checksums start in the header
 MAGIC = b"SPBLK1\0\0"
 TOUCH_S = 600  # a process marks the objects it reads as used every this many seconds
@@ -83,9 +83,9 @@ class BlockCache:
         settings = _read_settings(self.root)
         self.block, self.chunk = int(settings.get("block_bytes", BLOCK)), int(settings.get("chunk_bytes", CHUNK))
         self.revalidate_s = float(settings.get("revalidate_s", REVALIDATE_S))
-        if self.block % self.chunk or 8 * (self.block // self.chunk) > HEADER - TABLE:
-            raise ValueError(f"{self.root / SETTINGS}: block_bytes must be a multiple of chunk_bytes, "
-                             f"at most {(HEADER - TABLE) // 8} chunks a block")
+        if self.chunk <= 0 or self.block % self.chunk:
+            raise ValueError(f"{self.root / SETTINGS}: block_bytes must be a multiple of chunk_bytes")
+        self.header = -(-(TABLE + 8 * (self.block // self.chunk)) // HEADER) * HEADER  # where the bytes start
         self.blocks = self.root / f"blocks-{self.block}-{self.chunk}"
         self._blocks = str(self.blocks)
         self._reset()
@@ -98,7 +98,8 @@ class BlockCache:
 
     def __getstate__(self):
         return {"root": self.root, "limit": self.limit, "block": self.block, "chunk": self.chunk,
-                "revalidate_s": self.revalidate_s, "blocks": self.blocks, "_blocks": self._blocks}
+                "revalidate_s": self.revalidate_s, "header": self.header, "blocks": self.blocks,
+                "_blocks": self._blocks}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
@@ -210,7 +211,7 @@ class BlockCache:
             if len(head) < TABLE + 8 * k1 or head[:40] != _header(size, b, self.block, self.chunk)[:40]:
                 return list(range(lo, hi))
             nbytes = min(hi * self.chunk, size) - lo * self.chunk
-            got = os.preadv(fd, [out[:nbytes]], HEADER + k0 * self.chunk)
+            got = os.preadv(fd, [out[:nbytes]], self.header + k0 * self.chunk)
         except OSError:
             return list(range(lo, hi))
         finally:
@@ -245,7 +246,7 @@ class BlockCache:
                 if fd is None:
                     continue
                 try:
-                    _write_all(fd, piece, HEADER + (lo - b * per) * self.chunk)
+                    _write_all(fd, piece, self.header + (lo - b * per) * self.chunk)
                     table = b"".join(_digest(piece[(j - lo) * self.chunk:(j - lo + 1) * self.chunk], j)
                                      .to_bytes(8, "little") for j in range(lo, hi))
                     _write_all(fd, table, TABLE + 8 * (lo - b * per))
@@ -277,7 +278,7 @@ class BlockCache:
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
             _write_all(fd, _header(file.size, b, self.block, self.chunk), 0)
-            os.ftruncate(fd, HEADER + min(self.block, file.size - b * self.block))
+            os.ftruncate(fd, self.header + min(self.block, file.size - b * self.block))
             try:
                 os.link(tmp, path)  # never over a block another process made meanwhile
             except FileExistsError:
@@ -350,7 +351,8 @@ class BlockCache:
         output at ``url`` (one fetch of each byte, then none), or it is smaller (every epoch
         fetches about the difference), or caching is off."""
         if self.limit <= 0:
-            return f"{url}: no block cache (cache_limit=0): every epoch fetches all {_size_text(data_bytes)} it reads"
+            return (f"{url}: no block cache ({getattr(self, 'reason', 'cache_limit=0')}): every epoch fetches "
+                    f"all {_size_text(data_bytes)} it reads")
         if self.limit >= data_bytes:
             return (f"{url}: block cache {self.root} ({_size_text(self.limit)} limit) holds all "
                     f"{_size_text(data_bytes)} of pixels: the first epoch fetches each byte at most once, "
@@ -438,7 +440,12 @@ def attach(objects, cache_dir=None, cache_limit=None) -> str:
     data = sum(size for size, _ in objects.pixels.values())
     cache = open_cache(cache_dir, cache_limit, data)
     if cache is None:
-        text = BlockCache.describe(_Off(), data, objects.url)
+        off = _Off()
+        if cache_dir is False:
+            off.reason = "cache_dir=False"
+        elif cache_limit is None:
+            off.reason = f"no free space for it in {cache_dir or 'the cache folder'}"
+        text = BlockCache.describe(off, data, objects.url)
     elif not all(etag for _, etag in objects.pixels.values()):
         cache = None
         text = f"{objects.url}: its store gives no ETag, so nothing is cached: every epoch fetches what it reads"

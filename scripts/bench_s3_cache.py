@@ -172,7 +172,7 @@ class _InMemory:
 
 def block_sizes(args, tmp: Path) -> None:
     """The block size: warm reads/s of random 196 KB samples, the files a GB takes, and the usage
-    scan's time, for 1, 4 and 16 MiB blocks (16 KiB chunks), the object in memory (no server)."""
+    scan's time, for 1, 4 and 8 MiB blocks (16 KiB chunks), the object in memory (no server)."""
     import json
 
     import numpy as np
@@ -181,7 +181,7 @@ def block_sizes(args, tmp: Path) -> None:
     from shardpack.readers.blockcache import BlockCache
     data = np.random.default_rng(0).integers(0, 256, args.mb << 20, np.uint8).tobytes()
     obj, n = _InMemory(data), (len(data) - 128) // SAMPLE
-    sizes = [1 << 20, 4 << 20, 16 << 20]
+    sizes = [1 << 20, 4 << 20, 8 << 20]
     caches = {}
     for b in sizes:
         root = tmp / f"blocks-{b}"
