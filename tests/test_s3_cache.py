@@ -210,3 +210,46 @@ def test_the_cache_arguments_and_what_a_run_is_told(s3, proxy, output, tmp_path)
         ShardDataset(output, cache_dir=tmp_path)
     from shardpack.readers.cachespace import parse_size
     assert [parse_size(v) for v in (123, "1.5 TB", "512MiB", "4 KB")] == [123, 1_500_000_000_000, 512 << 20, 4000]
+
+
+FULL_OR_READ_ONLY = """
+import json, sys, warnings
+import torch
+from shardpack.readers.dataset import ShardDataset
+from shardpack.readers.loading import make_loader
+url, endpoint, local, full, ro, out = sys.argv[1:]
+(__import__("pathlib").Path(full) / "cache.json").write_text(json.dumps({"block_bytes": 65536, "chunk_bytes": 4096}))
+result = {}
+for name, folder in (("full", full), ("read-only", ro)):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ds = ShardDataset(url, storage_options={"endpoint": endpoint}, cache_dir=folder, cache_limit="100MB")
+        want = ShardDataset(local)
+        same = all(torch.equal(a, b) and torch.equal(la, lb) for (a, la), (b, lb) in
+                   zip(make_loader(ds, 16, seed=1, mode="main"), make_loader(want, 16, seed=1, mode="main")))
+        again = all(torch.equal(ds[i][0], want[i][0]) for i in range(0, len(want), 7))
+    said = [str(w.message) for w in caught if "cannot be written" in str(w.message)]
+    result[name] = {"same": same and again, "said": said}
+open(out, "w").write(json.dumps(result))
+"""
+
+
+def test_a_full_or_read_only_cache_filesystem_reads_on_uncached_with_one_warning(s3, proxy, output, tmp_path,
+                                                                                    can_mount):
+    import subprocess
+    import sys
+    url = upload(s3.endpoint, output, "cache/fullfs/OUT")
+    full, ro = tmp_path / "full", tmp_path / "ro"
+    full.mkdir()
+    ro.mkdir()
+    (tmp_path / "run.py").write_text(FULL_OR_READ_ONLY)
+    run = " ".join([sys.executable, str(tmp_path / "run.py"), url, proxy.endpoint, str(output), str(full), str(ro),
+                    str(tmp_path / "out.json")])
+    script = f"mount -t tmpfs -o size=256k tmpfs {full} && mount -t tmpfs -o ro tmpfs {ro} && {run}"
+    subprocess.run(["unshare", "-m", "sh", "-c", script], timeout=300, check=True)
+    got = json.loads((tmp_path / "out.json").read_text())
+    assert got["full"]["same"] and got["read-only"]["same"]
+    assert got["full"]["said"] == [f"{full}: the block cache cannot be written (No space left on device); reading on "
+                                   "without caching in this process (pass cache_dir= a writable folder, or "
+                                   "cache_limit=0)"]
+    assert len(got["read-only"]["said"]) == 1 and "(Read-only file system)" in got["read-only"]["said"][0]
