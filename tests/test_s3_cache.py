@@ -253,3 +253,34 @@ def test_a_full_or_read_only_cache_filesystem_reads_on_uncached_with_one_warning
                                    "without caching in this process (pass cache_dir= a writable folder, or "
                                    "cache_limit=0)"]
     assert len(got["read-only"]["said"]) == 1 and "(Read-only file system)" in got["read-only"]["said"][0]
+
+
+def test_eviction_takes_idle_objects_first_then_the_lowest_ranked_and_admits_no_lower(tmp_path):
+    """cachespace.evict on real block files (no server): a replaced dataset's blocks (no process
+    used them for a day) go first, then the lowest-ranked of the live one, down to 90 % of the
+    limit; the threshold it leaves is the highest live rank evicted."""
+    import os
+    import time as clock
+
+    from shardpack.readers import cachespace
+    blocks = tmp_path / "blocks-65536-4096"
+    for oid, idle in (("old", True), ("live", False)):
+        (blocks / oid / "0").mkdir(parents=True)
+        for b in range(10):
+            (blocks / oid / "0" / f"{b}.blk").write_bytes(os.urandom(8192))
+        (blocks / oid / "used").write_text("{}")
+        if idle:
+            day_ago = clock.time() - 2 * cachespace.IDLE_S
+            os.utime(blocks / oid / "used", (day_ago, day_ago))
+    total = cachespace.usage(blocks)
+    assert total >= 20 * 8192
+    limit = total // 2  # down to 45 % of the blocks: all 10 idle ones go, and one or two live ones
+    state = cachespace.evict(blocks, limit, {})
+    assert not list((blocks / "old").rglob("*.blk"))
+    left = sorted(int(p.stem) for p in (blocks / "live").rglob("*.blk"))
+    gone = sorted(set(range(10)) - set(left))
+    assert 1 <= len(gone) <= 2
+    assert state["used"] == cachespace.usage(blocks) <= cachespace.LOW_WATER * limit
+    ranks = {b: cachespace.rank("live", b) for b in range(10)}
+    assert all(ranks[g] < ranks[k] for g in gone for k in left)  # the lowest ranked went
+    assert state["threshold"] == (max(ranks[g] for g in gone) if gone else 0.0)
