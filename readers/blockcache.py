@@ -33,7 +33,7 @@ reads; a cache at least the data's size fetches each chunk once and later epochs
 
 Fallback: a cache folder that cannot be written (read-only, full, not a folder) is warned about
 once per process (RuntimeWarning naming the folder and the reason) and the reads go on
-uncached; :func:`open_cache` refuses a ``cache_dir`` that exists as a file in one line.
+uncached; readers/cachesetup.py refuses a ``cache_dir`` that is a file in one line.
 """
 
 from __future__ import annotations
@@ -59,11 +59,6 @@ MAGIC = b"SPBLK1\0\0"
 TOUCH_S = 600  # a process marks the objects it reads as used every this many seconds
 SETTINGS = "cache.json"  # a cache folder's own {"block_bytes", "chunk_bytes", "revalidate_s"}
 REVALIDATE_S = 60.0  # a reader served from the cache asks the store for the ETag this often
-
-
-def _size_text(n: float) -> str:
-    from .text import size_text
-    return size_text(n)
 
 
 class _Flight:
@@ -346,43 +341,6 @@ class BlockCache:
         """Bytes the cache's blocks take on disk now (a scan of their allocated bytes)."""
         return cachespace.usage(self.blocks)
 
-    def describe(self, data_bytes: int, url: str) -> str:
-        """One line saying which case a run is in: the cache holds all ``data_bytes`` of the
-        output at ``url`` (one fetch of each byte, then none), or it is smaller (every epoch
-        fetches about the difference), or caching is off."""
-        if self.limit <= 0:
-            return (f"{url}: no block cache ({getattr(self, 'reason', 'cache_limit=0')}): every epoch fetches "
-                    f"all {_size_text(data_bytes)} it reads")
-        if self.limit >= data_bytes:
-            return (f"{url}: block cache {self.root} ({_size_text(self.limit)} limit) holds all "
-                    f"{_size_text(data_bytes)} of pixels: the first epoch fetches each byte at most once, "
-                    "later epochs nothing (while no other dataset fills the cache)")
-        return (f"{url}: block cache {self.root} ({_size_text(self.limit)} limit) is smaller than the "
-                f"{_size_text(data_bytes)} of pixels: every epoch fetches about "
-                f"{_size_text(data_bytes - self.limit)} (never more than it reads); a cache_limit of "
-                f"{_size_text(data_bytes * 1.05)} would fetch nothing after the first epoch")
-
-
-def open_cache(cache_dir, cache_limit, data_bytes: int) -> BlockCache | None:
-    """The :class:`BlockCache` a dataset reads through: ``cache_dir`` (default
-    ``objects.cache_root()``, i.e. ``$SHARDPACK_CACHE``), ``cache_limit`` bytes or a size string
-    (default None: the free space of the cache's filesystem now, less 10 % of its size, at least
-    the data's size where it fits); ``cache_dir=False`` or ``cache_limit=0``: None (no cache).
-    Raises ValueError naming the value for a limit it cannot read or a cache_dir that is a file."""
-    if cache_dir is False:
-        return None
-    if cache_dir is None:
-        from .objects import cache_root
-        cache_dir = cache_root()
-    root = Path(cache_dir).expanduser()
-    if root.exists() and not root.is_dir():
-        raise ValueError(f"cache_dir={str(root)!r} is a file, not a folder")
-    if cache_limit is None:
-        cache_limit = cachespace.default_limit(root, data_bytes)
-    limit = cachespace.parse_size(cache_limit)
-    return BlockCache(root, limit) if limit > 0 else None
-
-
 def object_id(file) -> str:
     """The cache's key of an object: a hash of its URL, ETag and size (24 hex digits)."""
     return hashlib.sha256(f"{file.path}\0{file.etag}\0{file.size}".encode()).hexdigest()[:24]
@@ -430,31 +388,3 @@ def _read_settings(root: Path) -> dict:
         return got if isinstance(got, dict) else {}
     except (OSError, ValueError):
         return {}
-
-
-def attach(objects, cache_dir=None, cache_limit=None) -> str:
-    """Give ``objects`` (an objects.Objects opened by open_url) its block cache (``objects.cache``,
-    None for none) and ``objects.cache_text`` (:meth:`BlockCache.describe`'s line, which is also
-    warned once, as a RuntimeWarning, so a run says which case it is in). Objects without an
-    ETag are read uncached (nothing to key them by). Raises ValueError as :func:`open_cache`."""
-    data = sum(size for size, _ in objects.pixels.values())
-    cache = open_cache(cache_dir, cache_limit, data)
-    if cache is None:
-        off = _Off()
-        if cache_dir is False:
-            off.reason = "cache_dir=False"
-        elif cache_limit is None:
-            off.reason = f"no free space for it in {cache_dir or 'the cache folder'}"
-        text = BlockCache.describe(off, data, objects.url)
-    elif not all(etag for _, etag in objects.pixels.values()):
-        cache = None
-        text = f"{objects.url}: its store gives no ETag, so nothing is cached: every epoch fetches what it reads"
-    else:
-        text = cache.describe(data, objects.url)
-    objects.cache, objects.cache_text = cache, text
-    warnings.warn(text, RuntimeWarning, stacklevel=3)
-    return text
-
-
-class _Off:
-    limit = 0

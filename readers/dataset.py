@@ -17,7 +17,7 @@ from .encoding import encoding_of
 from .formats import open_reader
 from .formats.base import check_out
 from .manifest import COLUMNS, INDEX_DIR, Index, ShardFormatError, load_manifest, read_splits, split_root
-from .blockcache import attach as attach_cache
+from .cachesetup import attach as attach_cache
 from .objects import is_url, open_url
 from .objects import sizes as objects_sizes
 from .samples import Buffers, batch_buffer, rows_of
@@ -132,7 +132,7 @@ class ShardDataset(Dataset):
                                        f"{path.rstrip('/')}/<split folder> itself")
             self.url = path.rstrip("/")
             path, objects = open_url(path, storage_options)
-            attach_cache(objects, cache_dir, cache_limit)  # readers/blockcache.py; warns which case
+            attach_cache(objects, cache_dir, cache_limit)  # readers/cachesetup.py; warns which case
         else:
             given = [k for k, v in (("storage_options", storage_options), ("cache_dir", cache_dir),
                                     ("cache_limit", cache_limit)) if v is not None]
