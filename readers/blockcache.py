@@ -291,14 +291,20 @@ class BlockCache:
     def _revalidate(self, oid, file) -> None:
         """A read served whole from the cache asks the store (HEAD) whether the object is still the
         one opened, at most every ``revalidate_s`` seconds per process (every fetch asks If-Match):
-        ShardFormatError, as a fetch would raise, once it was replaced."""
+        ShardFormatError, as a fetch would raise, once it was replaced or removed; a store that
+        cannot be asked now does not stop reads the cache can serve."""
         now = time.monotonic()
         last = self._checked.setdefault(oid, now)  # the open has just asked
         if now - last < self.revalidate_s:
             return
         self._checked[oid] = now
         from .manifest import ShardFormatError
-        size, etag = file.objects.head(file.key)
+        try:
+            size, etag = file.objects.head(file.key)
+        except ShardFormatError as err:
+            if "no such object" in str(err):
+                raise ShardFormatError(f"{file.path} was removed after this dataset was opened") from None
+            return  # the store unreachable for now: the cache serves the version opened; asked again later
         if (size, etag) != (file.size, file.etag):
             raise ShardFormatError(f"{file.path} was replaced after this dataset was opened (its ETag is no "
                                    f"longer {file.etag}); open it again")

@@ -143,3 +143,26 @@ def test_a_missing_bucket_and_wrong_credentials_through_the_proxy_are_one_line(s
         ShardDataset(url, storage_options={"endpoint": proxy.endpoint, "secret_access_key": "wrong"})
     with pytest.raises(ShardFormatError, match=r"^s3://no-such-bucket/OUT: no manifest.json there"):
         ShardDataset("s3://no-such-bucket/OUT", storage_options={"endpoint": proxy.endpoint})
+
+
+def test_a_warm_cache_reads_on_while_the_server_is_gone_and_still_refuses_what_it_must_fetch(
+        s3, s3_server, output, tmp_path, bounded):
+    import json
+
+    import s3proxy
+    own = s3proxy.start(s3_server.endpoint)
+    try:
+        folder = tmp_path / "c"
+        folder.mkdir()
+        (folder / "cache.json").write_text(json.dumps({"block_bytes": 65536, "chunk_bytes": 4096, "revalidate_s": 0}))
+        ds = opened(s3, own.endpoint, output, "faults/warm-gone/OUT", cache_dir=folder, cache_limit="1GB",
+                    options={"retry_config": {**FAST, "max_retries": 0}})
+        local = ShardDataset(output)
+        half = list(range(0, N, 2))
+        assert torch.equal(ds.read_batch(half)[0], local.read_batch(half)[0])  # these now cached
+        own.kill()
+        assert torch.equal(ds.read_batch(half[::-1])[0], local.read_batch(half[::-1])[0])  # the ETag unasked: served
+        with pytest.raises(OSError, match=r"s3://shardpack-tests/faults/warm-gone/OUT/images.npy"):
+            ds.read_batch([1])  # not cached: one error naming the object
+    finally:
+        own.stop()
