@@ -43,8 +43,9 @@ class _Off:
 def open_cache(cache_dir, cache_limit, data_bytes: int) -> BlockCache | None:
     """The :class:`BlockCache` a dataset reads through: ``cache_dir`` (default
     ``objects.cache_root()``, i.e. ``$SHARDPACK_CACHE``), ``cache_limit`` bytes or a size string
-    (default None: the free space of the cache's filesystem now, less 10 % of its size, at least
-    the data's size where it fits); ``cache_dir=False`` or ``cache_limit=0``: None (no cache).
+    (default None: the free space of the cache's filesystem plus what the cache holds, less 10 %
+    of the filesystem's size: cachespace.default_limit); ``cache_dir=False`` or ``cache_limit=0``:
+    None (no cache).
     Raises ValueError naming the value for a limit it cannot read or a cache_dir that is a file."""
     if cache_dir is False:
         return None

@@ -39,6 +39,10 @@ def parse_size(value) -> int:
 
 
 def default_limit(root: Path, data_bytes: int) -> int:
+    """The limit when none is given: the free space of the cache's filesystem plus what the cache
+    already holds (its last count), less 10 % of the filesystem's size; ``data_bytes`` where the
+    filesystem cannot be asked. Counting the cache's own bytes keeps a second run's limit from
+    shrinking by what the first one cached."""
     probe = root
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
@@ -46,7 +50,9 @@ def default_limit(root: Path, data_bytes: int) -> int:
         st = os.statvfs(probe)
     except OSError:
         return data_bytes
-    return max(0, st.f_bavail * st.f_frsize - st.f_blocks * st.f_frsize // 10)
+    state = read_state(root) if root.is_dir() else {}
+    held = int(state.get("used", 0)) + int(state.get("written", 0))
+    return max(0, st.f_bavail * st.f_frsize + held - st.f_blocks * st.f_frsize // 10)
 
 
 def rank(oid: str, b: int) -> float:

@@ -98,8 +98,10 @@ class ShardDataset(Dataset):
     otherwise). The pixels read are kept in a node-local block cache shared by workers and jobs
     (readers/blockcache.py, docs/cache.md): ``cache_dir`` (default ``$SHARDPACK_CACHE``, else
     ``~/.cache/shardpack``; False: none) of at most ``cache_limit`` bytes (an int or a size such
-    as ``"50GB"``; default the cache filesystem's free space less 10 %; 0: none); opening warns
-    (RuntimeWarning) whether the cache holds all the pixels or every epoch fetches part of them.
+    as ``"50GB"``; default the cache filesystem's free space plus what the cache holds, less 10 %
+    of the filesystem; 0: none); opening warns (RuntimeWarning) whether the cache holds all the
+    pixels or every epoch fetches part of them. Raises ValueError for a ``cache_limit`` that is
+    not a size, a ``cache_dir`` that is a file, or either given for a local path.
     Errors then name the URL. For a splits root (packed from SRC/train, SRC/val, ...) pass
     ``split="val"`` or open ``path/val`` directly. All splits share one class list.
 
