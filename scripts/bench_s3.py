@@ -201,6 +201,7 @@ def main() -> None:
     ap.add_argument("--inflight-threads", type=int, nargs="+", default=[8, 32])
     ap.add_argument("--latency-ms", type=float, default=20.0)
     ap.add_argument("--cache", action="store_true", help="instead: no cache / cold / warm cache / local epochs")
+    ap.add_argument("--mode", choices=["main", "processes"], default="main", help="--cache's make_loader mode")
     ap.add_argument("--blocks", action="store_true", help="instead: the block cache's block size (no server)")
     args = ap.parse_args()
     import obstore

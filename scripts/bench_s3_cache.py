@@ -53,10 +53,13 @@ def _open(url, **kw):
         return ShardDataset(url, **kw)
 
 
+MODE = {"mode": "main"}  # make_loader's keywords for every epoch (--mode processes: 2 workers)
+
+
 def _epoch(ds, seed: int) -> int:
     from shardpack import make_loader
     n = 0
-    for imgs, _ in make_loader(ds, 64, seed=seed, mode="main"):
+    for imgs, _ in make_loader(ds, 64, seed=seed, **MODE):
         n += len(imgs)
     return n
 
@@ -131,6 +134,8 @@ def inflight(args, server, tmp: Path) -> None:
 
 def cache_epochs(args, server, tmp: Path) -> None:
     from shardpack import ShardDataset
+    if args.mode == "processes":
+        MODE.update(mode="processes", num_workers=2)
     out = _output(tmp, args.mb, "cache")
     url = _upload(server, out, "cache")
     os.environ["SHARDPACK_CACHE"] = str(tmp / "idx-cache")
@@ -154,9 +159,9 @@ def cache_epochs(args, server, tmp: Path) -> None:
             fetched[name].append((cache.fetched - before) if cache is not None else 0)
     data = len(warm) * SAMPLE
     print(f"one epoch of {len(warm)} samples of 256 px ({data / 1e6:.0f} MB) from local SeaweedFS, random batches "
-          f"of 64, main mode, rounds interleaved, median of {args.rounds}")
+          f"of 64, make_loader {MODE}, rounds interleaved, median of {args.rounds}")
     _table(rates, "samples/s", "local copy")
-    for name in ("cold cache", "warm cache"):
+    for name in ("cold cache", "warm cache") if MODE["mode"] == "main" else ():  # workers count their own
         print(f"  {name}: stored {statistics.median(fetched[name]) / data:.2f} x the data per epoch")
 
 
