@@ -18,6 +18,7 @@ from .encoding import encoding_of
 from .formats import open_reader
 from .formats.base import check_out
 from .manifest import COLUMNS, INDEX_DIR, Index, ShardFormatError, load_manifest, read_splits, split_root
+from .cachesetup import attach as attach_cache
 from .mirror import open_url
 from .mirror import sizes as objects_sizes
 from .objects import is_url
@@ -96,7 +97,15 @@ class ShardDataset(Dataset):
     once, its pixels read by ranged GETs with many in flight (readers/mirror.py,
     readers/objects.py); credentials and endpoint from the standard ``AWS_*`` variables
     (``AWS_ENDPOINT_URL`` for S3-compatible stores) or ``storage_options`` (obstore's S3Store
-    keywords). Errors then name the URL. For a splits root (packed from SRC/train, SRC/val, ...) pass
+    keywords; requests retry 4 times with backoff within 20 s unless ``retry_config`` says
+    otherwise). The pixels read are kept in a node-local block cache shared by workers and jobs
+    (readers/blockcache.py, docs/cache.md): ``cache_dir`` (default ``$SHARDPACK_CACHE``, else
+    ``~/.cache/shardpack``; False: none) of at most ``cache_limit`` bytes (an int or a size such
+    as ``"50GB"``; default the cache filesystem's free space plus what the cache holds, less 10 %
+    of the filesystem; 0: none); opening warns (RuntimeWarning) whether the cache holds all the
+    pixels or every epoch fetches part of them. Raises ValueError for a ``cache_limit`` that is
+    not a size, a ``cache_dir`` that is a file, or either given for a local path.
+    Errors then name the URL. For a splits root (packed from SRC/train, SRC/val, ...) pass
     ``split="val"`` or open ``path/val`` directly. All splits share one class list.
 
     Opening checks the manifest against its digest (``manifest.xxh3``) and every small file
@@ -119,13 +128,19 @@ class ShardDataset(Dataset):
 
     def __init__(self, path: str | os.PathLike, transform=None, target_transform=None, *,
                  split: str | None = None, check_reads: bool = False, batch_transform=None,
-                 seed: int | None = None, storage_options: dict | None = None):
+                 seed: int | None = None, storage_options: dict | None = None, cache_dir=None,
+                 cache_limit: int | str | None = None):
         self.url, objects = None, None
         if is_url(path):  # an output in object storage: its small files mirrored and checked, its pixels by range
             path, objects = open_url(path, storage_options, split)  # a splits root: the split's mirror
             self.url = objects.url
-        elif storage_options is not None:
-            raise ValueError(f"storage_options= is for s3:// URLs; {path} is a local path")
+            attach_cache(objects, cache_dir, cache_limit)  # readers/cachesetup.py; warns which case
+        else:
+            given = [k for k, v in (("storage_options", storage_options), ("cache_dir", cache_dir),
+                                    ("cache_limit", cache_limit)) if v is not None]
+            if given:
+                raise ValueError(f"{'= and '.join(given)}= {'is' if len(given) == 1 else 'are'} for s3:// URLs; "
+                                 f"{path} is a local path")
         self.root = split_root(path, split if objects is None else None)
         self.split = split
         if split is not None and objects is None:  # the splits root's own manifest (which folder is which split)

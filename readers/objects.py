@@ -25,6 +25,7 @@ import errno
 import io
 import os
 import re
+from datetime import timedelta
 
 import numpy as np
 
@@ -111,6 +112,7 @@ class Objects:
                 for key, value in self._env.items():
                     os.environ.setdefault(key, value)
             opts = dict(self.options)
+            opts.setdefault("retry_config", RETRY)  # bounded: obstore's own default retries for ~3 min
             endpoint = opts.get("endpoint") or opts.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL", "")
             if self.scheme == "s3" and endpoint.startswith("http://"):  # a local S3-compatible store: http is meant
                 client = dict(opts.pop("client_options", None) or {})
@@ -196,9 +198,19 @@ class Objects:
         return h.hexdigest()
 
 
+# The retries every request gets unless storage_options gives its own retry_config (obstore's
+# default keeps retrying a server that went away for about 3 minutes): 4 retries with backoff from
+# 0.1 s up to 3 s, none started 20 s after the first try; so a dead server is one error naming the
+# URL after about 10-20 s (plus the client's request timeout, 30 s by default, for one that hangs).
+RETRY = {"max_retries": 4, "retry_timeout": timedelta(seconds=20),
+         "backoff": {"init_backoff": timedelta(milliseconds=100),
+                     "max_backoff": timedelta(seconds=3), "base": 2}}
+
+
 class ObjectFile:
     """An object read by byte ranges, as diskio.DataFile reads a file: ``path`` (its URL, named
-    in errors), ``size`` in bytes and ``etag`` as recorded at open."""
+    in errors), ``size`` in bytes and ``etag`` as recorded at open. Reads go through the node's
+    block cache (readers/blockcache.py) where the dataset has one (``objects.cache``)."""
 
     merge_bytes = MERGE_BYTES  # diskio.submit merges adjacent ranges into one GET up to this
 
@@ -239,8 +251,9 @@ class ObjectFile:
         views = [memoryview(b).cast("B") for b in buffers]
         want = sum(len(v) for v in views)
         marks = sample if isinstance(sample, list) else [(0, sample)]
+        cache = getattr(self.objects, "cache", None)
         try:
-            got = self.pread(offset, want)
+            got = cache.read(self, offset, want) if cache is not None else self.pread(offset, want)
         except OSError as err:
             i, start, size = _sample_at(marks, 0, want)
             raise OSError(err.errno, f"reading sample {i} ({size} bytes at byte {offset + start}): "

@@ -15,6 +15,11 @@ Rounds interleave the clients (A B C D, then D C B A, ...), medians of ROUNDS, e
 
     .venv/bin/python scripts/bench_s3.py [--mb 100] [--batches 8] [--rounds 3] [--threads 32] [--merge]
 
+``--first``, ``--inflight`` and ``--cache`` instead measure make_loader over s3:// (time to the first
+batch vs object size, 8 vs 32 GETs in flight behind added latency, no / cold / warm cache epochs;
+``--blocks``: the cache's block size, no server):
+scripts/bench_s3_cache.py, whose docstring says how.
+
 ``--merge`` instead times runs of 64 adjacent samples fetched as GETs of 1 to 64 samples each
 (obstore from 8 threads, as readers/diskio.py reads): what readers/objects.py's MERGE_BYTES rests on.
 """
@@ -189,8 +194,33 @@ def main() -> None:
     ap.add_argument("--loader", action="store_true",
                     help="instead: make_loader(mode='main') over s3:// on a packed 256 px npy output of --mb MB "
                          "against obstore from 8 threads fetching the same number of random samples")
+    ap.add_argument("--first", action="store_true", help="instead: time to the first batch vs object size")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[25, 100, 400], help="--first's outputs, MB")
+    ap.add_argument("--inflight", action="store_true", help="instead: samples/s with --inflight-threads GETs in "
+                                                            "flight, uncached, behind --latency-ms a request")
+    ap.add_argument("--inflight-threads", type=int, nargs="+", default=[8, 32])
+    ap.add_argument("--latency-ms", type=float, default=20.0)
+    ap.add_argument("--cache", action="store_true", help="instead: no cache / cold / warm cache / local epochs")
+    ap.add_argument("--mode", choices=["main", "processes"], default="main", help="--cache's make_loader mode")
+    ap.add_argument("--blocks", action="store_true", help="instead: the block cache's block size (no server)")
     args = ap.parse_args()
     import obstore
+    if args.blocks:
+        import bench_s3_cache
+        with tempfile.TemporaryDirectory(prefix="bench-s3-blocks-") as tmp:
+            return bench_s3_cache.block_sizes(args, Path(tmp))
+    if args.first or args.inflight or args.cache:
+        import bench_s3_cache
+        args.threads = args.inflight_threads
+        with tempfile.TemporaryDirectory(prefix="bench-s3-cache-") as tmp:
+            server = s3server.start(Path(tmp) / "weed")
+            try:
+                os.environ.update(server.env())
+                run = bench_s3_cache.first_batch if args.first else (
+                    bench_s3_cache.inflight if args.inflight else bench_s3_cache.cache_epochs)
+                return run(args, server, Path(tmp))
+            finally:
+                server.stop()
     if args.loader:
         return loader_vs_client(args)
 

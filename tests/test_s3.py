@@ -152,7 +152,7 @@ def test_an_object_replaced_under_a_live_reader_is_refused_not_mixed(s3, cache, 
     import obstore
     from obstore.store import S3Store
     url = upload(s3, outputs["raw"], "replaced/OUT")
-    ds, local = ShardDataset(url), ShardDataset(outputs["raw"])
+    ds, local = ShardDataset(url, cache_limit=0), ShardDataset(outputs["raw"])  # uncached: the If-Match path
     loader = make_loader(ds, 4, seed=1, mode="main")
     for (a, la), (b, lb) in zip(loader, make_loader(local, 4, seed=1, mode="main")):  # epoch 0: equal
         assert torch.equal(a, b) and torch.equal(la, lb)
@@ -180,7 +180,7 @@ def test_a_server_gone_mid_epoch_is_one_error_naming_the_url_after_bounded_retri
         retry = {"max_retries": 2, "retry_timeout": timedelta(seconds=3),
                  "backoff": {"init_backoff": timedelta(milliseconds=20), "max_backoff": timedelta(milliseconds=200),
                              "base": 2}}
-        ds = ShardDataset(url, storage_options={"retry_config": retry})
+        ds = ShardDataset(url, storage_options={"retry_config": retry}, cache_limit=0)  # every read a GET
         loader = iter(make_loader(ds, 4, seed=2, mode="main", prefetch_factor=1))
         assert next(loader)[0].shape == (4, 3, 16, 16)
         os.kill(own.pid, signal.SIGKILL)

@@ -1,0 +1,83 @@
+"""Which block cache a dataset opened from object storage reads through (readers/blockcache.py):
+``cache_dir`` and ``cache_limit`` checked and given their defaults, and the line that says which
+case a run is in (the cache holds all the pixels, or every epoch fetches part of them), warned
+when the dataset is opened and kept as ``objects.cache_text``."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+from . import cachespace
+from .blockcache import BlockCache
+
+
+def attach(objects, cache_dir=None, cache_limit=None) -> str:
+    """Give ``objects`` (an objects.Objects opened by open_url) its block cache (``objects.cache``,
+    None for none) and ``objects.cache_text`` (:func:`describe`'s line, which is also
+    warned once, as a RuntimeWarning, so a run says which case it is in). Objects without an
+    ETag are read uncached (nothing to key them by). Raises ValueError as :func:`open_cache`."""
+    data = sum(size for size, _ in objects.pixels.values())
+    cache = open_cache(cache_dir, cache_limit, data)
+    if cache is None:
+        off = _Off()
+        if cache_dir is False:
+            off.reason = "cache_dir=False"
+        elif cache_limit is None:
+            off.reason = f"no free space for it in {cache_dir or 'the cache folder'}"
+        text = describe(off, data, objects.url)
+    elif not all(etag for _, etag in objects.pixels.values()):
+        cache = None
+        text = f"{objects.url}: its store gives no ETag, so nothing is cached: every epoch fetches what it reads"
+    else:
+        text = describe(cache, data, objects.url)
+    objects.cache, objects.cache_text = cache, text
+    warnings.warn(text, RuntimeWarning, stacklevel=3)
+    return text
+
+
+class _Off:
+    limit = 0
+
+
+def open_cache(cache_dir, cache_limit, data_bytes: int) -> BlockCache | None:
+    """The :class:`BlockCache` a dataset reads through: ``cache_dir`` (default
+    ``objects.cache_root()``, i.e. ``$SHARDPACK_CACHE``), ``cache_limit`` bytes or a size string
+    (default None: the free space of the cache's filesystem plus what the cache holds, less 10 %
+    of the filesystem's size: cachespace.default_limit); ``cache_dir=False`` or ``cache_limit=0``:
+    None (no cache).
+    Raises ValueError naming the value for a limit it cannot read or a cache_dir that is a file."""
+    if cache_dir is False:
+        return None
+    if cache_dir is None:
+        from .objects import cache_root
+        cache_dir = cache_root()
+    root = Path(cache_dir).expanduser()
+    if root.exists() and not root.is_dir():
+        raise ValueError(f"cache_dir={str(root)!r} is a file, not a folder")
+    if cache_limit is None:
+        cache_limit = cachespace.default_limit(root, data_bytes)
+    limit = cachespace.parse_size(cache_limit)
+    return BlockCache(root, limit) if limit > 0 else None
+
+
+def describe(cache, data_bytes: int, url: str) -> str:
+    """One line saying which case a run is in: the cache holds all ``data_bytes`` of the
+    output at ``url`` (one fetch of each byte, then none), or it is smaller (every epoch
+    fetches about the difference), or caching is off."""
+    if cache.limit <= 0:
+        return (f"{url}: no block cache ({getattr(cache, 'reason', 'cache_limit=0')}): every epoch fetches "
+                f"all {_size_text(data_bytes)} it reads")
+    if cache.limit >= data_bytes:
+        return (f"{url}: block cache {cache.root} ({_size_text(cache.limit)} limit) holds all "
+                f"{_size_text(data_bytes)} of pixels: the first epoch fetches each byte at most once, "
+                "later epochs nothing (while no other dataset fills the cache)")
+    return (f"{url}: block cache {cache.root} ({_size_text(cache.limit)} limit) is smaller than the "
+            f"{_size_text(data_bytes)} of pixels: every epoch fetches about "
+            f"{_size_text(data_bytes - cache.limit)} (never more than it reads); a cache_limit of "
+            f"{_size_text(data_bytes * 1.05)} would fetch nothing after the first epoch")
+
+
+def _size_text(n: float) -> str:
+    from .text import size_text
+    return size_text(n)
