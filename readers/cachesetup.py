@@ -50,7 +50,7 @@ def open_cache(cache_dir, cache_limit, data_bytes: int) -> BlockCache | None:
     if cache_dir is False:
         return None
     if cache_dir is None:
-        from .objects import cache_root
+        from .mirror import cache_root
         cache_dir = cache_root()
     root = Path(cache_dir).expanduser()
     if root.exists() and not root.is_dir():
