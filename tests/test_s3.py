@@ -143,9 +143,13 @@ def test_a_forked_worker_is_refused_in_one_line_not_left_hanging(s3, cache, outp
     ds = ShardDataset(url)
     assert ds[0][1] == ShardDataset(outputs["raw"])[0][1]  # the client now runs in this process
     loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=1, multiprocessing_context="fork")
-    with pytest.raises(ShardFormatError, match=r"s3://shardpack-tests/fork/OUT: read in a process forked after its "
-                                               r"parent used the S3 client .*multiprocessing_context='spawn'"):
-        next(iter(loader))
+    batches = iter(loader)
+    try:
+        with pytest.raises(ShardFormatError, match=r"s3://shardpack-tests/fork/OUT: read in a process forked after "
+                                                   r"its parent used the S3 client .*multiprocessing_context='spawn'"):
+            next(batches)
+    finally:  # the forked worker holds this process's fds, the forkserver's among them: a later
+        batches._shutdown_workers()  # forkserver stop (test_forkserver_workers_...) waited on it forever
 
 
 def test_an_object_replaced_under_a_live_reader_is_refused_not_mixed(s3, cache, outputs):
