@@ -29,7 +29,7 @@ def _rank(rank, url, local, init, env, results):
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=WORLD,
                             timeout=__import__("datetime").timedelta(seconds=60))
     try:
-        ds = ShardDataset(url)
+        ds = ShardDataset(url, cache_limit=0)  # uncached: each GET is the sampler's exact ranges
         ds.reader.check()  # the data file opened (its .npy header fetched) before the count starts
         objects.FETCHES = fetched = []
         got = list(make_loader(ds, 4, seed=0, mode="main"))

@@ -92,14 +92,14 @@ def test_hdf5_opening_fetches_its_header_blocks_never_the_whole_file(s3, cache, 
     out = outputs["hdf5", "big"]
     url = upload(s3, out, "header/hdf5/OUT")
     size = (out / "images.h5").stat().st_size
-    ds = ShardDataset(url)
+    ds = ShardDataset(url, cache_limit=0)
     assert ds[0][1] == 0
     opening = [f for f in fetches[:-1] if f[0].endswith("images.h5")]  # the last: sample 0's pixels
     assert fetches[-1][2] - fetches[-1][1] == 64 * 64 * 3
     fetched = sum(b - a for _, a, b in opening)
     assert 0 < fetched <= 2 * (64 << 10) < size // 3, (fetched, size)  # at most two 64 KiB header blocks
     fetches.clear()
-    again = ShardDataset(url)  # the layout is kept in the node cache: no header fetched again
+    again = ShardDataset(url, cache_limit=0)  # the layout is kept in the node cache: no header fetched again
     assert same(again[5], ShardDataset(out)[5]) and len(fetches) == 1
 
 
@@ -107,7 +107,7 @@ def test_lmdb_records_are_located_from_branch_and_leaf_pages_once_per_node(s3, c
     out = outputs["lmdb", "big"]
     url = upload(s3, out, "pages/lmdb/OUT")
     size = (out / "data.mdb").stat().st_size
-    ds = ShardDataset(url)
+    ds = ShardDataset(url, cache_limit=0)
     assert same(ds[59], ShardDataset(out)[59])
     walk = fetches[:-1]
     from shardpack.readers.formats.lmdb_pages import meta
@@ -117,7 +117,7 @@ def test_lmdb_records_are_located_from_branch_and_leaf_pages_once_per_node(s3, c
     assert sum(first) + psize < size // 20
     assert fetches[-1][2] - fetches[-1][1] == 64 * 64 * 3
     fetches.clear()
-    assert same(ShardDataset(url)[3], ShardDataset(out)[3]) and len(fetches) == 1  # locations from the cache
+    assert same(ShardDataset(url, cache_limit=0)[3], ShardDataset(out)[3]) and len(fetches) == 1  # cached places
     derived = list((cache / "derived").glob("*-lmdb-records.npz"))
     assert len(derived) == 1
     import obstore
@@ -125,7 +125,7 @@ def test_lmdb_records_are_located_from_branch_and_leaf_pages_once_per_node(s3, c
     store = S3Store(BUCKET, endpoint=s3.endpoint, client_options={"allow_http": True})
     obstore.put(store, "pages/lmdb/OUT/data.mdb", (outputs["lmdb", "raw"] / "data.mdb").read_bytes())
     with pytest.raises(ShardFormatError, match=rf"^{url}/data.mdb: \d+ bytes, the manifest records {size}; "):
-        ShardDataset(url)  # another object (another ETag and size): never the cached locations
+        ShardDataset(url, cache_limit=0)  # another object (another ETag and size): never the cached locations
 
 
 def test_a_damaged_cached_lmdb_location_table_is_computed_again(s3, cache, outputs):
