@@ -65,6 +65,16 @@ def s3_server(tmp_path_factory):
     server.stop()
 
 
+@pytest.fixture(scope="module")
+def proxy(s3_server):
+    """A fault-injecting, byte-counting proxy (tests/s3proxy.py) in front of the session's S3
+    server, one per test module that asks for it, stopped by its pid."""
+    import s3proxy
+    p = s3proxy.start(s3_server.endpoint)
+    yield p
+    p.stop()
+
+
 @pytest.fixture
 def s3(s3_server, monkeypatch):
     """The session's S3 server, with the standard AWS_* variables set for this test (the client

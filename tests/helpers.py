@@ -223,3 +223,22 @@ def stop_after(monkeypatch, files: int):
             raise KeyboardInterrupt
         return real(self)
     monkeypatch.setattr(run.Decoding, "maybe_checkpoint", stop)
+
+
+def run_ranks(target, args_of_rank, world: int = 2, timeout: float = 120) -> None:
+    """Run ``target(*args_of_rank(r))`` for ranks 0..world-1, each in its own spawned process
+    (as torchrun starts DDP ranks), and assert that none hung past ``timeout`` seconds (a hung
+    rank is killed) and that every one exited 0."""
+    import multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=target, args=args_of_rank(r)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=timeout)
+    alive = [p for p in procs if p.is_alive()]
+    for p in alive:
+        p.kill()
+    assert not alive, "a rank hung"
+    assert [p.exitcode for p in procs] == [0] * world
+

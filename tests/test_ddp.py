@@ -3,11 +3,10 @@ pipeline starves a rank and the others hang at the next collective. ShardDataset
 so DistributedSampler splits samples, not shards: every rank gets the same number of batches."""
 
 import json
-import multiprocessing as mp
 
 import pytest
 
-from helpers import make_tree, pack_quiet
+from helpers import make_tree, pack_quiet, run_ranks
 
 WORLD = 2
 
@@ -43,18 +42,8 @@ def test_two_ranks_two_workers_same_batches_no_hang(tmp_path, shard_size):
     out = pack_quiet(src, tmp_path / "w", "wds", size=64, shard_size=shard_size).out
     shards = sorted(out.glob("shard-*.tar"))
     assert (len(shards) == 1) if shard_size is None else (len(shards) > 1)
-    ctx = mp.get_context("spawn")
     init = f"file://{tmp_path / 'pg'}"
-    procs = [ctx.Process(target=_rank, args=(r, out, init, tmp_path)) for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=120)
-    alive = [p for p in procs if p.is_alive()]
-    for p in alive:
-        p.kill()
-    assert not alive, "a rank hung"
-    assert all(p.exitcode == 0 for p in procs)
+    run_ranks(_rank, lambda r: (r, out, init, tmp_path), WORLD)
     got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
     assert got[0] == got[1]  # same number of batches and samples on every rank
     assert got[0]["batches"] == 2 * (25 // 4)  # 50 samples / 2 ranks, batch 4, drop_last, 2 epochs

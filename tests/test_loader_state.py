@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import helpers
-from helpers import make_tree
+from helpers import make_tree, run_ranks
 from shardpack.readers import ShardDataset, ShardSampler
 from shardpack.readers.loading import make_loader
 from shardpack.readers.transforms import Compose, RandomCrop, RandomHorizontalFlip
@@ -376,21 +376,10 @@ def _rank(rank, out, tmp):
 
 
 def test_ddp_two_ranks_resumed_on_one_and_one_resumed_on_two_with_the_same_global_batch(out, reference, tmp_path):
-    import multiprocessing as mp
-
     one = make(out)
     take(one, 3)
     (tmp_path / "one.json").write_text(json.dumps(one.state_dict()))
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_rank, args=(r, out, tmp_path)) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=120)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    assert [p.exitcode for p in procs] == [0, 0]
+    run_ranks(_rank, lambda r: (r, out, tmp_path))
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     steps = [per_image(labels, imgs) for labels, imgs in reference[:2 * PER_EPOCH]]
 

@@ -36,15 +36,6 @@ def upload(endpoint: str, out: Path, prefix: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def proxy(s3_server):
-    """One fault-injecting, counting proxy in front of the session's server, for this module."""
-    import s3proxy
-    p = s3proxy.start(s3_server.endpoint)
-    yield p
-    p.stop()
-
-
-@pytest.fixture(scope="module")
 def output(tmp_path_factory) -> Path:
     """96 samples of 128 px (49,152 bytes each: 4.7 MB of pixels), raw npy."""
     d = tmp_path_factory.mktemp("s3cache")

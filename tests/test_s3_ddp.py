@@ -6,9 +6,8 @@ share, each sample once, none of the other rank's."""
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 
-from helpers import make_tree, packed
+from helpers import make_tree, packed, run_ranks
 from test_s3 import upload
 
 WORLD = 2
@@ -52,18 +51,7 @@ def test_two_ranks_read_only_their_own_samples_from_s3(s3, tmp_path):
     local = packed("npy", src, tmp_path / "o", size=32)
     url = upload(s3, local, "ddp/OUT")
     env = {**s3.env(), "SHARDPACK_CACHE": str(tmp_path / "cache")}
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_rank, args=(r, url, local, f"file://{tmp_path / 'pg'}", env, tmp_path))
-             for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=120)
-    alive = [p for p in procs if p.is_alive()]
-    for p in alive:
-        p.kill()
-    assert not alive, "a rank hung"
-    assert all(p.exitcode == 0 for p in procs)
+    run_ranks(_rank, lambda r: (r, url, local, f"file://{tmp_path / 'pg'}", env, tmp_path), WORLD)
     size = 32 * 32 * 3
     shares = []
     for r in range(WORLD):

@@ -24,15 +24,6 @@ FAST = {"max_retries": 3, "retry_timeout": timedelta(seconds=10),
 
 
 @pytest.fixture(scope="module")
-def proxy(s3_server):
-    """This module's fault-injecting proxy in front of the session's server."""
-    import s3proxy
-    p = s3proxy.start(s3_server.endpoint)
-    yield p
-    p.stop()
-
-
-@pytest.fixture(scope="module")
 def output(tmp_path_factory):
     """As test_s3_cache's: 96 samples of 128 px, raw npy."""
     d = tmp_path_factory.mktemp("s3faults")
