@@ -280,7 +280,10 @@ class Upload:
         try:
             self._delete_manifests(self._listing())
             while (item := self._queue.get()) is not None and not self._cancel.is_set():
-                self._put_recorded(*item)
+                try:
+                    self._put_recorded(*item)  # a file of the partial directory, which the local
+                except FileNotFoundError:  # commit may have renamed into place meanwhile
+                    self._put_recorded(item[0], self.local / item[0])
         except BaseException as err:  # noqa: BLE001 -- said by the next checkpoint or the commit
             self._error = err
 
