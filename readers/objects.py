@@ -55,7 +55,9 @@ def is_url(path) -> bool:
 def one_line(err: BaseException) -> str:
     """The first line of a client error (obstore's messages go on with a retry dump)."""
     text = str(err).strip().splitlines()
-    return text[0] if text else type(err).__name__
+    first = text[0].partition("<?xml")[0].rstrip(" :") if text else type(err).__name__  # not the S3 XML body
+    return first + ("; access refused: check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY and the bucket's policy"
+                    if "403 Forbidden" in first else "")
 
 
 class Objects:

@@ -44,6 +44,8 @@ def _images(reader) -> tuple:
     with header_file(reader) as f:
         try:
             shape, fortran, dtype, base = _header(f)
+        except ShardFormatError:  # the store's own refusal (a forked worker, a replaced object): as it is
+            raise
         except (ValueError, EOFError) as err:
             raise ShardFormatError(f"{f.file.path}: not a readable .npy array ({err})") from None
         size, where = f.file.size, f.file.path
