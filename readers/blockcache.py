@@ -125,8 +125,11 @@ class BlockCache:
             lo, hi = max(c0, b * per), min(c1, (b + 1) * per)
             missing += self._load(oid, file.size, b, lo, hi, view[(lo - c0) * self.chunk:], c0)
         self._touch(oid, file)
-        if not missing:
+        if not missing:  # all from the cache (the common warm case): no claims, no fetches
             self._revalidate(oid, file)
+            with self._lock:
+                self.hits += end - offset
+            return view[offset - c0 * self.chunk:end - c0 * self.chunk]
         mine, theirs = self._claim(oid, missing)
         try:
             if mine:  # another thread may have stored some between the look and the claim
@@ -211,16 +214,15 @@ class BlockCache:
             return list(range(lo, hi))
         finally:
             os.close(fd)
-        chunk, first = self.chunk, b * per
+        chunk, c = self.chunk, b * per + k0
         table = np.frombuffer(head, "<u8", offset=TABLE)[k0:k1].tolist()
         digest = _xxh3()
-        starts = range(0, min(got, nbytes), chunk)
-        # the chunks read whole, each hashed where it lies (the object's last may be shorter)
-        found = [digest(out[at:at + chunk], first + k0 + j) or 1 for j, at in enumerate(starts)
-                 if at + min(chunk, size - (first + k0 + j) * chunk) <= got]
-        missing = [first + k0 + j for j, want in enumerate(table)
-                   if j >= len(found) or want == 0 or found[j] != want]
-        return missing
+        # the chunks read whole (all of them, but after a short read), each hashed where it lies
+        # (the object's last chunk may be shorter): checked against the checksum stored with it
+        whole = out[:min(got, nbytes)]
+        count = len(table) if got >= nbytes else got // chunk
+        return [c + j for j, want in enumerate(table)
+                if j >= count or want == 0 or (digest(whole[j * chunk:(j + 1) * chunk], c + j) or 1) != want]
 
     # -- writing ---------------------------------------------------------------------------
     def _store(self, oid, file, a, z, data) -> None:

@@ -17,6 +17,16 @@ def attach(objects, cache_dir=None, cache_limit=None) -> str:
     None for none) and ``objects.cache_text`` (:func:`describe`'s line, which is also
     warned once, as a RuntimeWarning, so a run says which case it is in). Objects without an
     ETag are read uncached (nothing to key them by). Raises ValueError as :func:`open_cache`."""
+    cache, text = choose(objects, cache_dir, cache_limit)
+    objects.cache, objects.cache_text = cache, text
+    warnings.warn(text, RuntimeWarning, stacklevel=3)
+    return text
+
+
+def choose(objects, cache_dir=None, cache_limit=None) -> tuple[BlockCache | None, str]:
+    """``(the block cache or None, the line saying which case applies)`` for ``objects`` opened
+    by open_url, as :func:`attach` gives them, nothing attached or warned (``shardpack info``).
+    Raises ValueError as :func:`open_cache`."""
     data = sum(size for size, _ in objects.pixels.values())
     cache = open_cache(cache_dir, cache_limit, data)
     if cache is None:
@@ -31,9 +41,7 @@ def attach(objects, cache_dir=None, cache_limit=None) -> str:
         text = f"{objects.url}: its store gives no ETag, so nothing is cached: every epoch fetches what it reads"
     else:
         text = describe(cache, data, objects.url)
-    objects.cache, objects.cache_text = cache, text
-    warnings.warn(text, RuntimeWarning, stacklevel=3)
-    return text
+    return cache, text
 
 
 class _Off:

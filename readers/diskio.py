@@ -42,25 +42,38 @@ MERGE_BYTES = 1 << 20  # adjacent samples are read by one preadv up to this many
 _pool: ThreadPoolExecutor | None = None
 _pool_pid = None
 _pool_lock = threading.Lock()
+_other_pools: dict[int, ThreadPoolExecutor] = {}  # pools of another size (object storage: readers/objects.py)
 
 
 def _forget_pool_after_fork():
     global _pool, _pool_pid, _pool_lock
     _pool, _pool_pid, _pool_lock = None, None, threading.Lock()  # the parent's threads are not here
+    _other_pools.clear()
 
 
 os.register_at_fork(after_in_child=_forget_pool_after_fork)
 
 
-def pool() -> ThreadPoolExecutor:
-    """This process's read pool of :data:`THREADS` threads (made on first use, again after fork)."""
+def pool(threads: int | None = None) -> ThreadPoolExecutor:
+    """This process's read pool of :data:`THREADS` threads (made on first use, again after fork);
+    ``threads`` another number: a pool of that many of its own (a file whose ``threads`` says how
+    many requests it wants in flight: an object's ranged GETs, readers/objects.py)."""
     global _pool, _pool_pid
     if _pool_pid != os.getpid():
         with _pool_lock:
             if _pool_pid != os.getpid():
                 _pool = ThreadPoolExecutor(THREADS, thread_name_prefix="shardpack-read")
+                _other_pools.clear()
                 _pool_pid = os.getpid()
-    return _pool
+    if threads is None or threads == THREADS:
+        return _pool
+    got = _other_pools.get(threads)
+    if got is None:
+        with _pool_lock:
+            got = _other_pools.get(threads)
+            if got is None:
+                got = _other_pools[threads] = ThreadPoolExecutor(threads, thread_name_prefix="shardpack-get")
+    return got
 
 
 class DataFile:
@@ -184,7 +197,8 @@ def submit(jobs: list, then=None, each=None) -> Pending:
     samples of npy and HDF5 do) are merged into one ``preadv`` of up to :data:`MERGE_BYTES`
     (or the file's own ``merge_bytes``: an object's ranged GET, readers/objects.py; its errors
     still name the first sample not read);
-    the rest are dealt to the threads in order, so each thread walks its part forwards.
+    the rest are dealt to the threads in order (:data:`THREADS`, or the first file's own
+    ``threads`` from a pool of that many: object storage), so each thread walks its part forwards.
     ``each(j)``, when given, runs in the pool thread as soon as job ``j`` (its position in
     ``jobs``) is read, e.g. to decode what it read while other reads are in flight; what it
     raises ends that thread's part and is raised by :meth:`Pending.wait`.
@@ -203,9 +217,10 @@ def submit(jobs: list, then=None, each=None) -> Pending:
         merged.append([file, offset, list(buffers), [(0, sample)], n, [j]])
     if not merged:
         return Pending([], then)
-    parts = min(THREADS, len(merged))
+    threads = getattr(merged[0][0], "threads", None) or THREADS  # an object's own (readers/objects.py)
+    parts = min(threads, len(merged))
     step = -(-len(merged) // parts)
-    ex = pool()
+    ex = pool(threads)
     futures = [ex.submit(_run, [(*m[:4], m[5]) for m in merged[a:a + step]], each)
                for a in range(0, len(merged), step)]
     return Pending(futures, then)

@@ -322,9 +322,11 @@ def index_problems(root: Path, manifest: dict, index: Index) -> list[str]:
 
 def info_text(root) -> str:
     """What ``shardpack info`` prints about an output: count, classes, shape, size on disk, how
-    the pixels were made, skipped files. Raises ShardFormatError (one line) when the output is
-    damaged: its manifest, index columns or data files' headers, or a file that ShardDataset
-    checks at open differs from its digest (not every sample, nor the pixel files: ``verify``)."""
+    the pixels were made, skipped files; for a URL, the block cache case a loader opened now is in
+    (holds all the pixels, or smaller than them: readers/cachesetup.py). Raises ShardFormatError
+    (one line) when the output is damaged: its manifest, index columns or data files' headers, or
+    a file that ShardDataset checks at open differs from its digest (not every sample, nor the
+    pixel files: ``verify``)."""
     named, root, m, objects = opened(root)
     index = Index(root, m)
     reader = open_reader(root, m, objects)
@@ -357,6 +359,13 @@ def info_text(root) -> str:
         rows = [f"{r['kind']}: {r['reason']}" for r in skipped]
     except (OSError, ValueError, TypeError, KeyError):
         raise ShardFormatError(f"{root / SKIPPED}: not a list of skipped files") from None
+    if objects is not None:  # which cache case a loader opened now would be in (cachesetup's line)
+        from .cachesetup import choose
+        try:
+            text = choose(objects)[1]
+        except ValueError as err:  # SHARDPACK_CACHE a file, a limit it cannot read
+            text = str(err)
+        lines.append(f"  cache       {text.removeprefix(objects.url + ': ')}")
     lines.append(f"  skipped     {len(rows)} files" + (":" if rows else ""))
     lines += [f"    {shown(r)}" for r in rows[:20]]
     if len(rows) > 20:

@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # s3server, helpers
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_s3_cache
 import s3server  # noqa: E402
 
 SAMPLE = 196_608  # one 256 x 256 x 3 uint8 sample
@@ -127,57 +128,83 @@ def medians(rates: dict, names) -> list:
 
 
 def loader_vs_client(args) -> None:
-    """make_loader over s3:// (random batches of 64, main mode) vs the client alone fetching as
-    many random 196 KB ranges of the same object from 8 threads (one GET each), interleaved."""
+    """make_loader over s3:// (random batches of 64, main mode) uncached, cold cache, warm cache and
+    on the local copy, against the client alone fetching the very ranges the uncached loader asked
+    for (recorded: objects.FETCHES) from ``--threads`` threads, the loader's GETs in flight the same
+    (storage_options' inflight); interleaved, medians, ratios to the client in one run."""
     import obstore
 
-    from helpers import make_tree, packed
+    from bench_s3_cache import noise_tree
+    from helpers import packed
     from shardpack import ShardDataset, make_loader
-    from shardpack.readers.manifest import NPY_IMAGES
+    from shardpack.readers import objects
     with tempfile.TemporaryDirectory(prefix="bench-s3-loader-") as tmp:
         tmp = Path(tmp)
         n = (args.mb << 20) // SAMPLE // 64 * 64
-        src = make_tree(tmp / "src", {"a": n // 2, "b": n - n // 2}, sizes=[(256, 256)])
-        out = packed("npy", src, tmp / "out", size=256)
+        out = packed("npy", noise_tree(tmp / "src", n), tmp / "out", size=256)
         server = s3server.start(tmp / "weed")
         try:
             os.environ.update(server.env())
             os.environ["SHARDPACK_CACHE"] = str(tmp / "cache")
-            store, _ = clients(server, 8)
+            from obstore.store import S3Store
+            store = S3Store(BUCKET, endpoint=server.endpoint, region=s3server.REGION,
+                            access_key_id=s3server.ACCESS_KEY, secret_access_key=s3server.SECRET_KEY,
+                            client_options={"allow_http": True})
             for f in sorted(p for p in out.rglob("*") if p.is_file()):
                 obstore.put(store, f"out/{f.relative_to(out).as_posix()}", f.read_bytes())
-            ds = ShardDataset(f"s3://{BUCKET}/out")
-            key, base = f"out/{NPY_IMAGES}", ds.reader.objects.open(NPY_IMAGES).size - n * SAMPLE
-            pool = ThreadPoolExecutor(8)
-            rng = np.random.default_rng(0)
+            url, opts = f"s3://{BUCKET}/out", {"inflight": args.threads}
+
+            def opened(**kw):
+                import warnings
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    return ShardDataset(url, storage_options=opts, **kw)
+
+            plain, warm = opened(cache_limit=0), opened(cache_dir=tmp / "warm")
+            loaders = {"no cache": make_loader(plain, 64, seed=0, mode="main"),
+                       "warm cache": make_loader(warm, 64, seed=0, mode="main"),
+                       "local copy": make_loader(ShardDataset(out), 64, seed=0, mode="main")}
+            objects.FETCHES = []
+            sum(len(i) for i, _ in loaders["no cache"])  # the connections warm; the ranges an epoch asks
+            ranges, objects.FETCHES = [(u.rsplit("/", 1)[1], a, z) for u, a, z in objects.FETCHES], None
+            sum(len(i) for i, _ in loaders["warm cache"])  # warmed
+            sum(len(i) for i, _ in loaders["local copy"])
+            key = f"out/{ranges[0][0]}"
+            pool = ThreadPoolExecutor(args.threads)
 
             def client_epoch():
-                for _ in range(n // 64):
-                    starts = (np.sort(rng.choice(n, 64, replace=False)) * SAMPLE + base).tolist()
-                    list(pool.map(lambda s: bytes(obstore.get_range(store, key, start=s, length=SAMPLE)), starts))
+                list(pool.map(lambda r: bytes(obstore.get_range(store, key, start=r[1], end=r[2])), ranges))
+                return n
 
-            loader = make_loader(ds, 64, seed=0, mode="main")  # made once: each pass a new epoch's shuffle
+            def cold_epoch(r):
+                loader = make_loader(opened(cache_dir=tmp / f"cold{r}"), 64, seed=r, mode="main")
+                t = time.perf_counter()
+                got = sum(len(i) for i, _ in loader)
+                return got, time.perf_counter() - t  # the open (manifest, mirror) not timed: --first's
 
-            def loader_epoch():
-                for _ in loader:
-                    pass
-
-            runs = {"make_loader s3:// main": loader_epoch, "obstore 8 threads": client_epoch}
+            runs = {"client same ranges": None, "make_loader no cache": "no cache", "make_loader cold cache": "cold",
+                    "make_loader warm cache": "warm cache", "make_loader local copy": "local copy"}
             rates: dict[str, list[tuple[float, float]]] = {k: [] for k in runs}
             names = list(runs)
-            loader_epoch()  # the mirror and the connections warm
             for r in range(args.rounds):
                 for name in (names if r % 2 == 0 else names[::-1]):
-                    t = time.perf_counter()
-                    runs[name]()
-                    rates[name].append((n / (time.perf_counter() - t), os.getloadavg()[0]))
-            base_rate = statistics.median(v for v, _ in rates["obstore 8 threads"])
+                    if runs[name] == "cold":
+                        got, took = cold_epoch(r)
+                    else:
+                        t = time.perf_counter()
+                        got = client_epoch() if runs[name] is None else sum(len(i) for i, _ in loaders[runs[name]])
+                        took = time.perf_counter() - t
+                    rates[name].append((got / took, os.getloadavg()[0]))
+            base_rate = statistics.median(v for v, _ in rates["client same ranges"])
+            local = statistics.median(v for v, _ in rates["make_loader local copy"])
             print(f"{n} samples of 256 px ({n * SAMPLE / 1e6:.0f} MB) over local SeaweedFS, random batches of 64, "
-                  f"rounds interleaved, median of {args.rounds}")
+                  f"{args.threads} GETs in flight (loader and client), {len(ranges)} GETs an epoch, rounds "
+                  f"interleaved, median of {args.rounds}")
             for name in names:
                 med = statistics.median(v for v, _ in rates[name])
                 each = ", ".join(f"{v:.0f} @ {ld:.2f}" for v, ld in rates[name])
-                print(f"{name:24s} {med:8.0f} samples/s {med / base_rate:5.2f} of the client  {each}")
+                print(f"{name:24s} {med:8.0f} samples/s {med / base_rate:5.2f} of the client "
+                      f"{med / local:5.2f} of local  {each}")
         finally:
             server.stop()
 
@@ -192,8 +219,9 @@ def main() -> None:
                     help="instead: obstore from 8 threads (diskio.THREADS) on runs of 64 adjacent samples, "
                          "fetched as GETs of 1, 4, 16, 32 or 64 samples each (what MERGE_BYTES decides)")
     ap.add_argument("--loader", action="store_true",
-                    help="instead: make_loader(mode='main') over s3:// on a packed 256 px npy output of --mb MB "
-                         "against obstore from 8 threads fetching the same number of random samples")
+                    help="instead: make_loader(mode='main') over s3:// (no cache, cold, warm) and on the local copy, "
+                         "a packed 256 px npy output of --mb MB, against obstore from --threads threads "
+                         "fetching the very ranges the loader asked for")
     ap.add_argument("--first", action="store_true", help="instead: time to the first batch vs object size")
     ap.add_argument("--sizes", type=int, nargs="+", default=[25, 100, 400], help="--first's outputs, MB")
     ap.add_argument("--inflight", action="store_true", help="instead: samples/s with --inflight-threads GETs in "

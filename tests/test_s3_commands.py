@@ -45,6 +45,8 @@ def test_info_of_a_url_describes_it_from_its_mirror(s3, cache, outputs):
     lines = result.output.splitlines()
     assert lines[0] == url and lines[1:3] == local.output.splitlines()[1:3]  # format, samples
     assert "  in store    " in result.output and str(cache) in result.output
+    [case] = [line for line in lines if line.startswith("  cache       ")]
+    assert case.startswith(f"  cache       block cache {cache} (") and " holds all " in case  # the cache case
     doc = json.loads(run_cli("info", url, "--json", command="shardpack").output)
     assert doc["ok"] and doc["datasets"][0]["path"] == url
     assert doc["datasets"][0]["bytes_on_disk"] == sum(doc["datasets"][0]["manifest"]["files"].values())
@@ -53,6 +55,21 @@ def test_info_of_a_url_describes_it_from_its_mirror(s3, cache, outputs):
     assert result.exit_code == 0, result.output
     assert [line for line in result.output.splitlines() if line.startswith("split ")] == [
         f"split train: {splits}/train", f"split val: {splits}/val"]
+
+
+def test_the_cache_case_says_smaller_than_the_data_or_off(s3, cache, outputs):
+    from shardpack.readers.cachesetup import choose
+    from shardpack.readers.mirror import open_url
+    url = upload(s3, outputs["jpeg"], "cmd/info-case/OUT")
+    _, objects = open_url(url)
+    data = sum(size for size, _ in objects.pixels.values())
+    got, text = choose(objects, cache_limit=data // 2)
+    assert got.limit == data // 2 and text.startswith(f"{url}: block cache {cache} (") and " is smaller than " in text
+    got, text = choose(objects, cache_limit=data)
+    assert got.limit == data and " holds all " in text
+    assert choose(objects, cache_limit=0) == (None, f"{url}: no block cache (cache_limit=0): every epoch fetches "
+                                                    f"all {text.split(' holds all ')[1].split(' of pixels')[0]} "
+                                                    "it reads")
 
 
 @pytest.mark.parametrize("name", ["wds", "jpeg", "splits"])
