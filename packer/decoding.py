@@ -13,6 +13,8 @@ import time
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 
+from ..readers.manifest import LAYOUT_PARTS
+
 from .imaging import Recipe
 from .ledger import IO_ERRNOS, Ledger, folder_gone
 from .options import Options, PackError, Stopped, resume_advice, say
@@ -72,7 +74,7 @@ class Decoding:
 
     def run(self) -> None:
         n = len(self.listing)
-        if self.opts.engine == "local":
+        if self.opts.engine == "local" and self.opts.layout != LAYOUT_PARTS:
             runner = open_runner(self.listing, self.recipe, self.writer, self.start, self.workers,
                                  self.opts.io_threads, self.staging.run_dir, ring_row(self.recipe))
         else:  # units decoded anywhere, taken in scan order (units.py)
@@ -181,10 +183,11 @@ def open_unit_runner(listing, recipe: Recipe, writer, start: int, workers: int, 
     if opts.engine == "ray":
         from .engine_ray import RayExecutor
         executor = RayExecutor(opts.address, workers)
-    else:
+    else:  # "units", or a local run of the part layout (the nodes' protocol on K local processes)
         executor = PoolExecutor(workers)
-    return UnitRunner(listing, recipe, writer, start, executor, staging.run_dir,
-                      unit_files(recipe, opts.unit_files), opts.strict, lambda: staging.done)
+    per = writer.per if getattr(writer, "node_written", False) else unit_files(recipe, opts.unit_files)
+    return UnitRunner(listing, recipe, writer, start, executor, staging.run_dir, per, opts.strict,
+                      lambda: staging.done)
 
 
 def _settle(writer, durable: bool) -> dict:

@@ -34,6 +34,11 @@ import numpy as np
 from .encoding import ENCODED_VERSION, encoding_problems
 
 FORMAT_VERSION = 1
+PARTS_VERSION = 3  # the part layout (manifest "file_layout": "parts"): pixels in parts/, listed in "parts"
+FILE_LAYOUT = "file_layout"  # the manifest key ("layout" is the pixels' HWC)
+LAYOUT_SINGLE, LAYOUT_PARTS = "single", "parts"
+LAYOUTS = (LAYOUT_SINGLE, LAYOUT_PARTS)
+PARTS_DIR = "parts"
 FORMATS = ("lmdb", "wds", "npy", "hdf5")
 MANIFEST = "manifest.json"
 SKIPPED = "skipped.json"
@@ -67,6 +72,16 @@ WDS_OFFSETS = "wds_offsets.npy"  # int64 (count, 2): shard number, byte offset o
 # "splits": {name: {"path": folder relative to OUT, "count": samples, ...}}, "classes",
 # "class_to_idx", "classes_from", "pixels", "settings", "run"}. A dataset manifest has no "kind".
 SPLITS_KIND = "splits"
+
+
+def part_name(g: int, suffix: str) -> str:
+    """The file name of part ``g`` of a part-layout output (under PARTS_DIR)."""
+    return f"p{g:07d}{suffix}"
+
+
+def layout_of(manifest: dict) -> str:
+    """The layout of a dataset's output: LAYOUT_PARTS (pixels in part files) or LAYOUT_SINGLE."""
+    return manifest.get(FILE_LAYOUT, LAYOUT_SINGLE)
 
 
 class ShardFormatError(ValueError):
@@ -108,9 +123,9 @@ def load_manifest(root: str | os.PathLike, elsewhere: dict | None = None) -> dic
     if manifest.get("kind") == SPLITS_KIND:
         raise ShardFormatError(_splits_hint(root, manifest))
     version = manifest.get("format_version")
-    if version not in (FORMAT_VERSION, ENCODED_VERSION):  # 2: encoded outputs (encoding.py)
+    if version not in (FORMAT_VERSION, ENCODED_VERSION, PARTS_VERSION):  # 2: encoded (encoding.py); 3: parts
         raise ShardFormatError(f"{path}: format version {version!r}, this reader understands "
-                               f"{FORMAT_VERSION} and {ENCODED_VERSION}")
+                               f"{FORMAT_VERSION}, {ENCODED_VERSION} and {PARTS_VERSION}")
     if manifest.get("format") not in FORMATS:
         raise ShardFormatError(f"{path}: unknown format {manifest.get('format')!r}")
     problems = manifest_problems(manifest) + encoding_problems(manifest)
@@ -175,7 +190,13 @@ def manifest_problems(m: dict) -> list[str]:
     if not isinstance(files, dict) or not all(isinstance(k, str) and _is_int(v) and v >= 0 for k, v in files.items()):
         out.append("files is not a map of file names to sizes")
     else:
-        need = [*DATA_FILES.get(fmt, ()), f"{INDEX_DIR}/{COLUMNS['labels']}"]
+        parts = m.get("parts") if m.get(FILE_LAYOUT) == LAYOUT_PARTS else None
+        if parts is not None and not (isinstance(parts, list) and all(
+                isinstance(p, dict) and isinstance(p.get("name"), str) and _is_int(p.get("count")) for p in parts)):
+            out.append("parts is not a list of part files with their counts")
+            parts = []
+        data = [p["name"] for p in parts] if parts is not None else DATA_FILES.get(fmt, ())
+        need = [*data, f"{INDEX_DIR}/{COLUMNS['labels']}"]
         if shape is None:
             need += [f"{INDEX_DIR}/{COLUMNS['shapes']}"] + ([NPY_OFFSETS] if fmt == "npy" else [])
         missing = [f for f in need if f not in files]
