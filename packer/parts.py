@@ -42,12 +42,12 @@ def part_files(recipe, shard_size: int | None, unit: int) -> int:
 
 
 def part_sizes(recipe, opts) -> dict:
-    """The writer's options of the part layout: files per unit and per part; {} for the single-file layout."""
+    """The writer's options of the part layout: the layout, files per unit and per part ({} for the single-file one)."""
     if opts.layout != LAYOUT_PARTS:
         return {}
     from .units import unit_files
     unit = unit_files(recipe, opts.unit_files)
-    return {"unit_files": unit, "part_files": part_files(recipe, opts.shard_size, unit)}
+    return {"layout": LAYOUT_PARTS, "unit_files": unit, "part_files": part_files(recipe, opts.shard_size, unit)}
 
 
 def check_layout(fmt: str, recipe, layout: str) -> None:

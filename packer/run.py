@@ -308,8 +308,8 @@ def _open_writer(staging: Staging, listing: Listing, recipe: Recipe, opts: Optio
     keep_freed_memory()
     try:
         writer = open_writer(opts.fmt, staging.tmp, len(listing), recipe.shape(), listing.labels,
-                             {"shard_size": opts.shard_size, "attrs": {"classes": listing.classes}, "scratch": staging.run_dir,
-                              "encoding": recipe.encoding, "layout": opts.layout, **part_sizes(recipe, opts)})
+                             {"shard_size": opts.shard_size, "attrs": {"classes": listing.classes},
+                              "scratch": staging.run_dir, "encoding": recipe.encoding, **part_sizes(recipe, opts)})
     except OSError as err:
         if errno_of(err) in DISK_FULL and not staging.start["done"]:
             staging.discard()  # nothing written yet: a plain rerun starts over
