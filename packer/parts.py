@@ -111,6 +111,31 @@ def run_part(spec, node: str) -> dict:
     return {"unit": spec.unit, "node": node or socket.gethostname()}
 
 
+class Bulk:
+    """A part's per-file results as columns, what the driver records without a Python object per
+    file (decoding.Decoding takes it whole): ``columns`` uint64 (k, 8) of the decoded files
+    [index, mode, w, h, checksum, H, W, record] in scan order, ``skipped`` the Skipped ones,
+    ``stop`` the scan position after the part. Only files from ``start`` on (a resumed part)."""
+
+    def __init__(self, record: dict, start: int):
+        from .units import results_of
+        cols = np.array(record["decoded"], np.uint64).reshape(-1, 8)
+        self.columns = cols[cols[:, 0] >= start] if start > record["start"] else cols
+        self.skipped = [r for r in results_of({"decoded": [], "skipped": record["skipped"]}) if r.index >= start]
+        self.stop = int(record["stop"])
+        self.first = max(start, int(record["start"]))
+
+    def __len__(self) -> int:
+        return self.stop - self.first
+
+    def results(self) -> list:
+        """The per-file results (Decoded and Skipped), in scan order: the general path."""
+        from .runners import Decoded
+        out = [Decoded(int(i), int(m), (int(w), int(h)), int(c), (int(hh), int(ww)), int(rec))
+               for i, m, w, h, c, hh, ww, rec in self.columns.tolist()]
+        return sorted(out + self.skipped, key=lambda r: r.index)
+
+
 def part_intact(record: dict) -> bool:
     """Whether a part record's file is there with the size it records."""
     try:

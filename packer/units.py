@@ -279,10 +279,11 @@ class UnitRunner:
 
     def _take(self, u: int, record: dict) -> list[Decoded | Skipped]:
         """Load unit ``u``'s part; in-place formats get its rows now. Returns its results from start."""
-        results = results_of(record)
         if self.node_written:  # the part layout: only its summary goes to the driver's writer
+            from .parts import Bulk
             self.writer.add_part(u, record["part"])
-            return [r for r in results if r.index >= self.start]
+            return Bulk(record, self.start)  # its files' columns, taken whole (decoding.py)
+        results = results_of(record)
         part = self.dir / (unit_name(u) + ".bin")
         offsets, at = {}, 0
         for r in results:

@@ -32,13 +32,10 @@ from pathlib import Path
 
 import numpy as np
 from .encoding import ENCODED_VERSION, encoding_problems
+from .layout import (FILE_LAYOUT, LAYOUT_PARTS, LAYOUT_SINGLE, LAYOUTS, PARTS_DIR, PARTS_VERSION,  # noqa: F401
+                     layout_of, part_files, part_name, parts_problems)
 
 FORMAT_VERSION = 1
-PARTS_VERSION = 3  # the part layout (manifest "file_layout": "parts"): pixels in parts/, listed in "parts"
-FILE_LAYOUT = "file_layout"  # the manifest key ("layout" is the pixels' HWC)
-LAYOUT_SINGLE, LAYOUT_PARTS = "single", "parts"
-LAYOUTS = (LAYOUT_SINGLE, LAYOUT_PARTS)
-PARTS_DIR = "parts"
 FORMATS = ("lmdb", "wds", "npy", "hdf5")
 MANIFEST = "manifest.json"
 SKIPPED = "skipped.json"
@@ -72,16 +69,6 @@ WDS_OFFSETS = "wds_offsets.npy"  # int64 (count, 2): shard number, byte offset o
 # "splits": {name: {"path": folder relative to OUT, "count": samples, ...}}, "classes",
 # "class_to_idx", "classes_from", "pixels", "settings", "run"}. A dataset manifest has no "kind".
 SPLITS_KIND = "splits"
-
-
-def part_name(g: int, suffix: str) -> str:
-    """The file name of part ``g`` of a part-layout output (under PARTS_DIR)."""
-    return f"p{g:07d}{suffix}"
-
-
-def layout_of(manifest: dict) -> str:
-    """The layout of a dataset's output: LAYOUT_PARTS (pixels in part files) or LAYOUT_SINGLE."""
-    return manifest.get(FILE_LAYOUT, LAYOUT_SINGLE)
 
 
 class ShardFormatError(ValueError):
@@ -190,13 +177,9 @@ def manifest_problems(m: dict) -> list[str]:
     if not isinstance(files, dict) or not all(isinstance(k, str) and _is_int(v) and v >= 0 for k, v in files.items()):
         out.append("files is not a map of file names to sizes")
     else:
-        parts = m.get("parts") if m.get(FILE_LAYOUT) == LAYOUT_PARTS else None
-        if parts is not None and not (isinstance(parts, list) and all(
-                isinstance(p, dict) and isinstance(p.get("name"), str) and _is_int(p.get("count")) for p in parts)):
-            out.append("parts is not a list of part files with their counts")
-            parts = []
-        data = [p["name"] for p in parts] if parts is not None else DATA_FILES.get(fmt, ())
-        need = [*data, f"{INDEX_DIR}/{COLUMNS['labels']}"]
+        out += parts_problems(m)
+        need = [*(part_files(m) if layout_of(m) == LAYOUT_PARTS else DATA_FILES.get(fmt, ())),
+                f"{INDEX_DIR}/{COLUMNS['labels']}"]
         if shape is None:
             need += [f"{INDEX_DIR}/{COLUMNS['shapes']}"] + ([NPY_OFFSETS] if fmt == "npy" else [])
         missing = [f for f in need if f not in files]

@@ -198,3 +198,18 @@ def test_driver_killed_then_resume_gives_the_same_files(tmp_path_factory, tmp_pa
     ref = pack_quiet(big, tmp_path / "ref", "npy", size=48, workers=1, unit_files=8, shard_size=48 * 48 * 3 * 16,
                      layout="parts")
     assert_same_output(ref.out, out)
+
+
+def test_a_large_lmdb_job_on_ray_names_the_drivers_measured_cost(tmp_path):
+    from shardpack.packer.engine_ray import driver_written_note
+    from shardpack.packer.writers import open_writer, writer_class
+    lmdb = writer_class("lmdb")
+    assert lmdb.driver_us > 0  # measured (scripts/bench_ray.py --driver-cost ... --formats lmdb)
+    note = driver_written_note("lmdb", lmdb, 14_200_000)
+    assert note.startswith("--format lmdb is written by the driver alone") and "\n" not in note
+    assert f"{lmdb.driver_us:.0f} us of driver CPU per image" in note and "--layout parts" in note
+    assert f"{14_200_000 * lmdb.driver_us / 60e6:.0f} min" in note
+    assert driver_written_note("lmdb", lmdb, 1000) is None  # a small job: no note
+    parts = open_writer("npy", tmp_path, 10, (8, 8, 3), np.zeros(10, np.int64),
+                        {"layout": "parts", "part_files": 4, "unit_files": 4})
+    assert driver_written_note("npy", parts, 14_200_000) is None  # the nodes write the part layout
