@@ -31,6 +31,8 @@ from ..readers.manifest import FILE_LAYOUT, LAYOUT_PARTS, LAYOUTS, PARTS_DIR, PA
 from .options import PackError
 from .runners import Decoded, Decoder, Handover
 
+PATHS = "paths.bin"  # the listing's relative paths, NUL-separated, in units_dir (save_paths), with PATH_OFFSETS
+PATH_OFFSETS = "path_offsets.npy"
 PART_BYTES = 1 << 30  # a part's planned pixels without --shard-size: ImageNet-21k at 256 px is ~2,800 parts
 
 
@@ -61,11 +63,42 @@ def check_layout(fmt: str, recipe, layout: str) -> None:
                         f"{'' if recipe.shape() else ', variable shapes'}: use --layout single")
 
 
+def save_paths(units_dir: Path, paths) -> None:
+    """Write the listing's ``paths`` (relative, scan order) into ``units_dir`` once, for the
+    tasks to read their ranges from (PATHS: the bytes, PATH_OFFSETS: int64 (n + 1,) where each
+    starts); each tmp + fsync + rename, the offsets last."""
+    encoded = [os.fsencode(p) for p in paths]
+    offsets = np.zeros(len(encoded) + 1, np.int64)
+    np.cumsum([len(b) for b in encoded], out=offsets[1:])
+    for name, write in ((PATHS, lambda f: f.write(b"".join(encoded))), (PATH_OFFSETS, lambda f: np.save(f, offsets))):
+        tmp = Path(units_dir) / f"{name}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, Path(units_dir) / name)
+
+
+def load_paths(units_dir: str, start: int, count: int) -> tuple[str, ...]:
+    """Paths ``start`` .. start + count - 1 of the listing save_paths wrote (reads only those bytes)."""
+    offsets = np.load(os.path.join(units_dir, PATH_OFFSETS), mmap_mode="r")
+    a, b = int(offsets[start]), int(offsets[start + count])
+    with open(os.path.join(units_dir, PATHS), "rb") as f:
+        f.seek(a)
+        blob = f.read(b - a)
+    cuts = (offsets[start:start + count + 1] - a).tolist()
+    return tuple(os.fsdecode(blob[cuts[k]:cuts[k + 1]]) for k in range(count))
+
+
 def run_part(spec, node: str) -> dict:
     """Decode part ``spec.unit`` (files spec.start .. start + len(paths) - 1, ``spec.sub`` at a
     time) and commit it: the part file, then the unit record (each tmp + fsync + rename).
     Returns {"unit", "node"}. A retried attempt writes the same bytes under the same names."""
+    from dataclasses import replace
+
     from .writers import writer_class
+    if spec.files and not spec.paths:
+        spec = replace(spec, paths=load_paths(spec.units_dir, spec.start, spec.files))
     cls = writer_class(spec.fmt, False, spec.recipe.encoding, layout=LAYOUT_PARTS)
     shape = spec.recipe.shape()
     name, attempt = part_name(spec.unit, cls.part_suffix), f"{uuid.uuid4().hex[:12]}.{os.getpid()}"

@@ -79,6 +79,7 @@ class UnitSpec:
     parts: str = ""  # the part layout (parts.py): the folder its part file goes to ("": a unit's .bin)
     fmt: str = ""  # the part layout: the format writing the part
     sub: int = 0  # the part layout: files decoded at a time (one unit)
+    files: int = 0  # the part layout: files in the unit, their paths read from units_dir (parts.PATHS)
 
 
 class NotShared(RuntimeError):
@@ -217,6 +218,9 @@ class UnitRunner:
         tmp.write_text(json.dumps({"token": self.token}))
         os.replace(tmp, self.dir / SEEN)
         self.node_written = getattr(writer, "node_written", False)  # the part layout: parts.py
+        if self.node_written:
+            from .parts import save_paths
+            save_paths(self.dir, listing.paths)
         self.streamed = not writer.in_place and not self.node_written
         self.writes = Writes(writer, threaded=False)  # inline: the driver only commits; a thread cost ~35 us/image
         self.sink = writer.sink() if writer.in_place else None
@@ -229,10 +233,11 @@ class UnitRunner:
 
     def _spec(self, u: int) -> UnitSpec:
         a, b = self.ranges[u]
-        parts = (dict(parts=str(self.writer.parts_dir), fmt=self.writer.fmt, sub=self.writer.sub)
-                 if self.node_written else {})
+        if self.node_written:  # the paths from the listing the driver wrote once (a task's arguments stay small)
+            return UnitSpec(u, a, (), str(self.listing.root), self.recipe, str(self.dir), self.token,
+                            parts=str(self.writer.parts_dir), fmt=self.writer.fmt, sub=self.writer.sub, files=b - a)
         return UnitSpec(u, a, tuple(self.listing.paths[a:b]), str(self.listing.root), self.recipe,
-                        str(self.dir), self.token, **parts)
+                        str(self.dir), self.token)
 
     def _reusable(self, u: int) -> dict | None:
         record = read_record(self.dir, u)

@@ -117,7 +117,9 @@ def driver_cost(cluster, src: Path, work: Path, sizes, size: int, repeat: int, f
 @click.option("--driver-cost", "slope", default=None, metavar="SMALL,LARGE",
               help="Instead: the driver's CPU per image as the slope between jobs of SMALL and LARGE images "
                    "(e.g. 800,5000), driver-written vs the part layout, and the ImageNet-21k projection.")
-def main(src, min_images, size, repeat, formats, slope):
+@click.option("--layout", default="single", type=click.Choice(["single", "parts"]), show_default=True,
+              help="the layout every engine writes (parts: npy only; parts of 64 MiB)")
+def main(src, min_images, size, repeat, formats, slope, layout):
     from test_ray import Cluster
     import ray
     work = Path(tempfile.mkdtemp(prefix="bench-ray-"))
@@ -142,6 +144,8 @@ def main(src, min_images, size, repeat, formats, slope):
         n = repeated_tree(Path(src), tree, min_images)
         engines = {"local K=2": dict(engine="local", workers=2), "units K=2": dict(engine="units", workers=2),
                    "ray 2 nodes": dict(engine="ray", address=cluster.address)}
+        more = dict(layout="parts", shard_size=PARTS_BENCH) if layout == "parts" else {}
+        engines = {name: {**kw, **more} for name, kw in engines.items()}
         keys = [(fmt, e) for fmt in formats.split(",") for e in engines]
         nodes, cpu = {}, {k: [] for k in keys}
 
