@@ -13,9 +13,12 @@ import time
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 
+from ..readers.manifest import LAYOUT_PARTS
+
 from .imaging import Recipe
 from .ledger import IO_ERRNOS, Ledger, folder_gone
 from .options import Options, PackError, Stopped, resume_advice, say
+from .parts import Bulk
 from .runners import Decoded, open_runner
 from .scan import Listing
 from .sizing import ring_row
@@ -72,7 +75,7 @@ class Decoding:
 
     def run(self) -> None:
         n = len(self.listing)
-        if self.opts.engine == "local":
+        if self.opts.engine == "local" and self.opts.layout != LAYOUT_PARTS:
             runner = open_runner(self.listing, self.recipe, self.writer, self.start, self.workers,
                                  self.opts.io_threads, self.staging.run_dir, ring_row(self.recipe))
         else:  # units decoded anywhere, taken in scan order (units.py)
@@ -133,6 +136,15 @@ class Decoding:
 
     def _take(self, results) -> None:
         """Record one chunk's results in scan order; each sample is stored at the next position."""
+        if isinstance(results, Bulk):  # the part layout: a part's columns at once (no I/O skip in it)
+            if any(r.kind == "io" for r in results.skipped):
+                return self._take(results.results())  # the streak rules, file by file
+            self.ledger.decoded_columns(results.columns)
+            for r in results.skipped:  # not I/O errors: logged, never a streak
+                self.ledger.skipped(r, self.listing.paths[r.index])
+            self.written += len(results.columns)
+            self.done = results.stop
+            return
         for r in results:
             if isinstance(r, Decoded):
                 self.ledger.decoded(r)
@@ -179,12 +191,15 @@ class Decoding:
 def open_unit_runner(listing, recipe: Recipe, writer, start: int, workers: int, opts, staging) -> UnitRunner:
     """The runner of ``opts.engine`` ("units": a local pool of ``workers``; "ray": engine_ray)."""
     if opts.engine == "ray":
-        from .engine_ray import RayExecutor
+        from .engine_ray import RayExecutor, driver_written_note
+        if note := driver_written_note(opts.fmt, writer, len(listing)):
+            say(note)
         executor = RayExecutor(opts.address, workers)
-    else:
+    else:  # "units", or a local run of the part layout (the nodes' protocol on K local processes)
         executor = PoolExecutor(workers)
-    return UnitRunner(listing, recipe, writer, start, executor, staging.run_dir,
-                      unit_files(recipe, opts.unit_files), opts.strict, lambda: staging.done)
+    per = writer.per if getattr(writer, "node_written", False) else unit_files(recipe, opts.unit_files)
+    return UnitRunner(listing, recipe, writer, start, executor, staging.run_dir, per, opts.strict,
+                      lambda: staging.done)
 
 
 def _settle(writer, durable: bool) -> dict:

@@ -234,6 +234,21 @@ def _unit_task(spec: UnitSpec) -> dict:
     return run_unit(spec, node=ray.get_runtime_context().get_node_id())
 
 
+LARGE_JOB = 1_000_000  # files: a driver-written format warns past it (driver_written_note)
+
+
+def driver_written_note(fmt: str, writer, files: int) -> str | None:
+    """The line for a large ``--engine ray`` job of a format the driver alone writes (its
+    writer's measured ``driver_us`` per image; LMDB: one file takes one writer), else None."""
+    us = getattr(writer, "driver_us", 0.0)
+    if not us or files <= LARGE_JOB or getattr(writer, "node_written", False):
+        return None
+    return (f"--format {fmt} is written by the driver alone (one {fmt} file takes one writer): {us:.0f} us of "
+            f"driver CPU per image (measured, scripts/bench_ray.py --driver-cost), so these {files:,} files take "
+            f"at least {files * us / 60e6:.0f} min however many nodes decode; for a cluster-scale job use "
+            "--format npy --layout parts (the nodes write the part files)")
+
+
 class RayExecutor:
     """Submit units as Ray tasks (num_cpus=1 each) and report the finished ones (units.UnitRunner)."""
 

@@ -86,6 +86,15 @@ class Ledger:
         self.size[r.index], self.checksum[r.index], self.shape[r.index] = r.size, r.checksum, r.shape
         self.streak = 0
 
+    def decoded_columns(self, cols: np.ndarray) -> None:
+        """Record decoded files at once: ``cols`` uint64 (k, 8) rows [index, mode, w, h,
+        checksum, H, W, record] (parts.Bulk), as decoded() does one by one."""
+        i = cols[:, 0].astype(np.int64)
+        self.status[i], self.mode[i], self.checksum[i] = OK, cols[:, 1], cols[:, 4]
+        self.size[i], self.shape[i] = cols[:, 2:4], cols[:, 5:7]
+        if len(i):
+            self.streak = 0
+
     def skipped(self, r: Skipped, path: str) -> bool:
         """Record file ``r.index`` (``path``) as skipped; True when it ends a streak of
         ``max_io_errors`` unreadable files (it is then not logged: the resume rereads it)."""

@@ -128,7 +128,9 @@ class Options:
     sample shape; never from the node or task count). ``staging``: for an OUT in object storage
     (``s3://...``), the local folder it is packed into before its upload (None: under the node
     cache; upload.py); ``storage_options``: the S3 client's settings (readers/objects.py), e.g.
-    ``retry_config``, else the standard ``AWS_*`` variables.
+    ``retry_config``, else the standard ``AWS_*`` variables. ``layout``: "single" (one pixel
+    file, the default) or "parts" (part files written where the units are decoded; parts.py:
+    a local run then decodes through the unit protocol too).
     """
 
     fmt: str
@@ -149,6 +151,7 @@ class Options:
     unit_files: int | None = None
     staging: str | None = None
     storage_options: dict | None = None
+    layout: str = "single"
 
 
 @dataclass

@@ -35,6 +35,7 @@ from .imaging import Recipe
 from .ledger import Ledger, skipped_json, split_skipped_json
 from .lock import OutputLock
 from .mounts import MountTable, UnsafeOutput, check_output, source_note
+from .parts import check_layout, part_sizes
 from .options import (DISK_FULL, ENGINES, RESUME_AND_OVERWRITE, ConflictingOptions, Options, PackError, Report,
                       Stopped, StrictError, default_out, errno_of, resume_advice, say)
 from .plan import Plan
@@ -103,6 +104,7 @@ def prepare(src: str | Path, out: str | Path | None, recipe: Recipe, opts: Optio
         raise PackError(f"unknown format {opts.fmt!r}; choose one of {', '.join(FORMATS)}")
     if opts.engine not in ENGINES:
         raise PackError(f"unknown engine {opts.engine!r}; choose one of {', '.join(ENGINES)}")
+    check_layout(opts.fmt, recipe, opts.layout)  # --layout parts: npy raw fixed shapes for now (parts.py)
     if opts.address is not None and opts.engine != "ray":
         raise PackError(f"--address {opts.address!r} names a Ray cluster: it needs --engine ray")
     if opts.engine == "ray":  # before anything is written: a missing extra, a dead address or a token refused
@@ -307,7 +309,7 @@ def _open_writer(staging: Staging, listing: Listing, recipe: Recipe, opts: Optio
     try:
         writer = open_writer(opts.fmt, staging.tmp, len(listing), recipe.shape(), listing.labels,
                              {"shard_size": opts.shard_size, "attrs": {"classes": listing.classes},
-                              "scratch": staging.run_dir, "encoding": recipe.encoding})
+                              "scratch": staging.run_dir, "encoding": recipe.encoding, **part_sizes(recipe, opts)})
     except OSError as err:
         if errno_of(err) in DISK_FULL and not staging.start["done"]:
             staging.discard()  # nothing written yet: a plain rerun starts over

@@ -76,6 +76,10 @@ class UnitSpec:
     recipe: Recipe
     units_dir: str
     token: str
+    parts: str = ""  # the part layout (parts.py): the folder its part file goes to ("": a unit's .bin)
+    fmt: str = ""  # the part layout: the format writing the part
+    sub: int = 0  # the part layout: files decoded at a time (one unit)
+    files: int = 0  # the part layout: files in the unit, their paths read from units_dir (parts.PATHS)
 
 
 class NotShared(RuntimeError):
@@ -95,6 +99,9 @@ def run_unit(spec: UnitSpec, node: str | None = None) -> dict:
     if not ok:
         raise NotShared(f"node {node} ({socket.gethostname()}) cannot see {seen}: OUT must be on a "
                         "filesystem every node mounts at the same path")
+    if spec.parts:  # the part layout: the node writes the output's part file itself
+        from .parts import run_part
+        return run_part(spec, node)
     rows = Handover()
     results = Decoder(spec.root, spec.recipe, rows).run(
         [(spec.start + k, rel, k) for k, rel in enumerate(spec.paths)])
@@ -128,6 +135,9 @@ def read_record(units_dir: Path, unit: int) -> dict | None:
     base = Path(units_dir) / unit_name(unit)
     try:
         record = json.loads((base.with_suffix(".json")).read_text())
+        if "part" in record:  # the part layout: the part file the node wrote (parts.py)
+            from .parts import part_intact
+            return record if part_intact(record) else None
         if (base.with_suffix(".bin")).stat().st_size != record["part_bytes"]:
             return None
     except (OSError, ValueError, KeyError):
@@ -207,9 +217,13 @@ class UnitRunner:
         tmp = self.dir / f"{SEEN}.{os.getpid()}.tmp"
         tmp.write_text(json.dumps({"token": self.token}))
         os.replace(tmp, self.dir / SEEN)
-        self.streamed = not writer.in_place
+        self.node_written = getattr(writer, "node_written", False)  # the part layout: parts.py
+        if self.node_written:
+            from .parts import save_paths
+            save_paths(self.dir, listing.paths)
+        self.streamed = not writer.in_place and not self.node_written
         self.writes = Writes(writer, threaded=False)  # inline: the driver only commits; a thread cost ~35 us/image
-        self.sink = None if self.streamed else writer.sink()
+        self.sink = writer.sink() if writer.in_place else None
         self.ran: dict[str, int] = {}  # node -> units it decoded for this run
         self.reused = 0
         self.part, self.offsets = None, {}
@@ -219,6 +233,9 @@ class UnitRunner:
 
     def _spec(self, u: int) -> UnitSpec:
         a, b = self.ranges[u]
+        if self.node_written:  # the paths from the listing the driver wrote once (a task's arguments stay small)
+            return UnitSpec(u, a, (), str(self.listing.root), self.recipe, str(self.dir), self.token,
+                            parts=str(self.writer.parts_dir), fmt=self.writer.fmt, sub=self.writer.sub, files=b - a)
         return UnitSpec(u, a, tuple(self.listing.paths[a:b]), str(self.listing.root), self.recipe,
                         str(self.dir), self.token)
 
@@ -267,6 +284,10 @@ class UnitRunner:
 
     def _take(self, u: int, record: dict) -> list[Decoded | Skipped]:
         """Load unit ``u``'s part; in-place formats get its rows now. Returns its results from start."""
+        if self.node_written:  # the part layout: only its summary goes to the driver's writer
+            from .parts import Bulk
+            self.writer.add_part(u, record["part"])
+            return Bulk(record, self.start)  # its files' columns, taken whole (decoding.py)
         results = results_of(record)
         part = self.dir / (unit_name(u) + ".bin")
         offsets, at = {}, 0

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 from .encoding import ENCODED_VERSION, encoding_problems
+from .layout import (FILE_LAYOUT, LAYOUT_PARTS, LAYOUT_SINGLE, LAYOUTS, PARTS_DIR, PARTS_VERSION,  # noqa: F401
+                     layout_of, part_files, part_name, parts_problems)
 
 FORMAT_VERSION = 1
 FORMATS = ("lmdb", "wds", "npy", "hdf5")
@@ -108,9 +110,9 @@ def load_manifest(root: str | os.PathLike, elsewhere: dict | None = None) -> dic
     if manifest.get("kind") == SPLITS_KIND:
         raise ShardFormatError(_splits_hint(root, manifest))
     version = manifest.get("format_version")
-    if version not in (FORMAT_VERSION, ENCODED_VERSION):  # 2: encoded outputs (encoding.py)
+    if version not in (FORMAT_VERSION, ENCODED_VERSION, PARTS_VERSION):  # 2: encoded (encoding.py); 3: parts
         raise ShardFormatError(f"{path}: format version {version!r}, this reader understands "
-                               f"{FORMAT_VERSION} and {ENCODED_VERSION}")
+                               f"{FORMAT_VERSION}, {ENCODED_VERSION} and {PARTS_VERSION}")
     if manifest.get("format") not in FORMATS:
         raise ShardFormatError(f"{path}: unknown format {manifest.get('format')!r}")
     problems = manifest_problems(manifest) + encoding_problems(manifest)
@@ -175,7 +177,9 @@ def manifest_problems(m: dict) -> list[str]:
     if not isinstance(files, dict) or not all(isinstance(k, str) and _is_int(v) and v >= 0 for k, v in files.items()):
         out.append("files is not a map of file names to sizes")
     else:
-        need = [*DATA_FILES.get(fmt, ()), f"{INDEX_DIR}/{COLUMNS['labels']}"]
+        out += parts_problems(m)
+        need = [*(part_files(m) if layout_of(m) == LAYOUT_PARTS else DATA_FILES.get(fmt, ())),
+                f"{INDEX_DIR}/{COLUMNS['labels']}"]
         if shape is None:
             need += [f"{INDEX_DIR}/{COLUMNS['shapes']}"] + ([NPY_OFFSETS] if fmt == "npy" else [])
         missing = [f for f in need if f not in files]

@@ -20,8 +20,8 @@ from .encoding import describe as describe_encoding, encoding_of
 from .formats import open_reader
 from .formats.base import flagged
 from .text import mb, shown
-from .manifest import (COLUMNS, bytes_on_disk, INDEX_DIR, MANIFEST, PATHS_BLOB, SKIPPED, Index, ShardFormatError,
-                       dataset_dirs, load_manifest, load_npy, read_splits)
+from .manifest import (COLUMNS, LAYOUT_PARTS, bytes_on_disk, INDEX_DIR, MANIFEST, PATHS_BLOB, SKIPPED, Index,
+                       ShardFormatError, dataset_dirs, layout_of, load_manifest, load_npy, read_splits)
 from .objects import is_url
 
 
@@ -339,7 +339,8 @@ def info_text(root) -> str:
     classes = [shown(c) for c in m["classes"]]
     lines = [
         f"{shown(str(named))}",
-        f"  format      {m['format']} (format version {m['format_version']})",
+        f"  format      {m['format']} (format version {m['format_version']}), "
+        + (f"{len(m['parts'])} part files (layout parts)" if layout_of(m) == LAYOUT_PARTS else "layout single"),
         f"  samples     {m['count']} of {m.get('scanned', m['count'])} files scanned",
         f"  classes     {len(classes)}: {', '.join(classes[:5])}{' ...' if len(classes) > 5 else ''}",
         f"  shape       {tuple(m['shape']) if m.get('shape') else 'variable'} {m.get('dtype', 'uint8')} "

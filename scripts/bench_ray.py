@@ -9,6 +9,12 @@ Rounds interleave the engines (local, units, ray, then reversed); each rate is t
 --repeat. Also reported: the cluster's start-up (two `ray start` nodes until both are alive) and
 a driver's connect + shutdown, which every --engine ray run pays once; the machine line (load
 average at start and end) and the command that reproduces the run.
+
+    .venv/bin/python scripts/bench_ray.py --driver-cost 800,5000
+
+measures instead the driver's CPU per image as the slope between two job sizes, for the
+driver-written path (wds, npy) and the part layout (npy --layout parts), and prints the
+ImageNet-21k projection on 4 x 32 cores with its formula and inputs.
 """
 
 from __future__ import annotations
@@ -33,6 +39,83 @@ from bench_pack import repeated_tree  # noqa: E402
 from shardpack.packer import Options, Recipe, pack  # noqa: E402
 
 
+IMAGENET21K = 14_200_000  # images (ImageNet-21k, fall 2011 release)
+CLUSTER = (4, 32)  # nodes x cores of the projection
+PARTS_BENCH = 64 << 20  # parts of ~330 files at 256 px, so a 5,000-image job keeps both nodes busy (1 GiB: one part)
+
+
+def tree_of(src: Path, dst: Path, n: int) -> Path:
+    """dst/<class>/<r>_<file>: exactly ``n`` files, src's repeated in order: hard links to one copy
+    of src beside dst (regular files, as a real tree holds: a symlink costs the scan a stat)."""
+    base = dst.parent / "base"
+    if not base.exists():
+        shutil.copytree(src, base)
+    files = [(c, f) for c in sorted(os.listdir(base)) for f in sorted(os.listdir(base / c))]
+    for k in range(n):
+        c, f = files[k % len(files)]
+        (dst / c).mkdir(parents=True, exist_ok=True)
+        os.link(base / c / f, dst / c / f"{k // len(files)}_{f}")
+    return dst
+
+
+def driver_cost(cluster, src: Path, work: Path, sizes, size: int, repeat: int, formats: list[str]) -> None:
+    """The driver's CPU per image as the slope between two job sizes (its start-up and connect
+    cancel out), for the driver-written path (wds, npy: the driver reads every unit back and
+    writes it) and the part layout (npy parts: the nodes write the parts, the driver commits
+    the index); and the ImageNet-21k projection from it."""
+    small, large = sizes
+    trees = {m: tree_of(src, work / f"src{m}", m) for m in sizes}
+    paths = {f"{fmt} single (driver writes)": dict(fmt=fmt) for fmt in formats}
+    if "npy" in formats:
+        paths["npy parts (nodes write)"] = dict(fmt="npy", layout="parts", shard_size=PARTS_BENCH)
+    cpu, main_cpu, wall = {}, {}, {}
+
+    def packing(name, m):
+        def one():
+            out = work / "out"
+            before, own, t = resource.getrusage(resource.RUSAGE_SELF), time.thread_time(), time.perf_counter()
+            pack(trees[m], out, Recipe(size), Options(progress=False, engine="ray", address=cluster.address,
+                                                      **paths[name]))
+            wall.setdefault((name, m), []).append(time.perf_counter() - t)
+            main_cpu.setdefault((name, m), []).append(time.thread_time() - own)  # the driver's own work
+            after = resource.getrusage(resource.RUSAGE_SELF)
+            shutil.rmtree(out)
+            used = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+            cpu.setdefault((name, m), []).append(used)
+            return used
+        return one
+    harness.rounds({(name, m): packing(name, m) for name in paths for m in sizes}, repeat)
+    print(f"\ndriver CPU per image = (CPU(N={large}) - CPU(N={small})) / {large - small}, medians of {repeat} "
+          f"rounds (interleaved), {size} px, Ray on 2 local nodes of 1 CPU; parts of {PARTS_BENCH >> 20} MiB. "
+          "Process: all the driver's threads; main: the thread that packs (the commit: records, ledger, index, "
+          "manifest); Ray's own threads: the rest, per second of the run (it grows with the run's length)")
+    print("| path | process CPU s at N=%d | at N=%d | process us/image (slope) | main-thread us/image (slope) | "
+          "Ray's threads, CPU s per s | worker core-ms per image |" % (small, large))
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    slopes = {}
+    for name in paths:
+        a, b = harness.median(cpu[(name, small)]), harness.median(cpu[(name, large)])
+        ma, mb = harness.median(main_cpu[(name, small)]), harness.median(main_cpu[(name, large)])
+        rest = harness.median([(c - o) / w for c, o, w in zip(cpu[(name, large)], main_cpu[(name, large)],
+                                                              wall[(name, large)])])
+        slopes[name] = ((b - a) / (large - small), (mb - ma) / (large - small), rest)
+        decode = harness.median(wall[(name, large)]) * 2 / large  # 2 one-CPU nodes, whole run
+        print(f"| {name} | {a:.2f} | {b:.2f} | {slopes[name][0] * 1e6:.1f} | {slopes[name][1] * 1e6:.1f} | "
+              f"{rest:.4f} | {decode * 1e3:.2f} |")
+    nodes, cores = CLUSTER
+    decode = min(harness.median(wall[(name, large)]) for name in paths) * 2 / large
+    print(f"\nImageNet-21k projection: T = max(N d / C, N c / (1 - r)), N = {IMAGENET21K:,} images, C = {nodes} x "
+          f"{cores} = {nodes * cores} cores, d = {decode * 1e3:.2f} core-ms per image (the fastest path's large job: "
+          "wall time x 2 cores / N, start-up included), c = the main thread's CPU per image (slope), r = Ray's "
+          "threads' CPU per second (as measured here; with T in minutes their share stays small)")
+    for name, (whole, c, r) in slopes.items():
+        t_dec, t_drv = IMAGENET21K * decode / (nodes * cores), IMAGENET21K * c / (1 - r)
+        bound = "the driver" if t_drv > t_dec else "the decoders"
+        print(f"  {name}: c = {c * 1e6:.1f} us, r = {r:.4f} -> T = {max(t_dec, t_drv) / 60:.1f} min (bound by "
+              f"{bound}; the driver alone {t_drv / 60:.1f} min; with the whole-process slope {whole * 1e6:.1f} us "
+              f"as c and r = 0: {IMAGENET21K * max(decode / (nodes * cores), whole) / 60:.1f} min)")
+
+
 @click.command(help=__doc__)
 @click.option("--src", type=click.Path(exists=True, file_okay=False), default=str(harness.DEFAULT_SAMPLE),
               show_default=True)
@@ -40,7 +123,12 @@ from shardpack.packer import Options, Recipe, pack  # noqa: E402
 @click.option("--size", type=int, default=256, show_default=True)
 @click.option("--repeat", type=int, default=3, show_default=True)
 @click.option("--formats", default="wds,npy", show_default=True)
-def main(src, min_images, size, repeat, formats):
+@click.option("--driver-cost", "slope", default=None, metavar="SMALL,LARGE",
+              help="Instead: the driver's CPU per image as the slope between jobs of SMALL and LARGE images "
+                   "(e.g. 800,5000), driver-written vs the part layout, and the ImageNet-21k projection.")
+@click.option("--layout", default="single", type=click.Choice(["single", "parts"]), show_default=True,
+              help="the layout every engine writes (parts: npy only; parts of 64 MiB)")
+def main(src, min_images, size, repeat, formats, slope, layout):
     from test_ray import Cluster
     import ray
     work = Path(tempfile.mkdtemp(prefix="bench-ray-"))
@@ -56,10 +144,17 @@ def main(src, min_images, size, repeat, formats):
         ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
         ray.shutdown()
         connect = time.perf_counter() - t
+        if slope:
+            driver_cost(cluster, Path(src), work, [int(v) for v in slope.split(",")], size, repeat,
+                        formats.split(","))
+            harness.finish(machine)
+            return
         tree = work / "src"
         n = repeated_tree(Path(src), tree, min_images)
         engines = {"local K=2": dict(engine="local", workers=2), "units K=2": dict(engine="units", workers=2),
                    "ray 2 nodes": dict(engine="ray", address=cluster.address)}
+        more = dict(layout="parts", shard_size=PARTS_BENCH) if layout == "parts" else {}
+        engines = {name: {**kw, **more} for name, kw in engines.items()}
         keys = [(fmt, e) for fmt in formats.split(",") for e in engines]
         nodes, cpu = {}, {k: [] for k in keys}
 

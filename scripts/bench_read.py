@@ -30,6 +30,11 @@ each one's ratio to the memcpy bound measured in the same rounds (the better of 
 CPUs' threads, per round); ``--formats`` picks the formats::
 
     python scripts/bench_read.py --against HEAD~1 --samples 10000 --repeats 5 --formats npy
+
+``--layouts`` measures instead npy's part layout (``--layout parts``) against its single-file
+layout on the same images in RAM, in alternating rounds (median of the per-round ratios)::
+
+    python scripts/bench_read.py --layouts --samples 10000 --repeats 3
 """
 
 from __future__ import annotations
@@ -125,7 +130,8 @@ def imagefolder(src, workers):
               help="compare the readers of git revision REV with this checkout's (in RAM)")
 @click.option("--formats", default=",".join(FORMATS), show_default=True,
               help="with --against: the formats to compare, comma-separated")
-def main(src, work, samples, repeats, out, against, formats):
+@click.option("--layouts", is_flag=True, help="compare npy's part layout with its single-file layout (in RAM)")
+def main(src, work, samples, repeats, out, against, formats, layouts):
     args = type("Args", (), {"src": src, "work": work, "samples": samples, "repeats": repeats, "out": out,
                              "formats": [f for f in formats.split(",") if f]})
     unknown = sorted(set(args.formats) - set(FORMATS))
@@ -133,6 +139,8 @@ def main(src, work, samples, repeats, out, against, formats):
         raise click.BadParameter(f"{', '.join(unknown)}: choose from {', '.join(FORMATS)}", param_hint="--formats")
     if against:
         return compare(args, against)
+    if layouts:
+        return compare_layouts(args)
     run = harness.Machine()
     torch.set_num_threads(1)
     cores = usable_cpus()
@@ -283,6 +291,49 @@ def compare(args, rev):
                                         "rows": [{"format": f, "workload": w, "new": g["new"], "old": g["old"],
                                                   "bound": g["bound"], "ratio": r, "spread": s}
                                                  for f, w, g, r, s in rows]}, indent=1))
+
+
+transforms = importlib.import_module("shardpack.readers.transforms")
+PARTS_READ = 16 << 20  # parts of one unit (170 files at 256 px): the 785-image sample is 5 parts
+
+
+def compare_layouts(args):
+    """npy's part layout (``--layout parts``, parts of one unit) against its single-file layout,
+    in RAM (both read once first), rounds alternating which goes first: make_loader batches of
+    each workload, the ratio parts/single per round, its median and spread."""
+    from shardpack.packer import Options, Recipe, pack
+    machine = harness.Machine()
+    torch.set_num_threads(1)
+    single = pack_all(args.src, args.work, 256, ("npy",))["npy"]
+    parts = args.work / f"{args.src.name}-256.parts.npy"
+    if not (parts / "manifest.json").exists():
+        pack(args.src, parts, Recipe(256), Options(fmt="npy", layout="parts", shard_size=PARTS_READ, progress=False,
+                                                   overwrite=True))
+    for path in (single, parts):
+        for f in path.rglob("*"):
+            if f.is_file():
+                f.read_bytes()
+    nparts = len(json.loads((parts / "manifest.json").read_text())["parts"])
+    rows = []
+    for workload in ("c", "a"):
+        datasets = {"single": ShardDataset(single), "parts": ShardDataset(parts)}
+        contenders = {name: (lambda ds=ds, workload=workload: _pass(ds, make_loader, workload, args.samples,
+                                                                    transforms))
+                      for name, ds in datasets.items()}
+        got = harness.rounds(contenders, args.repeats)
+        per_round = [p / s for p, s in zip(got["parts"], got["single"])]
+        rows.append((workload, got, float(np.median(per_round)), max(per_round) - min(per_round)))
+        print(f"  ({workload}) parts {harness.shown(got['parts'])}, single {harness.shown(got['single'])} samples/s, "
+              f"parts/single per round {[round(r, 3) for r in per_round]}", flush=True)
+    print(f"\n{machine.line()}\ncommand: {harness.command()}\n")
+    print(f"npy at 256, in RAM, {nparts} parts of <= {PARTS_READ >> 20} MiB, batch {BATCH}, {args.samples} random "
+          f"samples a pass, make_loader defaults")
+    print(f"| workload | parts samples/s | single samples/s | parts/single (median of {args.repeats} per-round "
+          "ratios) | spread of the ratios |")
+    print("|---|---:|---:|---:|---:|")
+    for workload, got, r, spread in rows:
+        print(f"| ({workload}) {WORKLOADS[workload][0]} | {harness.shown(got['parts'])} | "
+              f"{harness.shown(got['single'])} | {r:.3f} | {spread:.3f} |")
 
 
 def _bound(images: np.ndarray, samples: int) -> float:

@@ -19,16 +19,18 @@ from __future__ import annotations
 import importlib
 
 from ...readers.encoding import RAW
-from ...readers.manifest import FORMATS
+from ...readers.manifest import FORMATS, LAYOUT_PARTS, LAYOUT_SINGLE
 
 
-def writer_class(fmt: str, variable: bool = False, encoding: str = RAW):
+def writer_class(fmt: str, variable: bool = False, encoding: str = RAW, layout: str = LAYOUT_SINGLE):
     """The writer class of format ``fmt`` for ``encoding`` (RAW or JPEG, readers/encoding.py),
-    ``variable``: for samples that differ in shape. Raises ValueError for a format not in
-    FORMATS or an encoding the format has no writer for."""
+    ``variable``: for samples that differ in shape; ``layout``: LAYOUT_PARTS picks the module's
+    ``PART_WRITERS`` (packer/parts.py). Raises ValueError for a format not in FORMATS or an
+    encoding (or layout) the format has no writer for."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    writers = importlib.import_module(f".{fmt}", __package__).WRITERS
+    module = importlib.import_module(f".{fmt}", __package__)
+    writers = getattr(module, "PART_WRITERS", {}) if layout == LAYOUT_PARTS else module.WRITERS
     try:
         return writers[encoding, bool(variable)]
     except KeyError:
@@ -39,4 +41,5 @@ def open_writer(fmt: str, tmp, n: int, shape, labels, options: dict):
     """The writer of format ``fmt`` for ``n`` scanned files into the partial directory ``tmp``;
     ``shape`` (H, W, 3), or None when samples differ in shape (see base.Writer);
     ``options["encoding"]`` (default RAW): JPEG picks the format's writer of encoded records."""
-    return writer_class(fmt, shape is None, options.get("encoding", RAW))(tmp, n, shape, labels, options)
+    layout = options.get("layout") or LAYOUT_SINGLE
+    return writer_class(fmt, shape is None, options.get("encoding", RAW), layout)(tmp, n, shape, labels, options)

@@ -72,6 +72,11 @@ def os_errors(method):
 
 
 class LmdbWriter(Writer):
+    # One LMDB file takes one writer: with --engine ray the driver writes every image (no part
+    # layout). Its CPU per image, measured as the slope of scripts/bench_ray.py --driver-cost
+    # 800,5000 --formats lmdb (256 px), is said when a large job asks for Ray (engine_ray.py).
+    driver_us = 299.0  # measured 2026-12-03: 299 us (wds 401, npy 301; the npy part layout ~30), 2-core VM
+
     @classmethod
     def stored_bytes(cls, n, fixed, estimate):
         """data.mdb: each value's share of leaf pages or its overflow pages (stored_value_bytes; a

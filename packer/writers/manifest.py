@@ -80,9 +80,11 @@ def seal(tmp: Path, manifest: dict, leave=()) -> dict:
     """``manifest`` with the xxh3_128 digest of every file of the finished output ``tmp``
     (readers/integrity.py: ``sealed_files``; ``leave``: top-level names of the run's own state,
     removed before the commit) under "digests", as a reader will see it. Reads every file once
+    but a part-layout output's parts (their digests are the nodes', in "parts")
     (from the page cache when just written); writes nothing (write_sealed does)."""
     manifest = json.loads(json.dumps(manifest))  # as a reader will see it: lists, string keys
-    manifest[DIGESTS] = {name: file_digest(tmp / name) for name in sealed_files(tmp, leave)}
+    known = {p["name"]: p["xxh3"] for p in manifest.get("parts", ())}  # the part layout: taken by its node
+    manifest[DIGESTS] = {name: known.get(name) or file_digest(tmp / name) for name in sealed_files(tmp, leave)}
     return manifest
 
 

@@ -10,6 +10,9 @@ the end, plus ``offsets.npy`` int64 (count + 1,); the shapes are ``index/shapes.
 Encoded (EncodedNpyWriter, ``--encoding jpeg``): the variable-shape layout with records for
 samples: ``images.npy`` one flat uint8 array of the records in order, ``offsets.npy`` int64
 (count + 1,) their byte ranges.
+
+The part layout (NpyPartsWriter, ``--layout parts``, packer/parts.py): ``parts/pNNNNNNN.npy``
+each a valid (count_g, H, W, 3) array written by the node that decoded it, plus ``labels.npy``.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import numpy as np
 from ...readers.encoding import JPEG, RAW
 from ...readers.manifest import NPY_IMAGES, NPY_LABELS, NPY_OFFSETS
 
-from .base import (InPlaceWriter, RaggedWriter, as_rows, compact_rows, fsync_path, npy_data_offset, reserve,
+from ..parts import PartsWriter
+from .base import (InPlaceWriter, RaggedWriter, Writer, as_rows, compact_rows, fsync_path, npy_data_offset, reserve,
                    save_synced)
 
 RAGGED_HEADER = 128  # bytes before the flat data: room for any (nbytes,) shape, 64-aligned
@@ -85,6 +89,24 @@ def _header(count: int, shape, length: int) -> bytes:
     return b"\x93NUMPY\x01\x00" + struct.pack("<H", hlen) + d.ljust(hlen - 1) + b"\n"
 
 
-# What open_writer builds, by (encoding, samples differ in shape).
+class NpyPartsWriter(PartsWriter, Writer):
+    """The part layout (packer/parts.py) of fixed shapes: each part ``parts/pNNNNNNN.npy`` a
+    valid (count_g, H, W, 3) uint8 .npy written by its node; the driver writes ``labels.npy``."""
+
+    part_suffix, fmt = ".npy", "npy"
+
+    @classmethod
+    def part_header(cls, count, shape):
+        return _header(count, shape, PART_HEADER)
+
+    def own_files(self, kept):
+        save_synced(self.tmp / NPY_LABELS, self.labels[kept])
+        return {NPY_LABELS: (self.tmp / NPY_LABELS).stat().st_size}
+
+
+PART_HEADER = 128  # a part's .npy header, padded to a fixed length whatever its count
+
+# What open_writer builds, by (encoding, samples differ in shape); PART_WRITERS: --layout parts.
 WRITERS = {(RAW, False): NpyWriter, (RAW, True): RaggedNpyWriter,
            (JPEG, False): EncodedNpyWriter, (JPEG, True): EncodedNpyWriter}
+PART_WRITERS = {(RAW, False): NpyPartsWriter}

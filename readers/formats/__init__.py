@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 
 from ..encoding import RAW, encoding_of
-from ..manifest import FORMATS, ShardFormatError
+from ..manifest import FORMATS, LAYOUT_PARTS, ShardFormatError, layout_of
 
 
 def open_reader(root, manifest, objects=None):
@@ -33,7 +33,10 @@ def reader_class(root, manifest):
         raise ShardFormatError(f"{root}: unknown format {fmt!r}")
     enc = encoding_of(manifest)  # None: raw pixels; else records decoded when read
     name = RAW if enc is None else enc.get("name") if isinstance(enc, dict) else None
-    readers = importlib.import_module(f".{fmt}", __package__).READERS
+    module = importlib.import_module(f".{fmt}", __package__)
+    parts = layout_of(manifest) == LAYOUT_PARTS  # pixels in part files: the module's PART_READERS
+    readers = getattr(module, "PART_READERS", {}) if parts else module.READERS
     if name not in readers:
-        raise ShardFormatError(f"{root}: a {fmt} output of encoding {name!r}, which this version cannot read")
+        raise ShardFormatError(f"{root}: a {fmt} output of encoding {name!r}{' in part files' if parts else ''}, "
+                               "which this version cannot read")
     return readers[name]

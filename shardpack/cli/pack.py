@@ -148,6 +148,9 @@ def pack_options(f):
         click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
                      help="Who decodes: this machine's processes, or Ray tasks on a cluster (shardpack[ray]; "
                           "docs/ray.md)."),
+        click.option("--layout", type=click.Choice(["single", "parts"]), default="single", show_default=True,
+                     help="Pixels in one file, or in part files of ~--shard-size (1 GiB) written where they are "
+                          "decoded (npy, fixed shapes; docs/ray.md)."),
         click.option("--address", default=None, metavar="HOST:PORT",
                      help="--engine ray: the cluster to join [default: $RAY_ADDRESS, else a Ray instance "
                           "for the run]."),
@@ -190,7 +193,7 @@ def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_siz
              decoder, allow_truncated, strict, overwrite, resume, no_space_check, quiet, splits,
              no_splits, labels, id_map, classes_from, dry_run, io_threads=None,
              allow_unsafe_output=False, engine="local", address=None, encoding=RAW, quality=None,
-             subsampling=None, max_source_pixels=None, staging=None):
+             subsampling=None, max_source_pixels=None, staging=None, layout="single"):
     """Shared body of ``pack-dataset`` and ``shardpack pack``: decide (refusing a bad OUT before
     the possibly long listing), scan, print the plan (with the output size estimate), pack.
     Returns [(split, Report)] for the summaries (the caller prints them: :func:`summary`), [] for
@@ -199,7 +202,7 @@ def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_siz
     settings = effective_settings(click.get_current_context())
     if encoding != JPEG and (quality is not None or subsampling is not None):
         raise click.UsageError(f"--{'quality' if quality is not None else 'subsampling'} needs --encoding jpeg")
-    if shard_size is not None and fmt != "wds":  # a note, not a refusal: a --config may set it for every format
+    if shard_size is not None and fmt != "wds" and layout != "parts":  # a note: a --config may set it for every format
         say(f"note: --shard-size applies to --format wds (tar shards); an {fmt} output is not sharded, so it is unused")
     setup, on_term = None, stop_on_sigterm()
     try:
@@ -210,7 +213,7 @@ def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_siz
         opts = Options(fmt=fmt, workers=workers, shard_size=shard_size, overwrite=overwrite,
                        resume=resume, strict=strict, space_check=not no_space_check, progress=not quiet,
                        io_threads=io_threads, allow_unsafe_output=allow_unsafe_output, engine=engine,
-                       address=address, staging=staging)
+                       address=address, staging=staging, layout=layout)
         if staging is not None and "://" not in (out or ""):
             raise click.UsageError("--staging is for -o s3://...: a local OUT is written where it is")
         usable = usable_cpus()
