@@ -55,16 +55,15 @@ __all__ = ["pack", "pack_plan", "prepare", "Setup", "Decoding", "Options", "Repo
 
 @dataclass(frozen=True)
 class Setup:
-    """What a run decided before writing anything (prepare()); the CLI and pack_plan hand
-    it down, so nothing is decided twice. ``out``: OUT, absolute (a symlink's target: the run
-    writes there and the link stays; ``named``: as the user named it, for messages);
-    ``workers``: decode processes; ``mounts``: the mount table, read once; ``notes``: to say
-    when packing starts; ``estimate``: gives the listing's size estimate when one was already
-    taken (the plan printed), else None; ``lock``: OUT's lock (lock.py), held from prepare() to
-    release() by whoever called prepare() (None for a dry run); ``ray``: with ``--engine ray``,
-    the Ray session joined or started before anything was written (engine_ray.RaySession),
-    closed by release(); ``upload``: for an OUT in object storage (``s3://...``), its upload.Upload
-    (the lock object held), with ``out`` the local folder the run packs into first and ``named`` the URL."""
+    """What a run decided before writing anything (prepare()); the CLI and pack_plan hand it down, so nothing is
+    decided twice. ``out``: OUT, absolute (a symlink's target: the run writes there and the link stays; ``named``:
+    as the user named it, for messages); ``workers``: decode processes; ``mounts``: the mount table, read once;
+    ``notes``: to say when packing starts; ``estimate``: gives the listing's size estimate when one was already
+    taken (the plan printed), else None; ``lock``: OUT's lock (lock.py), held from prepare() to release() by whoever
+    called prepare() (None for a dry run); ``ray``: with ``--engine ray``, the Ray session joined or started before
+    anything was written (engine_ray.RaySession), closed by release(); ``upload``: for an OUT in object storage
+    (``s3://...``), its upload.Upload (the lock object held), with ``out`` the local folder the run packs into first
+    and ``named`` the URL."""
 
     out: Path
     named: Path
@@ -88,16 +87,15 @@ class Setup:
 
 def prepare(src: str | Path, out: str | Path | None, recipe: Recipe, opts: Options, *,
             dry_run: bool = False, mounts: MountTable | None = None) -> Setup:
-    """Stage 1: decide everything once, write nothing but the lock. Reads the mount table
-    (unless given); refuses (PackError) an unknown format and OUT on a high-latency mount
-    (unless ``allow_unsafe_output``). Unless ``dry_run``: refuses an OUT that is or holds SRC,
-    lies in it or under a file; takes OUT's lock (OutputBusy naming the run that holds it),
-    before the scan, so a slow SRC does not delay the refusal; then, under the lock, answers
-    ``--resume`` on a complete OUT (AlreadyComplete) and refuses an existing OUT as check_existing
-    does; with ``--engine ray``, checks the cluster (a dry run too) and then joins it, or starts a
-    Ray instance, so a cluster that cannot be used leaves nothing behind; else starts the
-    forkserver for K > 1, so it boots while SRC is listed. The caller releases the lock (and
-    Ray): ``setup.release()``. ``--resume`` with ``--overwrite``: ConflictingOptions."""
+    """Stage 1: decide everything once, write nothing but the lock. Reads the mount table (unless given); refuses
+    (PackError) an unknown format and OUT on a high-latency mount (unless ``allow_unsafe_output``). Unless
+    ``dry_run``: refuses an OUT that is or holds SRC, lies in it or under a file; takes OUT's lock (OutputBusy
+    naming the run that holds it), before the scan, so a slow SRC does not delay the refusal; then, under the lock,
+    answers ``--resume`` on a complete OUT (AlreadyComplete) and refuses an existing OUT as check_existing does;
+    with ``--engine ray``, checks the cluster (a dry run too) and then joins it, or starts a Ray instance, so a
+    cluster that cannot be used leaves nothing behind; else starts the forkserver for K > 1, so it boots while SRC
+    is listed. The caller releases the lock (and Ray): ``setup.release()``. ``--resume`` with ``--overwrite``:
+    ConflictingOptions."""
     if opts.resume and opts.overwrite:
         raise ConflictingOptions(RESUME_AND_OVERWRITE)
     if opts.fmt not in FORMATS:
