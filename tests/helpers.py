@@ -242,3 +242,12 @@ def run_ranks(target, args_of_rank, world: int = 2, timeout: float = 120) -> Non
     assert not alive, "a rank hung"
     assert [p.exitcode for p in procs] == [0] * world
 
+
+def checkpointed(out: Path) -> int:
+    """How many files the interrupted run into ``out`` has checkpointed (its partial
+    directory's progress.json ``done``); 0 before the first checkpoint."""
+    try:
+        return json.loads((partial_dir(out) / "progress.json").read_text())["done"]
+    except (OSError, ValueError, KeyError):
+        return 0
+

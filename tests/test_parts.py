@@ -14,7 +14,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from helpers import assert_same_output, awkward_tree, make_tree, pack_quiet
+from helpers import assert_same_output, awkward_tree, checkpointed, make_tree, pack_quiet
 from shardpack.cli import pack_dataset
 from shardpack.packer import PackError, units
 from shardpack.packer.options import StrictError
@@ -169,13 +169,6 @@ src, out, resume = sys.argv[1:4]
 pack(src, out, Recipe(48), Options(fmt="npy", workers=2, unit_files=8, shard_size=48 * 48 * 3 * 16, layout="parts",
                                    resume=resume == "1", progress=False, checkpoint_seconds=0.02))
 """
-
-
-def checkpointed(out: Path) -> int:
-    try:
-        return json.loads((partial_dir(out) / "progress.json").read_text())["done"]
-    except (OSError, ValueError, KeyError):
-        return 0
 
 
 @pytest.mark.slow

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from helpers import assert_same_output, awkward_tree, make_tree, pack_quiet
+from helpers import assert_same_output, awkward_tree, checkpointed, make_tree, pack_quiet
 from shardpack.readers.manifest import MANIFEST, partial_dir
-from test_ray import Cluster, checkpointed  # the cluster of test_ray.py, started once for this module
+from test_ray import Cluster  # the cluster of test_ray.py, started once for this module
 
 ROW = 24 * 24 * 3
 

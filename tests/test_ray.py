@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from helpers import FORMATS, assert_same_output, awkward_tree, make_tree, pack_quiet
+from helpers import FORMATS, assert_same_output, awkward_tree, checkpointed, make_tree, pack_quiet
 from shardpack.packer import PackError
 from shardpack.cli import pack_dataset
 from shardpack.packer.options import StrictError
@@ -167,13 +167,6 @@ def big(tmp_path_factory):
     for k in range(92):
         shutil.copyfile(made[k % 4], root / "ab"[k % 2] / f"copy{k:03d}.jpg")
     return root
-
-
-def checkpointed(out: Path) -> int:
-    try:
-        return json.loads((partial_dir(out) / "progress.json").read_text())["done"]
-    except (OSError, ValueError, KeyError):
-        return 0
 
 
 DRIVER = """

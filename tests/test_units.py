@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import FORMATS, assert_same_output, awkward_tree, make_tree, pack_quiet
+from helpers import FORMATS, assert_same_output, awkward_tree, checkpointed, make_tree, pack_quiet
 from shardpack.packer import PackError, units
 from shardpack.packer.options import StrictError
 from shardpack.readers.manifest import MANIFEST, partial_dir
@@ -87,13 +87,6 @@ src, out, fmt, resume = sys.argv[1:5]
 pack(src, out, Recipe(48), Options(fmt=fmt, workers=2, engine="units", unit_files=16, resume=resume == "1",
                                    progress=False, checkpoint_seconds=0.02, shard_size=1 << 20))
 """
-
-
-def checkpointed(out: Path) -> int:
-    try:
-        return json.loads((partial_dir(out) / "progress.json").read_text())["done"]
-    except (OSError, ValueError, KeyError):
-        return 0
 
 
 @pytest.mark.slow
