@@ -50,6 +50,30 @@ def can_mount(tmp_path_factory):
         pytest.skip("needs a mount namespace (unshare -m, as root) for a real small, full or read-only filesystem")
 
 
+@pytest.fixture(scope="module")
+def cluster():
+    """One Ray cluster per test module (tests/raycluster.py); no Ray process may outlive it."""
+    pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'shardpack[ray]')")
+    import raycluster
+    c = raycluster.Cluster()
+    saved = {k: os.environ.get(k) for k in ("RAY_TMPDIR", "RAY_AUTH_MODE")}
+    os.environ.update(RAY_TMPDIR=c.tmp, RAY_AUTH_MODE="disabled")
+    try:
+        c.wait_nodes(2)
+        yield c
+    finally:
+        c.stop()
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+        import psutil
+        # multiprocessing's forkserver and resource tracker (started by a local pack in this
+        # process) carry Ray's sys.path in their command line but are not Ray's: they end with pytest
+        left = [p for p in psutil.Process().children(recursive=True)
+                if p.status() != psutil.STATUS_ZOMBIE and "ray" in " ".join(p.cmdline())
+                and "from multiprocessing." not in " ".join(p.cmdline())]
+        assert not left, f"Ray processes left: {left}"
+
+
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
     """A real S3 server (SeaweedFS, tests/s3server.py) on 127.0.0.1, started once per test session

@@ -1,8 +1,7 @@
-"""The part layout on a real 2-node Ray cluster (test_ray.py's Cluster, one for this module): the
+"""The part layout on a real 2-node Ray cluster (conftest's `cluster`, one for this module): the
 nodes write the part files, and the output is the local run's, through a dead worker node too."""
 
 import json
-import os
 import shutil
 import threading
 import time
@@ -11,24 +10,8 @@ import pytest
 
 from helpers import assert_same_output, awkward_tree, checkpointed, make_tree, pack_quiet
 from shardpack.readers.manifest import MANIFEST, partial_dir
-from test_ray import Cluster  # the cluster of test_ray.py, started once for this module
 
 ROW = 24 * 24 * 3
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'shardpack[ray]')")
-    c = Cluster()
-    saved = {k: os.environ.get(k) for k in ("RAY_TMPDIR", "RAY_AUTH_MODE")}
-    os.environ.update(RAY_TMPDIR=c.tmp, RAY_AUTH_MODE="disabled")
-    try:
-        c.wait_nodes(2)
-        yield c
-    finally:
-        c.stop()
-        for k, v in saved.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
 
 
 @pytest.fixture(scope="module")
