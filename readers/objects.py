@@ -105,6 +105,7 @@ class Objects:
         self.options = dict(storage_options or {})
         self.inflight = inflight(url, self.options.pop("inflight", None))
         self.pixels: dict[str, tuple[int, str | None]] = {}  # name -> (size, ETag), recorded at open
+        self.heads: dict[str, bytes] = {}  # name -> its first bytes, fetched at open (:meth:`start`)
         self._store, self._pid = None, None
         # the AWS_* settings at open, for workers: a forkserver (or a spawn parent) may have been
         # started before they were set, and its children would not see them
@@ -182,6 +183,23 @@ class Objects:
             raise ShardFormatError(f"{self.name(key)}: cannot be read ({one_line(err)})") from None
         return int(meta["size"]), meta.get("e_tag")
 
+    def start(self, key: str, nbytes: int) -> tuple[int, str | None]:
+        """:meth:`head`'s ``(size, ETag)`` of ``key`` from one ranged GET of its first ``nbytes``
+        bytes (``nbytes`` at most its size), which are kept in :attr:`heads` so that the reader's
+        header read (the .npy header, HDF5's superblock, LMDB's meta pages) costs no request of its
+        own: one round trip at open instead of a HEAD and then a GET. ShardFormatError as head."""
+        import obstore
+        from obstore.exceptions import BaseError
+        try:
+            got = obstore.get(self.store(), key, options={"range": (0, nbytes)})
+            data = bytes(got.bytes())
+        except FileNotFoundError:
+            raise ShardFormatError(f"{self.name(key)}: no such object (listed in {MANIFEST})") from None
+        except (BaseError, OSError) as err:
+            raise ShardFormatError(f"{self.name(key)}: cannot be read ({one_line(err)})") from None
+        self.heads[key] = data
+        return int(got.meta["size"]), got.meta.get("e_tag")
+
     def open(self, key: str) -> "ObjectFile":
         """The pixel object ``key`` for ranged reads, as recorded at open (mirror.open_url).
         Raises ShardFormatError naming the URL for an object not recorded there."""
@@ -253,6 +271,9 @@ class ObjectFile:
         end = min(offset + length, self.size)
         if end <= offset:
             return memoryview(b"")
+        head = self.objects.heads.get(self.key)
+        if head is not None and end <= len(head):  # fetched at open with this ETag (Objects.start)
+            return memoryview(head)[offset:end]
         if FETCHES is not None:
             FETCHES.append((self.path, offset, end))
         options = {"range": (offset, end)}
