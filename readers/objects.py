@@ -177,6 +177,14 @@ class Objects:
     def name(self, key: str) -> str:
         return f"{self.url}/{key}"
 
+    def no_bucket(self, err: BaseException) -> None:
+        """Raise ShardFormatError naming the URL when ``err`` (a not-found answer) says the
+        bucket itself does not exist (S3's ``NoSuchBucket``), rather than one object under it."""
+        if "<Code>NoSuchBucket</Code>" in str(err) or "NoSuchBucket" in str(err).splitlines()[0]:
+            what = {"s3": "bucket", "gs": "bucket", "az": "container"}[self.scheme]
+            raise ShardFormatError(f"{self.url}: the {what} {self.bucket!r} does not exist at this endpoint (check its "
+                                   "name, and AWS_ENDPOINT_URL / AWS_REGION or storage_options)") from None
+
     def get(self, key: str, missing_ok: bool = False) -> bytes | None:
         """The whole object ``key`` (relative to the output) as bytes; None when it does not
         exist and ``missing_ok``. Raises ShardFormatError naming the URL otherwise."""
@@ -184,7 +192,8 @@ class Objects:
         from obstore.exceptions import BaseError
         try:
             return bytes(obstore.get(self.store(), key).bytes())
-        except FileNotFoundError:
+        except FileNotFoundError as err:
+            self.no_bucket(err)
             if missing_ok:
                 return None
             raise ShardFormatError(f"{self.name(key)}: no such object") from None
@@ -214,7 +223,8 @@ class Objects:
         try:
             got = obstore.get(self.store(), key, options={"range": (0, nbytes)})
             data = bytes(got.bytes())
-        except FileNotFoundError:
+        except FileNotFoundError as err:
+            self.no_bucket(err)
             raise ShardFormatError(f"{self.name(key)}: no such object (listed in {MANIFEST})") from None
         except (BaseError, OSError) as err:
             raise ShardFormatError(f"{self.name(key)}: cannot be read ({one_line(err)})") from None

@@ -112,11 +112,17 @@ def test_a_url_of_another_scheme_is_refused_in_one_line(s3, cache):
     assert result.exit_code == 2 and result.output.strip() == (
         "Error: Invalid value for 'OUT': http://example.org/OUT is a URL; of object storage only s3://, gs://, az:// "
         "are supported here: copy the output to a local disk and open that path")
+    put(s3, "cmd/somewhere-else", b"x")  # the bucket exists (run alone, this test would make no other object)
     result = run_cli("verify", "s3://shardpack-tests/cmd/nothing", "--quiet", command="shardpack")
     assert result.exit_code == 1
     assert result.output.strip().splitlines()[-1] == (
         "Error: s3://shardpack-tests/cmd/nothing: no manifest.json there; not a complete shardpack output (check "
         "the bucket and prefix; a packing run writes it last)")
+    result = run_cli("info", "s3://no-such-bucket/OUT", command="shardpack")  # the bucket itself missing: said so
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines()[-1] == (
+        "Error: s3://no-such-bucket/OUT: the bucket 'no-such-bucket' does not exist at this endpoint (check its "
+        "name, and AWS_ENDPOINT_URL / AWS_REGION or storage_options)")
 
 
 def test_info_json_gives_the_cache_case_with_its_sizes(s3, cache, outputs):
