@@ -238,6 +238,8 @@ def main() -> None:
                     help="instead: a cold open + first batch per format (--formats), against the local copy and the "
                          "client on the batch's ranges, requests counted (scripts/bench_s3_first.py)")
     ap.add_argument("--formats", nargs="+", default=["npy", "lmdb", "wds", "hdf5"], help="--first-open's formats")
+    ap.add_argument("--open-latency-ms", type=float, default=0.0,
+                    help="--first-open: the timed rounds through the proxy adding this much to every request")
     ap.add_argument("--stock", action="store_true",
                     help="instead: the stock DataLoader(num_workers=2, shuffle=True) uncached against the client "
                          "on an epoch's ranges from --threads threads (scripts/bench_s3_first.py)")

@@ -7,7 +7,8 @@ and the stock DataLoader against the client alone, on a local SeaweedFS (tests/s
   (the same 64 every round), timed as open and batch; against the same on the local copy (page
   cache) and the client alone (a new obstore store, the batch's very ranges from ``--threads``
   threads: the floor for the batch). One more pass through tests/s3proxy.py counts the requests
-  (not timed: the proxy is Python and slows the bytes).
+  (not timed: the proxy is Python and slows the bytes). ``--open-latency-ms MS``: the timed rounds
+  through the proxy adding MS to every request (a store farther away: serial round trips show).
 - ``--stock``: ``torch.utils.data.DataLoader(ShardDataset(url), batch_size=64, shuffle=True,
   num_workers=2)``, default collate, forkserver workers (obstore does not survive fork:
   docs/storage.md), uncached, a new loader each round (its workers' start timed), against the
@@ -45,15 +46,11 @@ def _open(url, **kw):
         return ShardDataset(url, **kw)
 
 
-def _store(server):
-    from obstore.store import S3Store
-    return S3Store(BUCKET, endpoint=server.endpoint, client_options={"allow_http": True})
-
-
-def _client(server, ranges, threads: int) -> None:
+def _client(endpoint: str, ranges, threads: int) -> None:
     """The ranges ``[(key, first byte, end byte)]`` fetched by obstore from ``threads`` threads."""
     import obstore
-    store = _store(server)
+    from obstore.store import S3Store
+    store = S3Store(BUCKET, endpoint=endpoint, client_options={"allow_http": True})
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(lambda r: bytes(obstore.get_range(store, r[0], start=r[1], end=r[2])), ranges))
 
@@ -71,8 +68,10 @@ def first_open(args, server, tmp: Path) -> None:
     order = np.sort(np.random.default_rng(0).choice(n, 64, replace=False))
     proxy = s3proxy.start(server.endpoint)
     print(f"a cold open and its first batch (read_batch of the same 64 random samples of {n}, 256 px, "
-          f"{64 * SAMPLE / 1e6:.1f} MB) per format, local SeaweedFS, {args.threads} GETs in flight; rounds "
-          f"interleaved, median of {args.rounds}; ms (open + batch), rounds as total @ load")
+          f"{64 * SAMPLE / 1e6:.1f} MB) per format, local SeaweedFS"
+          + (f" through the proxy adding {args.open_latency_ms:g} ms a request" if args.open_latency_ms else "")
+          + f", {args.threads} GETs in flight; rounds interleaved, median of {args.rounds}; ms (open + batch), "
+          "rounds as total @ load")
     try:
         for fmt in args.formats:
             kw = {"shard_size": 8 << 20} if fmt == "wds" else {}
@@ -82,8 +81,8 @@ def first_open(args, server, tmp: Path) -> None:
             # the counted pass: every request through the proxy, the batch's ranges recorded
             os.environ["SHARDPACK_CACHE"] = str(tmp / f"count-{fmt}")
             proxy.reset()
-            objects.FETCHES = []
             ds = _open(url, storage_options={"endpoint": proxy.endpoint})
+            objects.FETCHES = []  # the batch's own ranged GETs (open's are counted by the proxy)
             got = ds.read_batch(order)[0]
             ranges = [(f"first-open/{fmt}/{u.rsplit('/', 1)[1]}", a, z) for u, a, z in objects.FETCHES]
             objects.FETCHES = None
@@ -94,20 +93,26 @@ def first_open(args, server, tmp: Path) -> None:
             small = [v for p, v in counts.items() if p.rsplit(f"/{fmt}/", 1)[-1] not in pixel_names]
             print(f" {fmt}: {sum(v['requests'] for v in small)} requests for manifest, index and tables "
                   f"({sum(v['bytes'] for v in small) / 1e3:.0f} kB), {sum(v['requests'] for v in pix)} to the pixel "
-                  f"objects ({sum(v['bytes'] for v in pix) / 1e6:.2f} MB, {len(pix)} objects; the batch's "
-                  f"{len(ranges)} ranged GETs after open)")
+                  f"objects ({sum(v['bytes'] for v in pix) / 1e6:.2f} MB, {len(pix)} objects: open's "
+                  f"{sum(v['requests'] for v in pix) - len(ranges)} for their sizes and ETags (and headers), then the "
+                  f"batch's {len(ranges)} ranged GETs)")
             times: dict[str, list] = {"s3:// cold": [], "local copy": [], "client, batch's ranges": []}
             names = list(times)
+            # the timed rounds: straight to the server, or through the proxy adding --open-latency-ms a request
+            endpoint = proxy.endpoint if args.open_latency_ms else server.endpoint
+            proxy.reset()
+            proxy.latency(args.open_latency_ms)
             for r in range(args.rounds):
                 for name in (names if r % 2 == 0 else names[::-1]):
                     os.environ["SHARDPACK_CACHE"] = str(tmp / f"cold-{fmt}-{r}-{name[:2]}")
                     t = time.perf_counter()
                     if name == "client, batch's ranges":
-                        _client(server, ranges, args.threads)
+                        _client(endpoint, ranges, args.threads)
                         t1 = t
                     else:
                         cold = name == "s3:// cold"
-                        ds = _open(url, cache_dir=tmp / f"blocks-{fmt}-{r}") if cold else ShardDataset(out)
+                        ds = (_open(url, cache_dir=tmp / f"blocks-{fmt}-{r}", storage_options={"endpoint": endpoint})
+                              if cold else ShardDataset(out))
                         t1 = time.perf_counter()
                         ds.read_batch(order)
                     t2 = time.perf_counter()
@@ -157,7 +162,7 @@ def stock(args, server, tmp: Path) -> None:
         got = fn()
         return got / (time.perf_counter() - t)
 
-    runs = {"client same ranges": lambda r: timed(lambda: (_client(server, ranges, args.threads), n)[1]),
+    runs = {"client same ranges": lambda r: timed(lambda: (_client(server.endpoint, ranges, args.threads), n)[1]),
             "make_loader no cache": lambda r: timed(lambda: sum(len(i) for i, _ in make_loader(plain, 64, seed=r,
                                                                                                    mode="main"))),
             "stock DataLoader, 2 workers": stock_epoch}
