@@ -232,3 +232,47 @@ def test_forkserver_workers_started_before_the_credentials_read_with_the_dataset
             assert torch.equal(a, b) and torch.equal(la, lb)
     finally:
         forkserver._forkserver._stop()  # the next user starts one with the current environment
+
+
+def test_a_shuffled_batch_is_fetched_in_the_gets_of_a_sorted_one(s3, cache, outputs, monkeypatch):
+    from shardpack.readers import objects
+    url = upload(s3, outputs["raw"], "shuffled/OUT")
+    ds, local = ShardDataset(url, cache_limit=0), ShardDataset(outputs["raw"])  # uncached: every read a GET
+    ds[0]  # the reader open
+    got = {}
+    for name, order in (("sorted", [0, 1, 2, 3, 8, 9, 10]), ("shuffled", [9, 2, 0, 10, 3, 8, 1])):
+        record: list = []
+        monkeypatch.setattr(objects, "FETCHES", record)
+        batch = ds.__getitems__(order)
+        assert [int(label) for _, label in batch] == [local[i][1] for i in order]
+        assert all(torch.equal(img, local[i][0]) for (img, _), i in zip(batch, order))  # in the order asked
+        got[name] = sorted((a, z) for _, a, z in record)
+    row = 16 * 16 * 3
+    assert got["shuffled"] == got["sorted"] and len(got["sorted"]) == 2  # samples 0-3, then 8-10
+    assert [z - a for a, z in got["sorted"]] == [4 * row, 3 * row]
+
+
+def test_opening_a_url_has_the_forkserver_preload_torch_for_its_workers(s3, cache, outputs, tmp_path):
+    """In a fresh process (this one's forkserver may run already): the forkserver's preload list
+    gains torch and the dataset module, keeping what was asked before; the workers then read."""
+    import subprocess
+    import sys
+    url = upload(s3, outputs["raw"], "preload/OUT")
+    script = tmp_path / "preload.py"
+    script.write_text(
+        "import multiprocessing, multiprocessing.forkserver as fs\n"
+        "import torch\n"
+        "from shardpack import ShardDataset\n"
+        "if __name__ == '__main__':\n"
+        "    multiprocessing.set_forkserver_preload(['json'])\n"
+        f"    ds = ShardDataset({url!r})\n"
+        "    print(fs._forkserver._preload_modules)\n"
+        "    loader = torch.utils.data.DataLoader(ds, batch_size=13, num_workers=1, "
+        "multiprocessing_context='forkserver')\n"
+        "    print(sorted(int(v) for v in next(iter(loader))[1]))\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "SHARDPACK_CACHE": str(cache)})
+    assert done.returncode == 0, done.stderr
+    preload, labels = done.stdout.strip().splitlines()
+    assert preload == "['json', 'torch', 'shardpack.readers.dataset']"
+    assert labels == str(sorted(int(v) for v in ShardDataset(outputs["raw"]).targets))
