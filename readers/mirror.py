@@ -8,8 +8,8 @@ written under a temporary name, checked against the digests recorded at pack tim
 renamed, so the manifest, the index and the format's own tables are read exactly as for a local
 output. The pixel files stay in the store; their sizes and ETags are recorded in the
 :class:`objects.Objects` returned beside the folder, from a ranged GET of each one's first
-64 KiB where the format reads a header (kept, so the header costs no request of its own) or a
-HEAD (WebDataset's shards). After manifest.json, everything is fetched in one round trip: the
+bytes where the format reads a header (``Reader.head_bytes``; kept, so the header costs no
+request of its own) or a HEAD (WebDataset's shards). After manifest.json, everything is fetched in one round trip: the
 pixel objects' requests and the small files' GETs all in flight at once (:data:`IN_FLIGHT`).
 
 The small files are hashed once per opening: a fresh fetch is checked before its rename, a

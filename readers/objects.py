@@ -180,7 +180,7 @@ class Objects:
     def no_bucket(self, err: BaseException) -> None:
         """Raise ShardFormatError naming the URL when ``err`` (a not-found answer) says the
         bucket itself does not exist (S3's ``NoSuchBucket``), rather than one object under it."""
-        if "<Code>NoSuchBucket</Code>" in str(err) or "NoSuchBucket" in str(err).splitlines()[0]:
+        if "NoSuchBucket" in str(err):  # S3's error code, in the answer's body the client quotes
             what = {"s3": "bucket", "gs": "bucket", "az": "container"}[self.scheme]
             raise ShardFormatError(f"{self.url}: the {what} {self.bucket!r} does not exist at this endpoint (check its "
                                    "name, and AWS_ENDPOINT_URL / AWS_REGION or storage_options)") from None

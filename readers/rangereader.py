@@ -52,6 +52,12 @@ class RangeReader(io.RawIOBase):
     def readinto(self, buf) -> int:
         view = memoryview(buf).cast("B")
         end = min(self._at + len(view), self.file.size)
+        head = self.file.objects.heads.get(self.file.key)
+        if head is not None and end <= len(head):  # inside the first bytes open fetched (Objects.start)
+            n = max(0, end - self._at)
+            view[:n] = head[self._at:self._at + n]
+            self._at += n
+            return n
         done = 0
         while self._at + done < end:
             at = self._at + done

@@ -180,7 +180,7 @@ class Reader:
     # In object storage, the first bytes of each pixel file fetched at open (readers/mirror.py), in
     # the GET that also gives its size and ETag: its header (.npy, HDF5 superblock, LMDB meta
     # pages), which the reader then parses without a round trip of its own (objects.Objects.start)
-    head_bytes = 64 << 10
+    head_bytes = 64 << 10  # (npy: 4 KiB, formats/npy.py; WebDataset: none, a HEAD per shard)
     objects = None  # readers.objects.Objects when the data files are in object storage (open_reader sets it)
 
     def __init__(self, root, manifest):
