@@ -42,9 +42,7 @@ __all__ = ["Upload", "is_url", "staged_path"]
 
 STATE = "upload.json"  # beside the staged output: what was uploaded
 MANIFESTS = (DIGEST_FILE, MANIFEST)  # a folder's commit, in this order
-# Staged files never uploaded: those that hold no data (LMDB's lock.mdb, which only a locking
-# reader uses; readers in object storage read data.mdb by range, without LMDB), so the count put
-# is the count verify checks
+# never uploaded: no data (LMDB's lock.mdb; readers read data.mdb by range): "N files put" is verify's count
 NOT_UPLOADED = tuple(n for n in NOT_SEALED if n not in MANIFESTS)
 MIN_PART = 8 << 20  # multipart part size floor; S3 allows 10,000 parts: 9,000 leaves room
 MAX_PARTS = 9000

@@ -21,7 +21,7 @@ from .manifest import COLUMNS, INDEX_DIR, Index, ShardFormatError, load_manifest
 from .cachesetup import attach as attach_cache
 from .mirror import open_url
 from .mirror import sizes as objects_sizes
-from .objects import is_url, preload_forkserver
+from .objects import is_url
 from .samples import Buffers, batch_buffer, rows_of, rows_of_images
 
 _warned: set = set()  # roots already warned about in this process (workers never construct)
@@ -135,7 +135,6 @@ class ShardDataset(Dataset):
             path, objects = open_url(path, storage_options, split)  # a splits root: the split's mirror
             self.url = objects.url
             attach_cache(objects, cache_dir, cache_limit)  # readers/cachesetup.py; warns which case
-            preload_forkserver()  # its workers (forkserver, never fork) start with torch imported
         else:
             given = [k for k, v in (("storage_options", storage_options), ("cache_dir", cache_dir),
                                     ("cache_limit", cache_limit)) if v is not None]

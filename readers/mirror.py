@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from .manifest import MANIFEST, SPLITS_KIND, ShardFormatError
-from .objects import Objects
+from .objects import Objects, preload_forkserver
 
 DIGEST_FILE = "manifest.xxh3"  # integrity.MANIFEST_DIGEST (not imported: integrity loads xxhash lazily)
 IN_FLIGHT = 32  # requests at once when opening: the pixel objects' HEADs (or first bytes) and the small files
@@ -84,6 +84,7 @@ def open_url(url: str, storage_options: dict | None = None, split: str | None = 
     from .formats import reader_class
     from .manifest import split_root
     objects = Objects(url, storage_options)
+    preload_forkserver()  # its DataLoader workers (forkserver, never fork) start with torch imported
     raw, manifest = read_manifest(objects)
     if manifest.get("kind") == SPLITS_KIND or split is not None:
         top = mirror_splits(objects, raw, manifest) if manifest.get("kind") == SPLITS_KIND else None
