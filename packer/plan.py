@@ -241,9 +241,10 @@ def find_labels_file(src: Path, split: str | None) -> Path | None:
 
 # ---------------------------------------------------------------- the plan, in words
 
-def plan_text(plan: Plan, out: Path, recipe: Recipe, opts: Options, workers: int) -> str:
+def plan_text(plan: Plan, out: Path, recipe: Recipe, opts: Options, workers: int, staging: Path | None = None) -> str:
     """The plan as printed before decoding: splits, classes, images per split, labels reports,
-    output size estimate, free space, ``workers``."""
+    output size estimate, free space (at ``staging``, the local folder an ``s3://`` OUT is packed
+    into first, when given; else at OUT), ``workers``."""
     cls = shown_apart(plan.classes)  # look-alike names (NFC vs NFD) printed apart
     if any("," in c for c in plan.classes):  # a name holding a comma ("gray, photo") quoted, so the list reads
         cls = [repr(c) if c == s else s for c, s in zip(plan.classes, cls)]
@@ -279,9 +280,10 @@ def plan_text(plan: Plan, out: Path, recipe: Recipe, opts: Options, workers: int
     lines.append(f"  output: about {size_text(plan_output_bytes(plan, recipe, opts.fmt))} for {total} images "
                  f"({opts.fmt}, {shape}, {recipe.resize})")
     lines.append("  per image: " + plan.estimates(recipe)[0].per_image_text(recipe, plan.parts[0].split))
-    free_at = nearest_existing(out)
-    lines.append(f"  free space: {size_text(shutil.disk_usage(free_at).free)} at {free_at}")
+    free_at = nearest_existing(staging if staging is not None else out)
+    where = f"staging {free_at}" if staging is not None else "OUT"
+    lines.append(f"  free space: {size_text(shutil.disk_usage(free_at).free)} at {where if staging else free_at}")
     lines += storage_lines([p.listing for p in plan.parts], recipe, shutil.disk_usage(free_at).free, opts.fmt,
-                           workers)
+                           workers, where)
     lines.append(f"  workers: {workers}")
     return "\n".join(lines)

@@ -233,9 +233,10 @@ def plan_run_bytes(plan, recipe: Recipe, fmt: str, workers: int) -> int:
     return run_bytes([p.listing for p in plan.parts], recipe, fmt, workers, plan.estimates(recipe))
 
 
-def storage_lines(listings, recipe, free: int, fmt: str, workers: int) -> list[str]:
+def storage_lines(listings, recipe, free: int, fmt: str, workers: int, where: str = "OUT") -> list[str]:
     """The plan's raw-vs-JPEG lines for ``listings`` (one per split) packed with ``recipe``
-    (either encoding) as ``fmt`` by ``workers`` processes, with ``free`` bytes free at OUT: both
+    (either encoding) as ``fmt`` by ``workers`` processes, with ``free`` bytes free at ``where``
+    (OUT, or "staging DIR" for an OUT in object storage, packed there first): both
     sizes, the RAM, and when raw would not fit in RAM (every epoch would read from disk) or on the
     disk (the free-space check's own sum, run_bytes), what --encoding jpeg or a smaller --size
     would take instead: only those that would fit, as the check would count them."""
@@ -249,7 +250,7 @@ def storage_lines(listings, recipe, free: int, fmt: str, workers: int) -> list[s
              f"JPEG q{jpeg_recipe.quality} {jpeg_recipe.subsampling} about "
              f"{size_text(jpeg)} ({raw / max(1, jpeg):.1f}x smaller, from files encoded); "
              f"RAM {size_text(ram) if ram else 'unknown'}, "
-             f"free at OUT {size_text(free)}"]
+             f"free at {where} {size_text(free)}"]
     if recipe.encoding != RAW:
         return lines
 

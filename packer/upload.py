@@ -29,6 +29,7 @@ import shutil
 import threading
 from pathlib import Path
 
+from ..readers.integrity import NOT_SEALED
 from ..readers.manifest import MANIFEST, ShardFormatError, partial_dir, write_json_atomic
 from ..readers.mirror import DIGEST_FILE, cache_root
 from ..readers.objects import Objects, is_url, one_line
@@ -41,6 +42,8 @@ __all__ = ["Upload", "is_url", "staged_path"]
 
 STATE = "upload.json"  # beside the staged output: what was uploaded
 MANIFESTS = (DIGEST_FILE, MANIFEST)  # a folder's commit, in this order
+# never uploaded: no data (LMDB's lock.mdb; readers read data.mdb by range): "N files put" is verify's count
+NOT_UPLOADED = tuple(n for n in NOT_SEALED if n not in MANIFESTS)
 MIN_PART = 8 << 20  # multipart part size floor; S3 allows 10,000 parts: 9,000 leaves room
 MAX_PARTS = 9000
 
@@ -297,7 +300,7 @@ class Upload:
             raise self._error
 
     def _uploaded_text(self) -> str:
-        n = sum(1 for p in self.local.rglob("*") if p.is_file() and p.name not in MANIFESTS)
+        n = sum(1 for p in self.local.rglob("*") if p.is_file() and p.name not in (*MANIFESTS, *NOT_UPLOADED))
         return f"{len(self._state())} of {plural(n, 'file')} uploaded"
 
     def _drop_staged(self) -> None:
@@ -313,7 +316,8 @@ class Upload:
         ``{"uploaded": files put, "kept": files found already up, "bytes": bytes put}``. Raises
         PackError naming the URL when the store fails (after the client's retries) or the lock
         was taken over; KeyboardInterrupt (Stopped) on a signal: ``--resume`` continues."""
-        files = sorted(p.relative_to(self.local).as_posix() for p in self.local.rglob("*") if p.is_file())
+        files = sorted(p.relative_to(self.local).as_posix() for p in self.local.rglob("*")
+                       if p.is_file() and p.name not in NOT_UPLOADED)
         data = [f for f in files if f.rpartition("/")[2] not in MANIFESTS]
         commits = sorted((f for f in files if f not in data),
                          key=lambda f: (-f.count("/"), f.rpartition("/")[0], MANIFESTS.index(f.rpartition("/")[2])))

@@ -44,6 +44,26 @@ def choose(objects, cache_dir=None, cache_limit=None) -> tuple[BlockCache | None
     return cache, text
 
 
+def record(objects, cache_dir=None, cache_limit=None) -> dict:
+    """The cache case of :func:`choose` as data (``info --json``'s ``cache``): ``case`` ("holds
+    all": the limit is at least the pixels' size; "smaller than the data"; "off": no cache, or a
+    store without ETags; "refused": a cache_dir or limit :func:`open_cache` refuses), ``dir``
+    (the block cache's folder, None when off), ``limit_bytes``, ``data_bytes`` (the pixel
+    objects' sizes), ``fetch_per_epoch_bytes`` after the first epoch (about data - limit; all of
+    it when off) and ``text``, the line ``info`` prints."""
+    data = sum(size for size, _ in objects.pixels.values())
+    try:
+        cache, text = choose(objects, cache_dir, cache_limit)
+    except ValueError as err:
+        return {"case": "refused", "dir": None, "limit_bytes": 0, "data_bytes": data,
+                "fetch_per_epoch_bytes": None, "text": str(err)}
+    limit = cache.limit if cache is not None else 0
+    case = "off" if cache is None else "holds all" if limit >= data else "smaller than the data"
+    return {"case": case, "dir": str(cache.root) if cache is not None else None, "limit_bytes": limit,
+            "data_bytes": data, "fetch_per_epoch_bytes": max(0, data - limit),
+            "text": text.removeprefix(objects.url + ": ")}
+
+
 class _Off:
     limit = 0
 

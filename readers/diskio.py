@@ -194,7 +194,8 @@ def submit(jobs: list, then=None, each=None) -> Pending:
     """Start reading ``jobs``, each ``(DataFile, offset, [buffers], sample)``, on the pool.
 
     Jobs adjacent in the same file (the next one starts where the previous ends, as sorted
-    samples of npy and HDF5 do) are merged into one ``preadv`` of up to :data:`MERGE_BYTES`
+    samples of npy and HDF5 do; an object's jobs are sorted by offset first, so a shuffled batch
+    is fetched in as few GETs as a sorted one) are merged into one ``preadv`` of up to :data:`MERGE_BYTES`
     (or the file's own ``merge_bytes``: an object's ranged GET, readers/objects.py; its errors
     still name the first sample not read);
     the rest are dealt to the threads in order (:data:`THREADS`, or the first file's own
@@ -204,7 +205,11 @@ def submit(jobs: list, then=None, each=None) -> Pending:
     raises ends that thread's part and is raised by :meth:`Pending.wait`.
     ``then``: see :class:`Pending`."""
     merged = []
-    for j, (file, offset, buffers, sample) in enumerate(jobs):
+    order = range(len(jobs))
+    if jobs and hasattr(jobs[0][0], "merge_bytes"):  # an object's ranged GETs: a shuffled batch merged as a sorted one
+        order = sorted(order, key=lambda j: (id(jobs[j][0]), jobs[j][1]))
+    for j in order:
+        file, offset, buffers, sample = jobs[j]
         n = sum(memoryview(b).nbytes for b in buffers)
         if merged:
             last, limit = merged[-1], getattr(file, "merge_bytes", MERGE_BYTES)

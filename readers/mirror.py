@@ -6,8 +6,11 @@ its format's reader names, ``Reader.pixel_files``) into a folder of the node's c
 (``$SHARDPACK_CACHE``, else ``~/.cache/shardpack``; ``index/<url hash>-<manifest hash>``),
 written under a temporary name, checked against the digests recorded at pack time, then
 renamed, so the manifest, the index and the format's own tables are read exactly as for a local
-output. The pixel files stay in the store; their sizes and ETags are recorded (HEAD requests,
-many in flight) in the :class:`objects.Objects` returned beside the folder.
+output. The pixel files stay in the store; their sizes and ETags are recorded in the
+:class:`objects.Objects` returned beside the folder, from a ranged GET of each one's first
+bytes where the format reads a header (``Reader.head_bytes``; kept, so the header costs no
+request of its own) or a HEAD (WebDataset's shards). After manifest.json, everything is fetched in one round trip: the
+pixel objects' requests and the small files' GETs all in flight at once (:data:`IN_FLIGHT`).
 
 The small files are hashed once per opening: a fresh fetch is checked before its rename, a
 mirror found in the cache is checked again (it may have been damaged since) and, when it no
@@ -34,10 +37,10 @@ from pathlib import Path
 import numpy as np
 
 from .manifest import MANIFEST, SPLITS_KIND, ShardFormatError
-from .objects import Objects
+from .objects import Objects, preload_forkserver
 
 DIGEST_FILE = "manifest.xxh3"  # integrity.MANIFEST_DIGEST (not imported: integrity loads xxhash lazily)
-HEADS_IN_FLIGHT = 16  # HEAD requests at once for the pixel objects (a wds output has one per shard)
+IN_FLIGHT = 32  # requests at once when opening: the pixel objects' HEADs (or first bytes) and the small files
 
 
 def cache_root() -> Path:
@@ -81,6 +84,7 @@ def open_url(url: str, storage_options: dict | None = None, split: str | None = 
     from .formats import reader_class
     from .manifest import split_root
     objects = Objects(url, storage_options)
+    preload_forkserver()  # its DataLoader workers (forkserver, never fork) start with torch imported
     raw, manifest = read_manifest(objects)
     if manifest.get("kind") == SPLITS_KIND or split is not None:
         top = mirror_splits(objects, raw, manifest) if manifest.get("kind") == SPLITS_KIND else None
@@ -91,19 +95,28 @@ def open_url(url: str, storage_options: dict | None = None, split: str | None = 
         except ShardFormatError as err:
             raise ShardFormatError(str(err).replace(str(top), objects.url)) from None
         return open_url(f"{objects.url}/{folder.relative_to(top).as_posix()}", storage_options)
-    pixel_names = reader_class(objects.url, manifest).pixel_files(manifest)
-    with ThreadPoolExecutor(min(HEADS_IN_FLIGHT, max(1, len(pixel_names)))) as pool:
-        objects.pixels = dict(zip(pixel_names, pool.map(objects.head, pixel_names)))
+    reader = reader_class(objects.url, manifest)
+    pixel_names = reader.pixel_files(manifest)
     files = manifest.get("files") if isinstance(manifest.get("files"), dict) else {}
-    for name, (size, _) in objects.pixels.items():
-        if name in files and files[name] != size:
-            raise ShardFormatError(f"{objects.name(name)}: {size} bytes, the manifest records {files[name]}; "
-                                   "the output is damaged, or was packed again without its manifest")
     final = cache_root() / "index" / _key(objects.url, raw)
-    if (final / MANIFEST).is_file() and _damaged(final, manifest, pixel_names):
-        shutil.rmtree(final, ignore_errors=True)  # a damaged mirror is fetched again, never served
-    if not (final / MANIFEST).is_file():
-        _fetch(objects, raw, final, _small_names(manifest, pixel_names), lambda tmp: _check(objects, tmp, manifest))
+    names = None if (final / MANIFEST).is_file() else _small_names(manifest, pixel_names)
+    # one round trip for everything the manifest names: the pixel objects' sizes and ETags (with
+    # their headers: Objects.start) and, for a mirror not yet in the cache, manifest.xxh3 and the
+    # small files, all in flight at once
+    with ThreadPoolExecutor(IN_FLIGHT) as pool:
+        asked = [pool.submit(_identity, objects, n, files.get(n), reader.head_bytes) for n in pixel_names]
+        small = None if names is None else _start_fetch(objects, names, pool)
+        objects.pixels = dict(zip(pixel_names, (f.result() for f in asked)))
+        for name, (size, _) in objects.pixels.items():
+            if name in files and files[name] != size:
+                raise ShardFormatError(f"{objects.name(name)}: {size} bytes, the manifest records {files[name]}; "
+                                       "the output is damaged, or was packed again without its manifest")
+        if names is None and _damaged(final, manifest, pixel_names):
+            shutil.rmtree(final, ignore_errors=True)  # a damaged mirror is fetched again, never served
+            names = _small_names(manifest, pixel_names)
+            small = _start_fetch(objects, names, pool)
+        if small is not None:
+            _finish_fetch(objects, raw, final, names, small, lambda tmp: _check(objects, tmp, manifest))
     return final, objects
 
 
@@ -176,11 +189,35 @@ def _check(objects: Objects, tmp: Path, manifest: dict) -> None:
     integrity.check_small_files(tmp, manifest, [tmp / n for n in objects.pixels])
 
 
+def _identity(objects: Objects, name: str, size, head_bytes: int) -> tuple[int, str | None]:
+    """``(size, ETag)`` of the pixel object ``name``: from a ranged GET of its first
+    ``head_bytes`` (kept: Objects.start) where the format reads a header, else (and for an
+    object the manifest records as empty, which no range fits) a HEAD."""
+    if head_bytes and size != 0:
+        return objects.start(name, head_bytes)
+    return objects.head(name)
+
+
+def _start_fetch(objects: Objects, names, pool) -> list:
+    """manifest.xxh3's and the objects ``names``' GETs started on ``pool``: their futures (bytes,
+    None for one that does not exist). Raises ShardFormatError for a name outside the output."""
+    for name in names:
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            raise ShardFormatError(f"{objects.name(MANIFEST)}: lists {name!r}, outside the output")
+    return [pool.submit(objects.get, n, True) for n in (DIGEST_FILE, *names)]
+
+
 def _fetch(objects: Objects, raw: bytes, final: Path, names, check) -> None:
-    """Fetch manifest.json (``raw``), manifest.xxh3 and the objects ``names`` (relative to the
-    output) into a temporary folder beside ``final``, run ``check(folder)``, then rename it to
-    ``final``. Errors name the URL, never the temporary folder."""
-    digest = objects.get(DIGEST_FILE, missing_ok=True)
+    """Fetch manifest.xxh3 and the objects ``names`` (relative to the output), many in flight,
+    into the mirror ``final`` beside manifest.json (``raw``): :func:`_finish_fetch`."""
+    with ThreadPoolExecutor(IN_FLIGHT) as pool:
+        _finish_fetch(objects, raw, final, names, _start_fetch(objects, names, pool), check)
+
+
+def _finish_fetch(objects: Objects, raw: bytes, final: Path, names, started, check) -> None:
+    """Write manifest.json (``raw``), manifest.xxh3 and the objects ``names`` (their GETs
+    ``started``: :func:`_start_fetch`) into a temporary folder beside ``final``, run
+    ``check(folder)``, then rename it to ``final``. Errors name the URL, never the temporary folder."""
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
@@ -189,14 +226,7 @@ def _fetch(objects: Objects, raw: bytes, final: Path, names, check) -> None:
                                f"({err.strerror or err}); set SHARDPACK_CACHE to a writable folder") from None
     try:
         (tmp / MANIFEST).write_bytes(raw)
-        if digest is not None:
-            (tmp / DIGEST_FILE).write_bytes(digest)
-        for name in names:
-            if Path(name).is_absolute() or ".." in Path(name).parts:
-                raise ShardFormatError(f"{objects.name(MANIFEST)}: lists {name!r}, outside the output")
-        with ThreadPoolExecutor(HEADS_IN_FLIGHT) as pool:
-            fetched = list(pool.map(lambda n: objects.get(n, missing_ok=True), names))
-        for name, data in zip(names, fetched):
+        for name, data in zip((DIGEST_FILE, *names), (f.result() for f in started)):
             if data is None:
                 continue  # load_manifest and the digest check name what is missing
             (tmp / name).parent.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,7 @@ opening and the small-file mirror: readers/mirror.py). A format reader opens an
 seam), with the same ``read(offset, buffers, sample)``, so a batch's byte ranges go through
 diskio.submit as before (adjacent ranges merged up to :data:`MERGE_BYTES`, one ranged GET
 each, :data:`INFLIGHT` in flight per process from a pool of their own; local reads keep
-diskio.THREADS). :class:`RangeReader` is a read-only file object
+diskio.THREADS). rangereader.RangeReader is a read-only file object
 over one object, fetched in cached blocks, for libraries that parse a file's header (h5py).
 The client is obstore (chosen by scripts/bench_s3.py: docs/measurements.md), made lazily in
 each process that reads; obstore does not survive fork, so DataLoader workers must be started
@@ -23,7 +23,6 @@ naming the URL instead of serving a mix of old and new bytes.
 from __future__ import annotations
 
 import errno
-import io
 import os
 import re
 from datetime import timedelta
@@ -51,6 +50,28 @@ _client_pid = None  # the process that first used obstore here; inherited across
 # Set to a list to record each ranged GET as (URL, first byte, end byte) in this process (tests count
 # what each DDP rank fetched); None: nothing recorded.
 FETCHES: list | None = None
+
+
+# Imported once by the forkserver (when it has not started yet) as soon as an output in object
+# storage is opened, so each DataLoader worker forked from it starts with them loaded instead of
+# importing torch itself (seconds each on a busy machine; measured: scripts/bench_s3.py --stock)
+FORKSERVER_PRELOAD = ("torch", "shardpack.readers.dataset")
+
+
+def preload_forkserver() -> None:
+    """Add :data:`FORKSERVER_PRELOAD` to the modules the forkserver imports when it starts
+    (multiprocessing.set_forkserver_preload, keeping those already asked for), unless it runs
+    already. An output in object storage is read by forkserver (or spawn) workers, never forked
+    ones (obstore does not survive fork), and make_loader starts its workers with forkserver."""
+    try:
+        import multiprocessing.forkserver as forkserver
+        server = forkserver._forkserver
+        if server._forkserver_pid is not None:
+            return
+        mods = list(server._preload_modules or [])
+        forkserver.set_forkserver_preload(mods + [m for m in FORKSERVER_PRELOAD if m not in mods])
+    except (ImportError, AttributeError):  # another Python's internals: the workers import what they need
+        pass
 
 
 def is_url(path) -> bool:
@@ -105,6 +126,7 @@ class Objects:
         self.options = dict(storage_options or {})
         self.inflight = inflight(url, self.options.pop("inflight", None))
         self.pixels: dict[str, tuple[int, str | None]] = {}  # name -> (size, ETag), recorded at open
+        self.heads: dict[str, bytes] = {}  # name -> its first bytes, fetched at open (:meth:`start`)
         self._store, self._pid = None, None
         # the AWS_* settings at open, for workers: a forkserver (or a spawn parent) may have been
         # started before they were set, and its children would not see them
@@ -155,6 +177,14 @@ class Objects:
     def name(self, key: str) -> str:
         return f"{self.url}/{key}"
 
+    def no_bucket(self, err: BaseException) -> None:
+        """Raise ShardFormatError naming the URL when ``err`` (a not-found answer) says the
+        bucket itself does not exist (S3's ``NoSuchBucket``), rather than one object under it."""
+        if "NoSuchBucket" in str(err):  # S3's error code, in the answer's body the client quotes
+            what = {"s3": "bucket", "gs": "bucket", "az": "container"}[self.scheme]
+            raise ShardFormatError(f"{self.url}: the {what} {self.bucket!r} does not exist at this endpoint (check its "
+                                   "name, and AWS_ENDPOINT_URL / AWS_REGION or storage_options)") from None
+
     def get(self, key: str, missing_ok: bool = False) -> bytes | None:
         """The whole object ``key`` (relative to the output) as bytes; None when it does not
         exist and ``missing_ok``. Raises ShardFormatError naming the URL otherwise."""
@@ -162,7 +192,8 @@ class Objects:
         from obstore.exceptions import BaseError
         try:
             return bytes(obstore.get(self.store(), key).bytes())
-        except FileNotFoundError:
+        except FileNotFoundError as err:
+            self.no_bucket(err)
             if missing_ok:
                 return None
             raise ShardFormatError(f"{self.name(key)}: no such object") from None
@@ -181,6 +212,26 @@ class Objects:
         except (BaseError, OSError) as err:
             raise ShardFormatError(f"{self.name(key)}: cannot be read ({one_line(err)})") from None
         return int(meta["size"]), meta.get("e_tag")
+
+    def start(self, key: str, nbytes: int) -> tuple[int, str | None]:
+        """:meth:`head`'s ``(size, ETag)`` of ``key`` from one ranged GET of its first ``nbytes``
+        bytes (``nbytes`` at most its size), which are kept in :attr:`heads` so that the reader's
+        header read (the .npy header, HDF5's superblock, LMDB's meta pages) costs no request of its
+        own: one round trip at open instead of a HEAD and then a GET. ShardFormatError as head."""
+        import obstore
+        from obstore.exceptions import BaseError
+        try:
+            got = obstore.get(self.store(), key, options={"range": (0, nbytes)})
+            data = bytes(got.bytes())
+        except FileNotFoundError as err:
+            self.no_bucket(err)
+            raise ShardFormatError(f"{self.name(key)}: no such object (listed in {MANIFEST})") from None
+        except (BaseError, OSError) as err:
+            raise ShardFormatError(f"{self.name(key)}: cannot be read ({one_line(err)})") from None
+        self.heads[key] = data
+        if FETCHES is not None:
+            FETCHES.append((self.name(key), 0, len(data)))
+        return int(got.meta["size"]), got.meta.get("e_tag")
 
     def open(self, key: str) -> "ObjectFile":
         """The pixel object ``key`` for ranged reads, as recorded at open (mirror.open_url).
@@ -268,6 +319,16 @@ class ObjectFile:
         except (BaseError, OSError) as err:
             raise OSError(errno.EIO, one_line(err), self.path) from None
 
+    def pread_header(self, offset: int, length: int) -> memoryview:
+        """:meth:`pread` for a reader parsing the object's header (RangeReader, LMDB's meta pages):
+        served from the first bytes open fetched (Objects.start, the same ETag) where they hold the
+        range, without a request. (Samples are always read by :meth:`pread`: a replaced object is
+        then refused, never served from what open kept.)"""
+        head, end = self.objects.heads.get(self.key), min(offset + length, self.size)
+        if head is not None and end <= len(head):
+            return memoryview(head)[offset:max(offset, end)]
+        return self.pread(offset, length)
+
     def read(self, offset: int, buffers, sample) -> None:
         """Fill ``buffers`` from byte ``offset`` on, as diskio.DataFile.read (``sample``: an
         index, or ``[(byte, sample), ...]`` for a merged read). Raises OSError naming the URL
@@ -318,58 +379,3 @@ class _NotInRam:
 
 
 NOT_IN_RAM = _NotInRam()
-
-
-class RangeReader(io.RawIOBase):
-    """A read-only, seekable file object over the pixel object ``file`` (an :class:`ObjectFile`)
-    for a library that parses a file's own header (h5py: ``h5py.File(RangeReader(...))``):
-    each read is served from blocks of ``block`` bytes fetched by one ranged GET each (If-Match
-    the ETag recorded at open) and kept, at most ``keep`` of them (the oldest dropped), so only
-    the header's ranges are fetched, never the whole object. ``requests`` and ``fetched`` (bytes)
-    count what it asked for. A failed GET raises OSError naming the URL (ShardFormatError when
-    the object was replaced)."""
-
-    def __init__(self, file: ObjectFile, block: int = 64 << 10, keep: int = 256):
-        super().__init__()
-        self.file, self.block, self.keep = file, int(block), int(keep)
-        self._blocks: dict[int, bytes] = {}
-        self._at, self.requests, self.fetched = 0, 0, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._at
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._at, io.SEEK_END: self.file.size}[whence]
-        self._at = max(0, base + int(offset))
-        return self._at
-
-    def _get(self, k: int) -> bytes:
-        got = self._blocks.get(k)
-        if got is None:
-            got = bytes(self.file.pread(k * self.block, self.block))
-            self.requests, self.fetched = self.requests + 1, self.fetched + len(got)
-            if len(self._blocks) >= self.keep:
-                self._blocks.pop(next(iter(self._blocks)))
-            self._blocks[k] = got
-        return got
-
-    def readinto(self, buf) -> int:
-        view = memoryview(buf).cast("B")
-        end = min(self._at + len(view), self.file.size)
-        done = 0
-        while self._at + done < end:
-            at = self._at + done
-            k, within = divmod(at, self.block)
-            piece = self._get(k)[within:within + end - at]
-            if not piece:
-                break
-            view[done:done + len(piece)] = piece
-            done += len(piece)
-        self._at += done
-        return done

@@ -20,6 +20,9 @@ batch vs object size, 8 vs 32 GETs in flight behind added latency, no / cold / w
 ``--blocks``: the cache's block size, no server):
 scripts/bench_s3_cache.py, whose docstring says how.
 
+``--first-open`` (a cold open + first batch per format, requests counted) and ``--stock`` (the stock
+DataLoader with 2 workers against the client): scripts/bench_s3_first.py.
+
 ``--merge`` instead times runs of 64 adjacent samples fetched as GETs of 1 to 64 samples each
 (obstore from 8 threads, as readers/diskio.py reads): what readers/objects.py's MERGE_BYTES rests on.
 """
@@ -231,6 +234,15 @@ def main() -> None:
     ap.add_argument("--cache", action="store_true", help="instead: no cache / cold / warm cache / local epochs")
     ap.add_argument("--mode", choices=["main", "processes"], default="main", help="--cache's make_loader mode")
     ap.add_argument("--blocks", action="store_true", help="instead: the block cache's block size (no server)")
+    ap.add_argument("--first-open", action="store_true",
+                    help="instead: a cold open + first batch per format (--formats), against the local copy and the "
+                         "client on the batch's ranges, requests counted (scripts/bench_s3_first.py)")
+    ap.add_argument("--formats", nargs="+", default=["npy", "lmdb", "wds", "hdf5"], help="--first-open's formats")
+    ap.add_argument("--open-latency-ms", type=float, default=0.0,
+                    help="--first-open: the timed rounds through the proxy adding this much to every request")
+    ap.add_argument("--stock", action="store_true",
+                    help="instead: the stock DataLoader(num_workers=2, shuffle=True) uncached against the client "
+                         "on an epoch's ranges from --threads threads (scripts/bench_s3_first.py)")
     args = ap.parse_args()
     import obstore
     if args.blocks:
@@ -251,6 +263,15 @@ def main() -> None:
                 server.stop()
     if args.loader:
         return loader_vs_client(args)
+    if args.first_open or args.stock:
+        import bench_s3_first
+        with tempfile.TemporaryDirectory(prefix="bench-s3-first-") as tmp:
+            server = s3server.start(Path(tmp) / "weed")
+            try:
+                os.environ.update(server.env())
+                return (bench_s3_first.first_open if args.first_open else bench_s3_first.stock)(args, server, Path(tmp))
+            finally:
+                server.stop()
 
     with tempfile.TemporaryDirectory(prefix="bench-s3-") as tmp:
         server = s3server.start(Path(tmp))

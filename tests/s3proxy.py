@@ -67,6 +67,12 @@ def handler(upstream: str, state: State):
         def log_message(self, *args):
             pass
 
+        def setup(self):
+            super().setup()
+            # headers and body go out as separate writes: without TCP_NODELAY, Nagle holds the body
+            # until the client's delayed ACK (~40 ms a small answer), which timed the proxy, not the reader
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
         def _control(self, body: bytes) -> None:
             what = self.path.split("?")[0][len("/_proxy/"):]
             if what == "counts":
@@ -117,9 +123,11 @@ def handler(upstream: str, state: State):
                 self.close_connection = True
                 return
             conn = getattr(self, "_up", None)
-            if conn is None:
-                conn = self._up = http.client.HTTPConnection(host, port, timeout=120)
             try:
+                if conn is None:
+                    conn = self._up = http.client.HTTPConnection(host, port, timeout=120)
+                    conn.connect()
+                    conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 conn.request(self.command, self.path, body=body or None,
                              headers={k: v for k, v in self.headers.items() if k.lower() not in HOP})
                 resp = conn.getresponse()

@@ -115,9 +115,10 @@ def test_what_object_storage_refuses_in_one_line(s3, cache, tmp_path):
     url = upload(s3, packed("lmdb", src, tmp_path / "lmdb", size=16), "refused/lmdb")
     with pytest.raises(ShardFormatError, match=r"^s3://shardpack-tests/nothing/here: no manifest.json there"):
         ShardDataset("s3://shardpack-tests/nothing/here")
-    with pytest.raises(ShardFormatError, match=r"^s3://no-such-bucket/x: no manifest.json there; not a complete "
-                                               r"shardpack output \(check the bucket and prefix"):
+    with pytest.raises(ShardFormatError, match=r"^s3://no-such-bucket/x: the bucket 'no-such-bucket' does not exist "
+                                               r"at this endpoint \(check its name, and AWS_ENDPOINT_URL") as err:
         ShardDataset("s3://no-such-bucket/x")
+    assert "\n" not in str(err.value)
     (tmp_path / "a-file").write_text("")
     os.environ["SHARDPACK_CACHE"] = str(tmp_path / "a-file" / "cache")  # restored by the cache fixture
     with pytest.raises(ShardFormatError, match=r"^s3://shardpack-tests/refused/npy: cannot write its index into the "
@@ -143,6 +144,9 @@ def test_a_forked_worker_is_refused_in_one_line_not_left_hanging(s3, cache, outp
     url = upload(s3, outputs["raw"], "fork/OUT")
     ds = ShardDataset(url)
     assert ds[0][1] == ShardDataset(outputs["raw"])[0][1]  # the client now runs in this process
+    # open fetched the object's first 64 KiB (here all of this small one: objects.Objects.start); a
+    # worker reading beyond them must ask the store
+    ds.reader.objects.heads.clear()
     loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=1, multiprocessing_context="fork")
     batches = iter(loader)
     try:
@@ -228,3 +232,47 @@ def test_forkserver_workers_started_before_the_credentials_read_with_the_dataset
             assert torch.equal(a, b) and torch.equal(la, lb)
     finally:
         forkserver._forkserver._stop()  # the next user starts one with the current environment
+
+
+def test_a_shuffled_batch_is_fetched_in_the_gets_of_a_sorted_one(s3, cache, outputs, monkeypatch):
+    from shardpack.readers import objects
+    url = upload(s3, outputs["raw"], "shuffled/OUT")
+    ds, local = ShardDataset(url, cache_limit=0), ShardDataset(outputs["raw"])  # uncached: every read a GET
+    ds[0]  # the reader open
+    got = {}
+    for name, order in (("sorted", [0, 1, 2, 3, 8, 9, 10]), ("shuffled", [9, 2, 0, 10, 3, 8, 1])):
+        record: list = []
+        monkeypatch.setattr(objects, "FETCHES", record)
+        batch = ds.__getitems__(order)
+        assert [int(label) for _, label in batch] == [local[i][1] for i in order]
+        assert all(torch.equal(img, local[i][0]) for (img, _), i in zip(batch, order))  # in the order asked
+        got[name] = sorted((a, z) for _, a, z in record)
+    row = 16 * 16 * 3
+    assert got["shuffled"] == got["sorted"] and len(got["sorted"]) == 2  # samples 0-3, then 8-10
+    assert [z - a for a, z in got["sorted"]] == [4 * row, 3 * row]
+
+
+def test_opening_a_url_has_the_forkserver_preload_torch_for_its_workers(s3, cache, outputs, tmp_path):
+    """In a fresh process (this one's forkserver may run already): the forkserver's preload list
+    gains torch and the dataset module, keeping what was asked before; the workers then read."""
+    import subprocess
+    import sys
+    url = upload(s3, outputs["raw"], "preload/OUT")
+    script = tmp_path / "preload.py"
+    script.write_text(
+        "import multiprocessing, multiprocessing.forkserver as fs\n"
+        "import torch\n"
+        "from shardpack import ShardDataset\n"
+        "if __name__ == '__main__':\n"
+        "    multiprocessing.set_forkserver_preload(['json'])\n"
+        f"    ds = ShardDataset({url!r})\n"
+        "    print(fs._forkserver._preload_modules)\n"
+        "    loader = torch.utils.data.DataLoader(ds, batch_size=13, num_workers=1, "
+        "multiprocessing_context='forkserver')\n"
+        "    print(sorted(int(v) for v in next(iter(loader))[1]))\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "SHARDPACK_CACHE": str(cache)})
+    assert done.returncode == 0, done.stderr
+    preload, labels = done.stdout.strip().splitlines()
+    assert preload == "['json', 'torch', 'shardpack.readers.dataset']"
+    assert labels == str(sorted(int(v) for v in ShardDataset(outputs["raw"]).targets))

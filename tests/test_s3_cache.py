@@ -19,7 +19,7 @@ from shardpack.readers.manifest import ShardFormatError
 
 BUCKET = "shardpack-tests"
 SAMPLE = 128 * 128 * 3
-HEAD = 64 << 10  # the .npy header, read uncached through one RangeReader block (objects.py) per process
+HEAD = 64 << 10  # the .npy header, read uncached through one RangeReader block (rangereader.py) per process
 N = 96
 # small blocks so the test data spans many: 16 chunks of 4 KiB a block
 SETTINGS = {"block_bytes": 64 << 10, "chunk_bytes": 4 << 10}

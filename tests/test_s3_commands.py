@@ -112,8 +112,39 @@ def test_a_url_of_another_scheme_is_refused_in_one_line(s3, cache):
     assert result.exit_code == 2 and result.output.strip() == (
         "Error: Invalid value for 'OUT': http://example.org/OUT is a URL; of object storage only s3://, gs://, az:// "
         "are supported here: copy the output to a local disk and open that path")
+    put(s3, "cmd/somewhere-else", b"x")  # the bucket exists (run alone, this test would make no other object)
     result = run_cli("verify", "s3://shardpack-tests/cmd/nothing", "--quiet", command="shardpack")
     assert result.exit_code == 1
     assert result.output.strip().splitlines()[-1] == (
         "Error: s3://shardpack-tests/cmd/nothing: no manifest.json there; not a complete shardpack output (check "
         "the bucket and prefix; a packing run writes it last)")
+    result = run_cli("info", "s3://no-such-bucket/OUT", command="shardpack")  # the bucket itself missing: said so
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines()[-1] == (
+        "Error: s3://no-such-bucket/OUT: the bucket 'no-such-bucket' does not exist at this endpoint (check its "
+        "name, and AWS_ENDPOINT_URL / AWS_REGION or storage_options)")
+
+
+def test_info_json_gives_the_cache_case_with_its_sizes(s3, cache, outputs):
+    from shardpack.readers.cachesetup import record
+    from shardpack.readers.mirror import open_url
+    url = upload(s3, outputs["wds"], "cmd/info-json-cache/OUT")
+    data = sum(size for name, size in json.loads((outputs["wds"] / "manifest.json").read_text())["files"].items()
+               if name.startswith("shard-"))
+    doc = json.loads(run_cli("info", url, "--json", command="shardpack").output)
+    got = doc["datasets"][0]["cache"]
+    assert got["case"] == "holds all" and got["dir"] == str(cache) and got["data_bytes"] == data > 0
+    assert got["limit_bytes"] >= data and got["fetch_per_epoch_bytes"] == 0
+    [line] = [x for x in run_cli("info", url, command="shardpack").output.splitlines() if x.startswith("  cache ")]
+    assert line == f"  cache       {got['text']}"  # the very case the text prints
+    assert json.loads(run_cli("info", outputs["wds"], "--json", command="shardpack").output)["datasets"][0][
+        "cache"] is None  # a local output has no block cache
+    _, objects = open_url(url)
+    smaller = record(objects, cache_limit=data // 2)
+    assert smaller["case"] == "smaller than the data" and smaller["limit_bytes"] == data // 2
+    assert smaller["fetch_per_epoch_bytes"] == data - data // 2 and " is smaller than " in smaller["text"]
+    for off in (record(objects, cache_limit=0), record(objects, cache_dir=False)):
+        assert (off["case"], off["dir"], off["limit_bytes"], off["fetch_per_epoch_bytes"]) == ("off", None, 0, data)
+        assert off["text"].startswith("no block cache (")
+    refused = record(objects, cache_limit="lots")
+    assert refused["case"] == "refused" and "lots" in refused["text"]

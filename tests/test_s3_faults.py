@@ -132,7 +132,7 @@ def test_a_missing_bucket_and_wrong_credentials_through_the_proxy_are_one_line(s
     with pytest.raises(ShardFormatError, match=r"^s3://shardpack-tests/faults/refused/OUT/manifest.json: cannot be "
                                                r"read \(.*403 Forbidden"):
         ShardDataset(url, storage_options={"endpoint": proxy.endpoint, "secret_access_key": "wrong"})
-    with pytest.raises(ShardFormatError, match=r"^s3://no-such-bucket/OUT: no manifest.json there"):
+    with pytest.raises(ShardFormatError, match=r"^s3://no-such-bucket/OUT: the bucket 'no-such-bucket' does not exist"):
         ShardDataset("s3://no-such-bucket/OUT", storage_options={"endpoint": proxy.endpoint})
 
 

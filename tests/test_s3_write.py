@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -342,7 +343,16 @@ def test_the_command_line_takes_an_s3_output_and_refuses_other_urls(s3, cache, s
     assert res.exit_code == 0, res.output
     assert f"plan: {src} -> {url}" in res.output and f"into {url}:" in res.output
     assert f"packing into {tmp_path / 'stage'}/" in res.output and not any((tmp_path / "stage").rglob("*.mdb"))
+    # the space is the staging disk's, said so (not "at OUT", a URL)
+    assert "free space: " in res.output and f" at staging {tmp_path}" in res.output and "free at OUT" not in res.output
+    assert re.search(rf"free at staging {re.escape(str(tmp_path))}\S* \d", res.output), res.output
     assert_same_output(download(s3, "cli/OUT", tmp_path / "got"), packed("lmdb", src, tmp_path / "local"))
+    up = objects(s3, "cli/OUT")
+    assert "lock.mdb" not in up  # no data in it: not uploaded, so the count put is the count verify checks
+    put = int(re.search(rf"uploaded {re.escape(url)}: (\d+) files? put", res.output).group(1))
+    assert put == len(up) - 2  # all but manifest.json and manifest.xxh3, put last as the commit
+    checked = run_cli("verify", url, "--json", "--quiet", command="shardpack")
+    assert json.loads(checked.output)["datasets"][0]["digests_checked"] == put
     res = run_cli(src, "--format", "lmdb", "--size", 16, "-o", url, "--resume")
     assert res.exit_code == 0 and f"{url} is already complete; nothing to resume" in res.output
     res = run_cli(src, "--format", "npy", "--size", 16, "-o", "gs://b/x")

@@ -152,11 +152,11 @@ def open_data(reader, images, name: str | None = None, fits: bool | None = None)
 def header_file(reader, name: str | None = None):
     """``reader``'s data file ``name`` (default ``reader.data_file``) as a binary file object for
     parsing its header (h5py, numpy's .npy header): the local file opened, or for an output in
-    object storage an objects.RangeReader (ranged GETs of cached blocks, never the whole
+    object storage a rangereader.RangeReader (ranged GETs of cached blocks, never the whole
     object). The caller closes it."""
     name = reader.data_file if name is None else name
     if reader.objects is not None:
-        from ..objects import RangeReader
+        from ..rangereader import RangeReader
         return RangeReader(reader.objects.open(name))
     return open(reader.root / name, "rb")
 
@@ -177,6 +177,10 @@ class Reader:
 
     _handles: tuple[str, ...] = ()
     fmt = ""  # the format's name, for messages
+    # In object storage, the first bytes of each pixel file fetched at open (readers/mirror.py), in
+    # the GET that also gives its size and ETag: its header (.npy, HDF5 superblock, LMDB meta
+    # pages), which the reader then parses without a round trip of its own (objects.Objects.start)
+    head_bytes = 64 << 10  # (npy: 4 KiB, formats/npy.py; WebDataset: none, a HEAD per shard)
     objects = None  # readers.objects.Objects when the data files are in object storage (open_reader sets it)
 
     def __init__(self, root, manifest):

@@ -15,7 +15,7 @@ records (the JPEG bytes), ``offsets`` int64 (count + 1,). Both layouts carry ``l
 format's own copy of the labels.
 
 In object storage (readers/objects.py) h5py reads only the file's header, through an
-objects.RangeReader of 64 KiB blocks fetched by range; the dataset offsets and the small tables
+rangereader.RangeReader of 64 KiB blocks fetched by range; the dataset offsets and the small tables
 are kept in the node cache (mirror.derived) and the pixels read by ranged GETs."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from .encoded import FlatReader
 def dataset_offset(path, name="images", file=None, size=None):
     """Byte offset, shape and dtype of contiguous dataset ``name`` in the HDF5 file ``path``
     (or in ``file``, a binary file object of ``size`` bytes that ``path`` names in messages:
-    an object in object storage read by ranges, readers/objects.py's RangeReader).
+    an object in object storage read by ranges, readers/rangereader.py's RangeReader).
 
     Raises ShardFormatError naming the file when it is not a readable HDF5 file, lacks the
     dataset, or the dataset is chunked, compressed, not yet allocated or beyond the file's end.
@@ -74,7 +74,7 @@ def _map(path, name, where=None, random=False):
 def _in_store(reader, tables: tuple[str, ...]) -> tuple[tuple, dict]:
     """For an output in object storage: the ``images`` dataset's ``(offset, shape, dtype)`` and
     the small ``tables`` (offsets, shapes) as arrays, found by h5py in the header of images.h5
-    read by ranged GETs of 64 KiB blocks (objects.RangeReader) and the tables by one GET each,
+    read by ranged GETs of 64 KiB blocks (rangereader.RangeReader) and the tables by one GET each,
     kept in the node cache per object (mirror.derived): each node reads them once."""
     from ..mirror import derived
 

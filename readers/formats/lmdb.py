@@ -142,10 +142,10 @@ def locate_in_store(file) -> tuple[np.ndarray, np.ndarray]:
     from concurrent.futures import ThreadPoolExecutor
     from ..objects import MERGE_BYTES
     from .lmdb_pages import walk
-    head = bytes(file.pread(0, 2 * 4096))
+    head = bytes(file.pread_header(0, 2 * 4096))  # fetched at open (objects.Objects.start)
     current = meta(head) if len(head) >= 2 * PAGE_HEADER else None
     if current is not None and current["psize"] > 4096:  # pages larger than 4 KiB: both meta pages
-        current = meta(bytes(file.pread(0, 2 * current["psize"])))
+        current = meta(bytes(file.pread_header(0, 2 * current["psize"])))
     if current is None:
         raise ShardFormatError(f"{file.path}: not an LMDB data file this reader can read from object storage "
                                "(no meta page it knows); copy the output to a local disk and open that path")
@@ -164,7 +164,7 @@ def locate_in_store(file) -> tuple[np.ndarray, np.ndarray]:
                 runs.append((int(order[start]), k - start))
                 start = k
         with ThreadPoolExecutor(PAGES_IN_FLIGHT) as pool:
-            got = list(pool.map(lambda r: bytes(file.pread(r[0] * psize, r[1] * psize)), runs))
+            got = list(pool.map(lambda r: bytes(file.pread_header(r[0] * psize, r[1] * psize)), runs))
         rows = np.frombuffer(b"".join(got), np.uint8)
         if len(rows) != len(order) * psize:
             raise ValueError("a page short of its size")

@@ -27,6 +27,10 @@ from .base import MemmapReader, Reader, check_indices, check_out, header_file, o
 from .encoded import FlatReader
 
 
+HEAD_BYTES = 4 << 10  # the first bytes open fetches (Reader.head_bytes): the .npy header, ~128 bytes; a part
+# layout has many part files, so 4 KiB each, not 64
+
+
 def _header(f) -> tuple[tuple, bool, np.dtype, int]:
     """Shape, Fortran order, dtype of the .npy file object ``f`` and the byte its data starts at."""
     version = np.lib.format.read_magic(f)
@@ -68,6 +72,7 @@ class NpyReader(MemmapReader):
     data_file = NPY_IMAGES
     offsets_file = NPY_OFFSETS
     fmt = "npy"
+    head_bytes = HEAD_BYTES
 
     def own_labels(self):
         return _labels(self.root, self.count)
@@ -90,6 +95,7 @@ class NpyReader(MemmapReader):
 
 class EncodedNpyReader(FlatReader):
     data_file, fmt = NPY_IMAGES, "npy"
+    head_bytes = HEAD_BYTES
 
     def _open(self):
         self._images, base = _images(self)
@@ -115,6 +121,7 @@ class NpyPartsReader(Reader):
 
     _handles = ("_maps", "_files", "_rams", "_bases")
     fmt = "npy"
+    head_bytes = HEAD_BYTES
 
     def __init__(self, root, manifest):
         super().__init__(root, manifest)

@@ -57,6 +57,7 @@ class _Shards(Reader):
     set these dicts and ``_fits`` in ``_open``)."""
 
     fmt = "wds"
+    head_bytes = 0  # no header: each sample's tar header comes in its own GET (a HEAD per shard at open)
 
     def data_paths(self):
         return sorted(self.root.glob("shard-*.tar"))

@@ -27,6 +27,7 @@ from ..packer.scan import ScanError, SplitsError
 from ..packer.ledger import ignored_row
 from ..packer.sizing import imagenet_text, workers_refusal, workers_warning
 from ..packer.plan import plan_text
+from ..readers.objects import is_url
 from ..readers.text import mb, plural
 from ..readers.encoding import DEFAULT_QUALITY, DEFAULT_SUBSAMPLING, ENCODINGS, JPEG, QUALITY_RANGE, RAW, SUBSAMPLINGS
 from ..readers.folder import clash_text
@@ -226,7 +227,8 @@ def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_siz
         check_workers(workers, usable, sum(len(p.listing) for p in plan.parts))
         if workers is not None and (warning := workers_warning(workers, usable, recipe)):
             say(warning)
-        click.echo(plan_text(plan, setup.named, recipe, opts, setup.workers))
+        staging = setup.out if is_url(str(setup.named)) else None  # an s3:// OUT: packed into setup.out first
+        click.echo(plan_text(plan, setup.named, recipe, opts, setup.workers, staging))
         if dry_run:
             dry_run_after_scan(plan, setup.out, recipe, opts, setup.workers)
             return None

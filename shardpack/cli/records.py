@@ -79,8 +79,11 @@ def failure(out, err: Exception) -> str:
 
 def info_document(out) -> tuple[dict, int]:
     """``{"schema", "path", "ok", "datasets": [{"split", "path", "bytes_on_disk", "skipped",
-    "manifest"}], "error"}``: one entry per dataset (each split of a splits root), with its whole
-    manifest and the rows of its skipped.json. Checks what ``shardpack info`` checks."""
+    "manifest", "cache"}], "error"}``: one entry per dataset (each split of a splits root), with its whole
+    manifest and the rows of its skipped.json; ``cache``: for a URL the block cache case a loader
+    opened now is in (readers/cachesetup.py's ``record``: "holds all", "smaller than the data",
+    "off", with the sizes), null for a local output. Checks what ``shardpack info`` checks."""
+    from ..readers.cachesetup import record as cache_record
     from ..readers.verify import datasets, info_text, opened, stored_bytes
     doc = {"schema": SCHEMA, "command": "info", "path": str(out), "ok": True, "datasets": [], "error": None}
     try:
@@ -92,7 +95,7 @@ def info_document(out) -> tuple[dict, int]:
                 "split": split, "path": str(named),
                 "bytes_on_disk": stored_bytes(folder, manifest, objects),
                 "skipped": json.loads(skipped.read_text()) if skipped.exists() else [],
-                "manifest": manifest})
+                "manifest": manifest, "cache": cache_record(objects) if objects is not None else None})
     except Exception as err:  # noqa: BLE001 -- damage no check foresaw too: one document, never a traceback
         if pipe_closed(err):  # stderr's reader went away (the progress bar): entry.py ends quietly
             raise
