@@ -25,6 +25,7 @@ from .. import diskio
 from ..system import larger_than_ram
 from .base import MemmapReader, Reader, check_indices, check_out, header_file, open_data, read_exact, take_into
 from .encoded import FlatReader
+from .parts import EncodedRowsPartsReader, RawRowsPartsReader
 
 
 def _header(f) -> tuple[tuple, bool, np.dtype, int]:
@@ -183,5 +184,37 @@ class NpyPartsReader(Reader):
         return diskio.submit(jobs) if jobs else diskio.Pending([])
 
 
+class _NpyRows:
+    """npy's part files with row tables (readers/formats/parts.py): ``parts/pNNNNNNN.npy`` one flat
+    uint8 array, ``parts/pNNNNNNN.offsets.npy`` its row table. With numpy alone, lazily::
+
+        m = json.load(open("manifest.json")); parts = m["parts"]
+        flats = [np.load(p["name"], mmap_mode="r") for p in parts]
+        rows = [np.load(p["rows"]["name"]) for p in parts]
+        starts = np.cumsum([0] + [p["count"] for p in parts])
+        g = np.searchsorted(starts, i, side="right") - 1; r = i - starts[g]
+        data = flats[g][rows[g][r]:rows[g][r + 1]]  # raw: .reshape(np.load("index/shapes.npy")[i])
+    """
+
+    def _open_part(self, name):
+        return _images(self, name)
+
+    def _open_rows(self, name):
+        return load_npy(self.root / name, "i", (None,))
+
+    def own_labels(self):
+        return _labels(self.root, self.count)
+
+
+class RowsNpyPartsReader(_NpyRows, RawRowsPartsReader):
+    """The part layout of variable shapes (raw pixels)."""
+
+
+class EncodedNpyPartsReader(_NpyRows, EncodedRowsPartsReader):
+    """The part layout of ``--encoding jpeg``."""
+
+
 READERS = {RAW: NpyReader, JPEG: EncodedNpyReader}  # what open_reader builds, by encoding
-PART_READERS = {RAW: NpyPartsReader}  # the part layout (manifest "file_layout": "parts")
+# the part layout (manifest "file_layout": "parts"), by (encoding, samples differ in shape)
+PART_READERS = {(RAW, False): NpyPartsReader, (RAW, True): RowsNpyPartsReader,
+                (JPEG, False): EncodedNpyPartsReader, (JPEG, True): EncodedNpyPartsReader}

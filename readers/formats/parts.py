@@ -1,0 +1,135 @@
+"""The part layout's readers of part files read through a row table (variable shapes, encoded records).
+
+A part-layout output (readers/layout.py) of variable shapes or of ``--encoding jpeg`` keeps, per
+part g, one flat uint8 array of its samples' bytes in order (HWC pixels, or JPEG records) and a
+row table, int64 (count_g + 1,) from 0: the sample at row r of the part is bytes
+rows[r]:rows[r + 1] of the flat array (the single layout's flat data + offsets, per part).
+Sample i is row i - starts[g] of part g, where starts[g] <= i < starts[g + 1] (starts: the
+cumulative counts of the manifest's "parts").
+
+How a part's flat array and row table are opened is the format's (``_open_part``,
+``_open_rows``: npy, a .npy each); reading is here, as the single layout reads: in RAM out of
+the part's map, else with preadv (diskio) of the exact bytes, decided per part. Every part is
+opened (one map and one descriptor each, the row tables loaded: 8 bytes a sample).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..manifest import ShardFormatError
+from ..system import larger_than_ram
+from .base import Reader, check_indices, check_value, flagged, open_data, read_exact
+from .encoded import EncodedReader
+
+
+class RowsPartsBase(Reader):
+    """Part files with row tables (the module docstring). Subclasses implement ``_open_part(name)
+    -> (flat uint8 map, the byte of the file it starts at)`` and ``_open_rows(name) -> int64 array``."""
+
+    _handles = ("_maps", "_files", "_rams", "_bases", "_rows")
+
+    def __init__(self, root, manifest):
+        super().__init__(root, manifest)
+        self.names = [p["name"] for p in manifest["parts"]]
+        self.rows_names = [(p.get("rows") or {}).get("name") for p in manifest["parts"]]
+        self.counts = np.array([p["count"] for p in manifest["parts"]], np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
+        if self.starts[-1] != self.count:
+            raise ShardFormatError(f"{root}: its parts hold {self.starts[-1]} samples, the manifest says {self.count}")
+        if None in self.rows_names:
+            raise ShardFormatError(f"{root}: part {self.names[self.rows_names.index(None)]} lists no row table")
+
+    @classmethod
+    def pixel_files(cls, manifest):
+        return [p["name"] for p in manifest.get("parts", ())]
+
+    def data_paths(self):
+        return [self.root / name for name in self.names]
+
+    def _open_part(self, name: str):
+        raise NotImplementedError
+
+    def _open_rows(self, name: str) -> np.ndarray:
+        raise NotImplementedError
+
+    def _open(self):
+        fits = None if self.objects is not None else larger_than_ram(self.data_paths()) is None
+        self._maps, self._files, self._rams, self._bases, self._rows = [], [], [], [], []
+        for name, rows_name, count in zip(self.names, self.rows_names, self.counts.tolist()):
+            flat, base = self._open_part(name)
+            rows = self._open_rows(rows_name)
+            if (len(flat.shape) != 1 or flat.dtype != np.uint8 or rows.shape != (count + 1,)
+                    or rows.dtype.kind not in "iu" or int(rows[0]) != 0 or int(rows[-1]) != flat.shape[0]):
+                raise ShardFormatError(f"{self.where(name)}: {flat.shape} {flat.dtype} and the row table "
+                                       f"{rows_name} {rows.shape}; the manifest says {count} samples")
+            file, in_ram = open_data(self, flat, name, fits)
+            self._maps.append(flat)
+            self._files.append(file)
+            self._rams.append(in_ram)
+            self._bases.append(int(base))
+            self._rows.append(np.asarray(rows, np.int64))
+
+    def locate(self, indices) -> tuple[np.ndarray, np.ndarray]:
+        """(part, row in it) of each sample of ``indices`` (int64 (B,), checked), int64 (B,) each."""
+        parts = np.searchsorted(self.starts, indices, side="right") - 1
+        return parts, indices - self.starts[parts]
+
+    def _part_span(self, i: int) -> tuple[int, int, int]:
+        """(part, first byte, end byte in its flat array) of sample i, after checking its range."""
+        (g,), (r,) = self.locate(check_indices([i], self.count))
+        rows = self._rows[g]
+        a, b = int(rows[r]), int(rows[r + 1])
+        if not 0 <= a <= b <= self._maps[g].shape[0]:
+            raise ShardFormatError(f"{self.where(self.names[g])}: sample {i} has bytes {a}..{b}, "
+                                   f"outside the {self._maps[g].shape[0]} stored")
+        return int(g), a, b
+
+    def _row_sizes(self) -> np.ndarray:
+        """int64 (count,): each sample's byte count, from the row tables."""
+        return np.concatenate([np.diff(r) for r in self._rows]) if self._rows else np.zeros(0, np.int64)
+
+    def _rows_rise(self) -> list[str]:
+        bad = [self.rows_names[g] for g, r in enumerate(self._rows) if r[0] != 0 or (np.diff(r) < 0).any()]
+        return [f"{self.where(bad[0])}: offsets do not rise from 0"] if bad else []
+
+
+class RawRowsPartsReader(RowsPartsBase):
+    """Raw pixels of variable shapes in part files: sample i's (H, W, 3) is index/shapes.npy's."""
+
+    def record_problems(self, index):
+        need = index.shapes.astype(np.int64).prod(axis=1)
+        out = self._rows_rise() + [flagged(self._row_sizes() != need, f"{self.root}: a byte range in a part's "
+                                           "row table of another size than its shape needs")]
+        return [p for p in out if p]
+
+    def read_into(self, i, out):
+        self._ensure_open()
+        g, a, b = self._part_span(i)
+        check_value(self.where(self.names[g]), i, out.shape, None, b - a)
+        if self._rams[g]():
+            out[...] = self._maps[g][a:b].reshape(out.shape)
+        else:
+            read_exact(self._files[g], self._bases[g] + a, out, i)
+
+
+class EncodedRowsPartsReader(EncodedReader, RowsPartsBase):
+    """Encoded records (``--encoding jpeg``) in part files, decoded when read (readers/formats/encoded.py)."""
+
+    def _locate(self, i):
+        g, a, b = self._part_span(i)
+        return self._maps[g][a:b], self.where(self.names[g])
+
+    def _on_disk(self, i):
+        g, a, b = self._part_span(i)
+        return self._files[g], self._bases[g] + a, b - a, 0
+
+    def _in_ram_for(self, idx):
+        parts = np.unique(self.locate(check_indices(idx, self.count))[0]).tolist()
+        return all(self._rams[g]() for g in parts)
+
+    def record_problems(self, index):
+        if (self._row_sizes() <= 0).any() or self._rows_rise():
+            return [f"{self.root}: record offsets in a part's row table do not rise from 0 (an empty or reversed "
+                    "record)"]
+        return []
