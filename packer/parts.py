@@ -224,6 +224,8 @@ class PartsWriter:
             missing = sorted(set(range(groups)) - set(self.parts))
             raise RuntimeError(f"{self.parts_dir}: parts {missing[:5]} were never committed")
         parts = [self.parts[g] for g in range(groups)]
+        for stray in self.parts_dir.glob("*.tmp"):  # a dead task's attempt (a node killed mid-part): not the output
+            stray.unlink(missing_ok=True)
         for g, p in enumerate(parts):
             for name, nbytes, _ in files_of(p):
                 size = (self.tmp / name).stat().st_size
