@@ -19,7 +19,6 @@ from shardpack.cli import pack_dataset
 from shardpack.packer import PackError, units
 from shardpack.packer.options import StrictError
 from shardpack import ShardDataset, make_loader
-from shardpack.readers.formats import npy as npy_reader
 from shardpack.readers.manifest import MANIFEST, ShardFormatError, load_manifest, partial_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,9 +69,9 @@ def test_each_part_is_a_valid_npy_and_concatenates_to_the_single_layout(outputs)
 @pytest.mark.parametrize("in_ram", [True, False])
 def test_readers_give_the_same_samples_from_both_layouts(outputs, monkeypatch, in_ram):
     if not in_ram:  # beyond RAM: preadv of each sample's bytes (diskio), for both layouts
-        from shardpack.readers.formats import base
-        monkeypatch.setattr(npy_reader, "larger_than_ram", lambda paths: "too big")
-        monkeypatch.setattr(base, "larger_than_ram", lambda paths: "too big")
+        from shardpack.readers.formats import base, parts
+        for module in (base, parts):
+            monkeypatch.setattr(module, "larger_than_ram", lambda paths: "too big")
     a, b = ShardDataset(outputs["parts"]), ShardDataset(outputs["single"])
     assert len(a) == len(b) == 39
     for i in range(39):

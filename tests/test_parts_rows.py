@@ -15,7 +15,6 @@ from shardpack import ShardDataset, make_loader
 from shardpack.cli import main
 from shardpack.packer import units
 from shardpack.readers.formats import base as base_reader
-from shardpack.readers.formats import npy as npy_reader
 from shardpack.readers.manifest import MANIFEST, ShardFormatError, load_manifest, partial_dir
 from shardpack.readers.transforms import CenterCrop
 
@@ -94,7 +93,7 @@ def test_each_part_and_its_row_table_concatenate_to_the_single_layout(outputs, c
 def test_readers_give_the_same_samples_from_both_layouts(outputs, monkeypatch, case, in_ram):
     if not in_ram:  # beyond RAM: preadv of each sample's bytes (diskio), for both layouts
         from shardpack.readers.formats import parts as parts_reader
-        for module in (npy_reader, base_reader, parts_reader):
+        for module in (base_reader, parts_reader):
             monkeypatch.setattr(module, "larger_than_ram", lambda paths: "too big")
     a, b = ShardDataset(outputs[case, "parts"]), ShardDataset(outputs[case, "single"])
     assert type(a.reader).__name__ == {"variable": "RowsNpyPartsReader", "jpeg": "EncodedNpyPartsReader"}[case]
