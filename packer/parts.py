@@ -62,7 +62,7 @@ def part_sizes(recipe, opts) -> dict:
     return {"layout": LAYOUT_PARTS, "unit_files": unit, "part_files": part_files(recipe, opts.shard_size, unit)}
 
 
-PART_FORMATS = ("npy",)  # the formats --layout parts writes (any shape, raw or jpeg)
+PART_FORMATS = ("npy", "hdf5")  # the formats --layout parts writes (any shape, raw or jpeg)
 
 
 def check_layout(fmt: str, recipe, layout: str) -> None:

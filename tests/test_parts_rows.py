@@ -1,6 +1,7 @@
-"""The part layout read through row tables (packer/parts_rows.py, readers/formats/parts.py): npy of
-variable shapes and ``--encoding jpeg``, the same files for any K and engine, resumable, read like
-the single-file layout on every reader path."""
+"""The part layout beyond npy of one shape (packer/parts_rows.py, packer/writers/hdf5_parts.py,
+readers/formats/parts.py): npy of variable shapes and ``--encoding jpeg`` (row tables beside the
+parts), HDF5 of each (one .h5 per part, images.h5 a virtual dataset over them); the same files
+for any K and engine, resumable, read like the single-file layout on every reader path."""
 
 import json
 import shutil
@@ -18,14 +19,20 @@ from shardpack.readers.formats import base as base_reader
 from shardpack.readers.manifest import MANIFEST, ShardFormatError, load_manifest, partial_dir
 from shardpack.readers.transforms import CenterCrop
 
-# parts of 12 files (3 units of 4) in both cases: 4 parts of the 41 files; planned bytes a file:
+# parts of 12 files (3 units of 4) in every case: 4 parts of the 41 files; planned bytes a file:
 # 24 x 24 x 3 raw, a tenth of that for a JPEG (packer/parts.py planned_bytes)
-CASES = {"variable": dict(resize="shorter-side", shard_size=24 * 24 * 3 * 12),
-         "jpeg": dict(encoding="jpeg", shard_size=24 * 24 * 3 // 10 * 12)}
+RECIPES = {"fixed": dict(shard_size=24 * 24 * 3 * 12),
+           "variable": dict(resize="shorter-side", shard_size=24 * 24 * 3 * 12),
+           "jpeg": dict(encoding="jpeg", shard_size=24 * 24 * 3 // 10 * 12)}
+CASES = [("npy", "variable"), ("npy", "jpeg"), ("hdf5", "fixed"), ("hdf5", "variable"), ("hdf5", "jpeg")]
+IDS = [f"{fmt}-{case}" for fmt, case in CASES]
+READERS = {("npy", "variable"): "RowsNpyPartsReader", ("npy", "jpeg"): "EncodedNpyPartsReader",
+           ("hdf5", "fixed"): "Hdf5PartsReader", ("hdf5", "variable"): "RowsHdf5PartsReader",
+           ("hdf5", "jpeg"): "EncodedHdf5PartsReader"}
 
 
 def kw(case, **more):
-    return dict(size=24, unit_files=4, layout="parts", **CASES[case], **more)
+    return dict(size=24, unit_files=4, layout="parts", **RECIPES[case], **more)
 
 
 def single_kw(case):
@@ -40,33 +47,38 @@ def src(tmp_path_factory):
 @pytest.fixture(scope="module")
 def outputs(src, tmp_path_factory):
     d = tmp_path_factory.mktemp("rowsout")
-    return {(case, layout): pack_quiet(src, d / f"{case}-{layout}", "npy", workers=1,
-                                       **(kw(case) if layout == "parts" else single_kw(case))).out
-            for case in CASES for layout in ("parts", "single")}
+    return {(fmt, case, layout): pack_quiet(src, d / f"{fmt}-{case}-{layout}", fmt, workers=1,
+                                            **(kw(case) if layout == "parts" else single_kw(case))).out
+            for fmt, case in CASES for layout in ("parts", "single")}
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_any_k_and_engine_give_the_same_part_files(src, outputs, tmp_path, monkeypatch, case):
-    ref = outputs[case, "parts"]
+@pytest.mark.parametrize("fmt,case", CASES, ids=IDS)
+def test_any_k_and_engine_give_the_same_part_files(src, outputs, tmp_path, monkeypatch, fmt, case):
+    ref = outputs[fmt, case, "parts"]
     monkeypatch.setattr(units, "submission_order", units.shuffled)  # parts handed out in any order
     for name, more in {"k2": dict(workers=2), "units1": dict(workers=1, engine="units")}.items():
-        r = pack_quiet(src, tmp_path / name, "npy", **kw(case, **more))
+        r = pack_quiet(src, tmp_path / name, fmt, **kw(case, **more))
         assert (r.count, len(r.skipped)) == (39, 2)
         assert_same_output(ref, r.out)
     m = json.loads((ref / MANIFEST).read_text())
     assert (m["format_version"], m["file_layout"], m["count"]) == (3, "parts", 39)
-    assert [p["name"] for p in m["parts"]] == [f"parts/p{g:07d}.npy" for g in range(4)]
-    assert [p["rows"]["name"] for p in m["parts"]] == [f"parts/p{g:07d}.offsets.npy" for g in range(4)]
+    suffix = {"npy": ".npy", "hdf5": ".h5"}[fmt]
+    assert [p["name"] for p in m["parts"]] == [f"parts/p{g:07d}{suffix}" for g in range(4)]
     assert [p["count"] for p in m["parts"]] == [12, 11, 11, 5]  # 41 files in runs of 12; the 2 skipped in b, c
-    assert set(m["digests"]) >= {p["rows"]["name"] for p in m["parts"]}
+    if fmt == "npy":  # the row table beside each part, digested by its node
+        assert [p["rows"]["name"] for p in m["parts"]] == [f"parts/p{g:07d}.offsets.npy" for g in range(4)]
+        assert set(m["digests"]) >= {p["rows"]["name"] for p in m["parts"]}
+    else:  # in each part's .h5; images.h5 is the driver's (labels, the virtual dataset)
+        assert all("rows" not in p for p in m["parts"]) and "images.h5" in m["digests"]
+    assert sorted(f"parts/{p.name}" for p in (ref / "parts").iterdir()) == sorted(k for k in m["files"]
+                                                                                  if k.startswith("parts/"))
     assert not (ref / "images.npy").exists() and not (ref / "offsets.npy").exists()
-    if case == "jpeg":
-        assert m["encoding"]["name"] == "jpeg"
+    assert ("encoding" in m) == (case == "jpeg")
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_each_part_and_its_row_table_concatenate_to_the_single_layout(outputs, case):
-    parts, single = outputs[case, "parts"], outputs[case, "single"]
+@pytest.mark.parametrize("fmt,case", [c for c in CASES if c[0] == "npy"], ids=[i for i in IDS if "npy" in i])
+def test_each_npy_part_and_its_row_table_concatenate_to_the_single_layout(outputs, fmt, case):
+    parts, single = outputs[fmt, case, "parts"], outputs[fmt, case, "single"]
     m = json.loads((parts / MANIFEST).read_text())
     flats = [np.load(parts / p["name"], mmap_mode="r") for p in m["parts"]]
     rows = [np.load(parts / p["rows"]["name"]) for p in m["parts"]]
@@ -88,15 +100,37 @@ def test_each_part_and_its_row_table_concatenate_to_the_single_layout(outputs, c
             assert np.array_equal(img, ds[i][0].permute(1, 2, 0).numpy())
 
 
+@pytest.mark.parametrize("fmt,case", [c for c in CASES if c[0] == "hdf5"], ids=[i for i in IDS if "hdf5" in i])
+def test_hdf5_images_h5_over_the_parts_is_the_single_layouts(outputs, tmp_path, fmt, case):
+    """h5py opens one file: images.h5's datasets (images virtual over the parts) equal the single
+    layout's images.h5, also with OUT moved (the parts named relative to it) and from another folder."""
+    import os
+    import h5py
+    moved = tmp_path / "moved"
+    shutil.copytree(outputs[fmt, case, "parts"], moved)
+    here = os.getcwd()
+    os.chdir(tmp_path)  # HDF5 finds the parts from images.h5's folder, not the working one
+    try:
+        with h5py.File(moved / "images.h5", "r") as f, h5py.File(outputs[fmt, case, "single"] / "images.h5", "r") as g:
+            assert f["images"].is_virtual and sorted(f) == sorted(g)
+            for name in g:
+                assert np.array_equal(f[name][()], g[name][()]), name
+    finally:
+        os.chdir(here)
+    m = json.loads((moved / MANIFEST).read_text())
+    with h5py.File(moved / m["parts"][1]["name"], "r") as f:  # each part on its own
+        assert (len(f["offsets"]) - 1 if "offsets" in f else len(f["images"])) == 11
+
+
 @pytest.mark.parametrize("in_ram", [True, False])
-@pytest.mark.parametrize("case", CASES)
-def test_readers_give_the_same_samples_from_both_layouts(outputs, monkeypatch, case, in_ram):
+@pytest.mark.parametrize("fmt,case", CASES, ids=IDS)
+def test_readers_give_the_same_samples_from_both_layouts(outputs, monkeypatch, fmt, case, in_ram):
     if not in_ram:  # beyond RAM: preadv of each sample's bytes (diskio), for both layouts
         from shardpack.readers.formats import parts as parts_reader
         for module in (base_reader, parts_reader):
             monkeypatch.setattr(module, "larger_than_ram", lambda paths: "too big")
-    a, b = ShardDataset(outputs[case, "parts"]), ShardDataset(outputs[case, "single"])
-    assert type(a.reader).__name__ == {"variable": "RowsNpyPartsReader", "jpeg": "EncodedNpyPartsReader"}[case]
+    a, b = ShardDataset(outputs[fmt, case, "parts"]), ShardDataset(outputs[fmt, case, "single"])
+    assert type(a.reader).__name__ == READERS[fmt, case]
     assert len(a) == len(b) == 39
     for i in range(39):
         (xa, ya), (xb, yb) = a[i], b[i]
@@ -112,19 +146,20 @@ def test_readers_give_the_same_samples_from_both_layouts(outputs, monkeypatch, c
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
     if case == "jpeg":  # the stored records themselves
         assert all(np.array_equal(a.reader.record(i), b.reader.record(i)) for i in (0, 12, 38))
+    assert np.array_equal(a.reader.own_labels(), b.reader.own_labels())
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_info_and_verify_name_the_layout(outputs, case):
-    r = CliRunner().invoke(main, ["info", str(outputs[case, "parts"])])
+@pytest.mark.parametrize("fmt,case", CASES, ids=IDS)
+def test_info_and_verify_name_the_layout(outputs, fmt, case):
+    r = CliRunner().invoke(main, ["info", str(outputs[fmt, case, "parts"])])
     assert r.exit_code == 0 and "format version 3), 4 part files (layout parts)" in r.output, r.output
-    r = CliRunner().invoke(main, ["verify", str(outputs[case, "parts"])])
+    r = CliRunner().invoke(main, ["verify", str(outputs[fmt, case, "parts"])])
     assert r.exit_code == 0 and "all 39 samples match" in r.output, r.output
 
 
 def test_a_damaged_row_table_is_named(outputs, tmp_path):
     out = tmp_path / "o"
-    shutil.copytree(outputs["variable", "parts"], out)
+    shutil.copytree(outputs["npy", "variable", "parts"], out)
     rows = out / "parts" / "p0000002.offsets.npy"
     table = np.load(rows)
     table[3] += 1  # same size, another row: the node's digest catches it
@@ -136,8 +171,8 @@ def test_a_damaged_row_table_is_named(outputs, tmp_path):
         load_manifest(out)
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_stopped_mid_part_resumes_to_the_same_files(src, outputs, tmp_path, monkeypatch, case):
+@pytest.mark.parametrize("fmt,case", CASES, ids=IDS)
+def test_stopped_mid_part_resumes_to_the_same_files(src, outputs, tmp_path, monkeypatch, fmt, case):
     import shardpack.packer.run as run
     real = run.Decoding.maybe_checkpoint
 
@@ -147,10 +182,11 @@ def test_stopped_mid_part_resumes_to_the_same_files(src, outputs, tmp_path, monk
         return real(self)
     monkeypatch.setattr(run.Decoding, "maybe_checkpoint", stop)
     with pytest.raises(KeyboardInterrupt):
-        pack_quiet(src, tmp_path / "o", "npy", **kw(case, workers=2))
+        pack_quiet(src, tmp_path / "o", fmt, **kw(case, workers=2))
     monkeypatch.setattr(run.Decoding, "maybe_checkpoint", real)
     kept = partial_dir(tmp_path / "o") / "parts"
-    assert (kept / "p0000000.npy").exists() and (kept / "p0000000.offsets.npy").exists()
-    r = pack_quiet(src, tmp_path / "o", "npy", **kw(case, workers=1, engine="units", resume=True))
+    assert (kept / f"p0000000{'.npy' if fmt == 'npy' else '.h5'}").exists()  # the finished part is kept
+    assert (kept / "p0000000.offsets.npy").exists() == (fmt == "npy")
+    r = pack_quiet(src, tmp_path / "o", fmt, **kw(case, workers=1, engine="units", resume=True))
     assert r.resumed_at >= 17 and r.count == 39
-    assert_same_output(outputs[case, "parts"], r.out)
+    assert_same_output(outputs[fmt, case, "parts"], r.out)

@@ -235,6 +235,11 @@ class EncodedHdf5Writer(RaggedHdf5Writer):
         return (("offsets", offsets), ("labels", self.labels[kept]))
 
 
-# What open_writer builds, by (encoding, samples differ in shape).
+# What open_writer builds, by (encoding, samples differ in shape); PART_WRITERS: --layout parts (hdf5_parts.py).
 WRITERS = {(RAW, False): Hdf5Writer, (RAW, True): RaggedHdf5Writer,
            (JPEG, False): EncodedHdf5Writer, (JPEG, True): EncodedHdf5Writer}
+
+from .hdf5_parts import EncodedHdf5PartsWriter, Hdf5PartsWriter, RowsHdf5PartsWriter  # noqa: E402 (uses _create)
+
+PART_WRITERS = {(RAW, False): Hdf5PartsWriter, (RAW, True): RowsHdf5PartsWriter,
+                (JPEG, False): EncodedHdf5PartsWriter, (JPEG, True): EncodedHdf5PartsWriter}
