@@ -6,8 +6,10 @@ units of about ``shard_size`` (default PART_BYTES) bytes, fixed by the recipe an
 never by K or the node count, so a local run, a units run and a Ray run give the same files.
 
 - *Node* (run_part, on the Ray task or the local unit runner's process): decode the part's files
-  one unit at a time (memory: one unit), append the kept samples to the part file behind its
-  format's header, take its xxh3_128 digest while writing, fsync, rename; then the record
+  one unit at a time (memory: one unit), append the kept samples to the part file (the format's
+  ``part_file``: parts_rows.py; variable shapes and JPEG records with a row table, npy's beside
+  the part, HDF5's inside it: writers/hdf5_parts.py), fsync, take each file's xxh3_128 digest,
+  rename; then the record
   ``units/uNNNNNNN.json`` (as units.py: each file's status and columns) with the part's
   summary {"name", "count", "bytes", "xxh3"}, its commit marker.
 - *Driver* (PartsWriter): receives each part's summary in scan order (O(parts)), keeps them in
