@@ -31,12 +31,12 @@ CPUs' threads, per round); ``--formats`` picks the formats::
 
     python scripts/bench_read.py --against HEAD~1 --samples 10000 --repeats 5 --formats npy
 
-``--layouts`` measures instead npy's part layout (``--layout parts``) against its single-file
-layout on the same images in RAM, in alternating rounds (median of the per-round ratios), for
-each of ``--cases`` (fixed: one shape; variable: shorter-side, cropped by the workload; jpeg:
-JPEG records, decoded when read)::
+``--layouts`` measures instead the part layout (``--layout parts``) of npy and HDF5 (of
+``--formats``) against its single-file layout on the same images in RAM, in alternating rounds
+(median of the per-round ratios), for each of ``--cases`` (fixed: one shape; variable:
+shorter-side, cropped by the workload; jpeg: JPEG records, decoded when read)::
 
-    python scripts/bench_read.py --layouts --samples 10000 --repeats 3 --cases fixed,variable,jpeg
+    python scripts/bench_read.py --layouts --samples 10000 --repeats 3 --cases fixed,variable,jpeg --formats npy,hdf5
 """
 
 from __future__ import annotations
@@ -132,7 +132,8 @@ def imagefolder(src, workers):
               help="compare the readers of git revision REV with this checkout's (in RAM)")
 @click.option("--formats", default=",".join(FORMATS), show_default=True,
               help="with --against: the formats to compare, comma-separated")
-@click.option("--layouts", is_flag=True, help="compare npy's part layout with its single-file layout (in RAM)")
+@click.option("--layouts", is_flag=True,
+              help="compare the part layout of npy and hdf5 with the single-file one (in RAM)")
 @click.option("--cases", default="fixed,variable,jpeg", show_default=True,
               help="with --layouts: one shape, variable shapes (shorter-side), JPEG records; comma-separated")
 def main(src, work, samples, repeats, out, against, formats, layouts, cases):
@@ -303,6 +304,7 @@ def compare(args, rev):
 transforms = importlib.import_module("shardpack.readers.transforms")
 PARTS_READ = 16 << 20  # parts of one unit (170 files at 256 px): the 785-image sample is 5 parts
 # --cases: the recipe, the workloads (variable shapes: cropped to one size), the parts' --shard-size
+LAYOUT_FORMATS = ("npy", "hdf5")  # the formats with a part layout (the rest of --formats is passed over)
 LAYOUT_CASES = {"fixed": ({}, ("c", "a"), PARTS_READ),
                 "variable": ({"resize": "shorter-side"}, ("a", "b"), PARTS_READ),
                 "jpeg": ({"encoding": "jpeg"}, ("c", "a"), PARTS_READ // 10)}  # a JPEG: ~1/10 of its pixels
@@ -317,15 +319,15 @@ def compare_layouts(args):
     machine = harness.Machine()
     torch.set_num_threads(1)
     rows = []
-    for case in args.cases:
+    for fmt, case in [(f, c) for f in args.formats if f in LAYOUT_FORMATS for c in args.cases]:
         recipe, workloads, shard = LAYOUT_CASES[case]
         paths = {}
         for layout in ("single", "parts"):
-            paths[layout] = args.work / f"{args.src.name}-256.{case}.{layout}.npy"
+            paths[layout] = args.work / f"{args.src.name}-256.{case}.{layout}.{fmt}"
             if not (paths[layout] / "manifest.json").exists():
                 more = {"layout": "parts", "shard_size": shard} if layout == "parts" else {}
                 pack(args.src, paths[layout], Recipe(256, **recipe),
-                     Options(fmt="npy", progress=False, overwrite=True, **more))
+                     Options(fmt=fmt, progress=False, overwrite=True, **more))
             for f in paths[layout].rglob("*"):
                 if f.is_file():
                     f.read_bytes()
@@ -337,11 +339,13 @@ def compare_layouts(args):
                           for name, ds in datasets.items()}
             got = harness.rounds(contenders, args.repeats)
             per_round = [p / s for p, s in zip(got["parts"], got["single"])]
-            rows.append((case, nparts, workload, got, float(np.median(per_round)), max(per_round) - min(per_round)))
-            print(f"  {case} ({workload}) parts {harness.shown(got['parts'])}, single {harness.shown(got['single'])}"
-                  f" samples/s, parts/single per round {[round(r, 3) for r in per_round]}", flush=True)
+            rows.append((f"{fmt} {case}", nparts, workload, got, float(np.median(per_round)),
+                         max(per_round) - min(per_round)))
+            print(f"  {fmt} {case} ({workload}) parts {harness.shown(got['parts'])}, "
+                  f"single {harness.shown(got['single'])} samples/s, "
+                  f"parts/single per round {[round(r, 3) for r in per_round]}", flush=True)
     print(f"\n{machine.line()}\ncommand: {harness.command()}\n")
-    print(f"npy at 256, in RAM, parts of one unit, batch {BATCH}, {args.samples} random samples a pass, "
+    print(f"at 256, in RAM, parts of one unit, batch {BATCH}, {args.samples} random samples a pass, "
           "make_loader defaults")
     print(f"| case | parts | workload | parts samples/s | single samples/s | parts/single (median of {args.repeats} "
           "per-round ratios) | spread of the ratios |")

@@ -190,3 +190,20 @@ def test_stopped_mid_part_resumes_to_the_same_files(src, outputs, tmp_path, monk
     r = pack_quiet(src, tmp_path / "o", fmt, **kw(case, workers=1, engine="units", resume=True))
     assert r.resumed_at >= 17 and r.count == 39
     assert_same_output(outputs[fmt, case, "parts"], r.out)
+
+
+@pytest.mark.parametrize("fmt", ["npy", "hdf5"])
+def test_a_part_whose_files_were_all_skipped_is_empty_and_reads(tmp_path, fmt):
+    from helpers import make_tree
+    src = make_tree(tmp_path / "src", {"a": 12, "c": 5})
+    (src / "b").mkdir()
+    for k in range(12):  # files 12..23, part 1: every one undecodable
+        (src / "b" / f"x{k:02d}.jpg").write_bytes(b"not a jpeg")
+    for case in RECIPES:
+        p = pack_quiet(src, tmp_path / f"{case}-parts", fmt, workers=1, **kw(case)).out
+        s = pack_quiet(src, tmp_path / f"{case}-single", fmt, workers=1, **single_kw(case)).out
+        assert [q["count"] for q in json.loads((p / MANIFEST).read_text())["parts"]] == [12, 0, 5]
+        a, b = ShardDataset(p), ShardDataset(s)
+        assert all(torch.equal(a[i][0], b[i][0]) and a[i][1] == b[i][1] for i in range(17))
+        r = CliRunner().invoke(main, ["verify", str(p)])
+        assert r.exit_code == 0 and "all 17 samples match" in r.output, r.output

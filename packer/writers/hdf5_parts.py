@@ -124,12 +124,13 @@ def _untimed(dcpl):
 def write_vds(path: Path, root: Path, parts: list[dict], shape, flat: bool, shapes: bool, labels, attrs) -> None:
     """Write ``path`` (the driver's images.h5, the module docstring) over ``parts`` (summaries in
     order, names relative to ``root``), fsynced."""
-    sources, offsets, all_shapes = [], [np.zeros(1, np.int64)], []
+    sources, offsets, all_shapes, before = [], [np.zeros(1, np.int64)], [], 0
     for p in parts:
         with h5py.File(root / p["name"], "r") as f:
             sources.append(f["images"].shape)
             if flat:
-                offsets.append(f["offsets"][1:] + offsets[-1][-1])
+                offsets.append(f["offsets"][1:] + before)
+                before += sources[-1][0]
                 if shapes:
                     all_shapes.append(f["shapes"][:])
     total = sum(s[0] for s in sources)
