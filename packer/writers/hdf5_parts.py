@@ -38,7 +38,6 @@ from ...readers.manifest import HDF5_FILE, PARTS_DIR
 
 from ..parts import PartsWriter
 from .base import Writer, fsync_path
-from .hdf5 import _create
 
 
 class Hdf5Part:
@@ -59,6 +58,7 @@ class Hdf5Part:
         self.count += 1
 
     def close(self) -> dict:
+        from .hdf5 import _create  # (hdf5.py imports this module for its PART_WRITERS)
         self.f.close()
         columns = []
         if self.flat:
