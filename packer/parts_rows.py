@@ -76,7 +76,12 @@ class FixedPart:
         return {"name": f"{PARTS_DIR}/{self.path.name}", "count": self.count, "bytes": size, "xxh3": digest}
 
     def abort(self) -> None:
+        """After a failure: close and remove this attempt's file (a retry writes its own)."""
         self.f.close()
+        try:
+            os.unlink(self.tmp)
+        except OSError:
+            pass
 
 
 class RowsPart(FixedPart):
