@@ -97,10 +97,12 @@ class FixedPartsReader(PartsReader):
         self._ensure_open()
         idx = check_indices(indices, self.count)
         parts, rows = self.locate(idx)
-        if len(idx) and parts[0] == parts[-1] and (parts == parts[0]).all():  # one part: one vectorised copy
-            g = int(parts[0])
-            if self._rams[g]():
-                take_into(self._maps[g], rows, out)
+        if len(idx) > 1 and (parts[1:] >= parts[:-1]).all():  # in part order (ShardDataset sorts a batch)
+            cuts = [0, *(np.flatnonzero(parts[1:] != parts[:-1]) + 1).tolist(), len(idx)]
+            runs = [(int(parts[a]), a, b) for a, b in zip(cuts, cuts[1:])]
+            if all(self._rams[g]() for g, _, _ in runs):  # one vectorised copy a part (the GIL released)
+                for g, a, b in runs:
+                    take_into(self._maps[g], rows[a:b], out[a:b])
                 return diskio.Pending([])
         ram, maps, jobs = {}, self._maps, []
         for k, (g, r, i) in enumerate(zip(parts.tolist(), rows.tolist(), idx.tolist())):
