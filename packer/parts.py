@@ -6,8 +6,10 @@ units of about ``shard_size`` (default PART_BYTES) bytes, fixed by the recipe an
 never by K or the node count, so a local run, a units run and a Ray run give the same files.
 
 - *Node* (run_part, on the Ray task or the local unit runner's process): decode the part's files
-  one unit at a time (memory: one unit), append the kept samples to the part file behind its
-  format's header, take its xxh3_128 digest while writing, fsync, rename; then the record
+  one unit at a time (memory: one unit), append the kept samples to the part file (the format's
+  ``part_file``: parts_rows.py; variable shapes and JPEG records with a row table, npy's beside
+  the part, HDF5's inside it: writers/hdf5_parts.py), fsync, take each file's xxh3_128 digest,
+  rename; then the record
   ``units/uNNNNNNN.json`` (as units.py: each file's status and columns) with the part's
   summary {"name", "count", "bytes", "xxh3"}, its commit marker.
 - *Driver* (PartsWriter): receives each part's summary in scan order (O(parts)), keeps them in
@@ -25,10 +27,10 @@ import uuid
 from pathlib import Path
 
 import numpy as np
-import xxhash
 
 from ..readers.manifest import FILE_LAYOUT, LAYOUT_PARTS, LAYOUTS, PARTS_DIR, PARTS_VERSION, part_name
 from .options import PackError
+from .parts_rows import FixedPart, files_of
 from .runners import Decoded, Decoder, Handover
 
 PATHS = "paths.bin"  # the listing's relative paths, NUL-separated, in units_dir (save_paths), with PATH_OFFSETS
@@ -38,9 +40,19 @@ PART_BYTES = 1 << 30  # a part's planned pixels without --shard-size: ImageNet-2
 
 def part_files(recipe, shard_size: int | None, unit: int) -> int:
     """Files per part: the largest multiple of ``unit`` (files per unit, units.unit_files) whose
-    planned pixels fit ``shard_size`` bytes (default PART_BYTES), at least one unit."""
-    row = int(np.prod(recipe.shape()))
-    return unit * max(1, int(shard_size or PART_BYTES) // (unit * row))
+    planned bytes (planned_bytes a file) fit ``shard_size`` bytes (default PART_BYTES), at least one unit."""
+    return unit * max(1, int(shard_size or PART_BYTES) // (unit * planned_bytes(recipe)))
+
+
+JPEG_SHARE = 10  # a JPEG's planned bytes: 1/10 of its raw pixels (measured 20.1 of 192 KB at 256 px, q90 4:2:0)
+
+
+def planned_bytes(recipe) -> int:
+    """A file's planned bytes in a part, from the recipe alone (so the parts' boundaries follow
+    the listing, never the data's decoding): size x size x 3 raw pixels (the one shape, or a
+    variable shape's plan), a JPEG record 1/JPEG_SHARE of that."""
+    row = recipe.size * recipe.size * 3
+    return row if recipe.encoding == "raw" else max(1, row // JPEG_SHARE)
 
 
 def part_sizes(recipe, opts) -> dict:
@@ -52,15 +64,17 @@ def part_sizes(recipe, opts) -> dict:
     return {"layout": LAYOUT_PARTS, "unit_files": unit, "part_files": part_files(recipe, opts.shard_size, unit)}
 
 
+PART_FORMATS = ("npy", "hdf5")  # the formats --layout parts writes (any shape, raw or jpeg)
+
+
 def check_layout(fmt: str, recipe, layout: str) -> None:
-    """Refuse (PackError, one line) a layout this version cannot write for ``fmt`` and ``recipe``
-    before anything is written: the part layout is npy's, raw fixed-shape pixels, for now."""
+    """Refuse (PackError, one line) a layout this version cannot write for ``fmt`` before
+    anything is written: the part layout is written for PART_FORMATS, for now."""
     if layout not in LAYOUTS:
         raise PackError(f"unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
-    if layout == LAYOUT_PARTS and (fmt != "npy" or recipe.shape() is None or recipe.encoding != "raw"):
-        raise PackError(f"--layout parts is written for --format npy with raw pixels of one shape (center-crop); "
-                        f"not yet for --format {fmt}, --encoding {recipe.encoding}"
-                        f"{'' if recipe.shape() else ', variable shapes'}: use --layout single")
+    if layout == LAYOUT_PARTS and fmt not in PART_FORMATS:
+        raise PackError(f"--layout parts is written for --format {' and '.join(PART_FORMATS)}; "
+                        f"not yet for --format {fmt}: use --layout single")
 
 
 def save_paths(units_dir: Path, paths) -> None:
@@ -99,42 +113,28 @@ def run_part(spec, node: str) -> dict:
     from .writers import writer_class
     if spec.files and not spec.paths:
         spec = replace(spec, paths=load_paths(spec.units_dir, spec.start, spec.files))
-    cls = writer_class(spec.fmt, False, spec.recipe.encoding, layout=LAYOUT_PARTS)
+    cls = writer_class(spec.fmt, spec.recipe.shape() is None, spec.recipe.encoding, layout=LAYOUT_PARTS)
     shape = spec.recipe.shape()
     name, attempt = part_name(spec.unit, cls.part_suffix), f"{uuid.uuid4().hex[:12]}.{os.getpid()}"
-    path = Path(spec.parts) / name
-    decoded, skipped, count = [], [], 0
-    tmp = f"{path}.{attempt}.tmp"
-    with open(tmp, "wb") as f:
-        head = cls.part_header(0, shape)
-        f.write(head)  # rewritten with the count at the end (same length)
+    out = cls.part_file(Path(spec.parts) / name, attempt, shape)
+    decoded, skipped = [], []
+    try:
         for a in range(0, len(spec.paths), spec.sub or len(spec.paths)):
             rows = Handover()
             chunk = spec.paths[a:a + (spec.sub or len(spec.paths))]
             for r in Decoder(spec.root, spec.recipe, rows).run(
                     [(spec.start + a + k, rel, k) for k, rel in enumerate(chunk)]):
                 if isinstance(r, Decoded):
-                    pixels = rows.take(r.index - spec.start - a)
-                    f.write(pixels.data)
-                    count += 1
+                    out.add(rows.take(r.index - spec.start - a))
                     decoded.append([r.index, r.mode, *r.size, r.checksum, *r.shape, r.record])
                 else:
                     skipped.append([r.index, r.kind, r.reason, r.errno])
-        f.seek(0)
-        head = cls.part_header(count, shape)
-        f.write(head)
-        f.flush()
-        os.fsync(f.fileno())
-        size = f.seek(0, os.SEEK_END)
-    whole = xxhash.xxh3_128(head)  # the digest of the whole file: its header, then the pixels
-    with open(tmp, "rb") as f:
-        f.seek(len(head))
-        for block in iter(lambda: f.read(16 << 20), b""):
-            whole.update(block)
-    os.replace(tmp, path)
-    part = {"name": f"{PARTS_DIR}/{name}", "count": count, "bytes": size, "xxh3": whole.hexdigest()}
+        part = out.close()
+    except BaseException:
+        out.abort()
+        raise
     record = {"unit": spec.unit, "start": spec.start, "stop": spec.start + len(spec.paths), "node": node,
-              "part_bytes": 0, "part": part, "part_path": str(path), "decoded": decoded, "skipped": skipped}
+              "part_bytes": 0, "part": part, "part_path": str(out.path), "decoded": decoded, "skipped": skipped}
     base = os.path.join(spec.units_dir, f"u{spec.unit:07d}")
     with open(f"{base}.json.{attempt}.tmp", "w") as f:
         json.dump(record, f)
@@ -170,9 +170,10 @@ class Bulk:
 
 
 def part_intact(record: dict) -> bool:
-    """Whether a part record's file is there with the size it records."""
+    """Whether a part record's files (the part, its row table) are there with the sizes it records."""
     try:
-        return os.stat(record["part_path"]).st_size == record["part"]["bytes"]
+        where = Path(record["part_path"]).parent
+        return all(os.stat(where / Path(name).name).st_size == nbytes for name, nbytes, _ in files_of(record["part"]))
     except (OSError, KeyError, TypeError):
         return False
 
@@ -199,8 +200,13 @@ class PartsWriter:
         """The bytes a part file starts with for ``count`` samples of ``shape`` (a fixed length)."""
         raise NotImplementedError
 
+    @classmethod
+    def part_file(cls, path: Path, attempt: str, shape):
+        """The node's writer of one part at ``path`` (parts_rows.py): samples of one shape by default."""
+        return FixedPart(path, attempt, shape, cls.part_header)
+
     def add_part(self, unit: int, part: dict) -> None:
-        self.parts[int(unit)] = {k: part[k] for k in ("name", "count", "bytes", "xxh3")}
+        self.parts[int(unit)] = {k: part[k] for k in ("name", "count", "bytes", "xxh3", "rows") if k in part}
 
     def write(self, index, pixels, label):
         raise RuntimeError("the part layout's pixels are written by the nodes")
@@ -220,14 +226,19 @@ class PartsWriter:
             missing = sorted(set(range(groups)) - set(self.parts))
             raise RuntimeError(f"{self.parts_dir}: parts {missing[:5]} were never committed")
         parts = [self.parts[g] for g in range(groups)]
+        for stray in self.parts_dir.glob("*.tmp"):  # a dead task's attempt (a node killed mid-part): not the output
+            stray.unlink(missing_ok=True)
         for g, p in enumerate(parts):
-            size = (self.tmp / p["name"]).stat().st_size
-            if p["count"] != have[g] or size != p["bytes"]:
-                raise RuntimeError(f"{self.tmp / p['name']}: {p['count']} samples in {size} bytes; the run kept "
-                                   f"{have[g]} of its files and its node recorded {p['bytes']} bytes")
-        files = {p["name"]: p["bytes"] for p in parts}
+            for name, nbytes, _ in files_of(p):
+                size = (self.tmp / name).stat().st_size
+                if p["count"] != have[g] or size != nbytes:
+                    raise RuntimeError(f"{self.tmp / name}: {p['count']} samples in {size} bytes; the run kept "
+                                       f"{have[g]} of its files and its node recorded {nbytes} bytes")
+        files = {name: nbytes for p in parts for name, nbytes, _ in files_of(p)}
         return {"files": {**files, **self.own_files(kept)}, FILE_LAYOUT: LAYOUT_PARTS, "format_version": PARTS_VERSION,
-                "parts": [{"name": p["name"], "count": p["count"], "xxh3": p["xxh3"]} for p in parts]}
+                "parts": [{"name": p["name"], "count": p["count"], "xxh3": p["xxh3"],
+                           **({"rows": {k: p["rows"][k] for k in ("name", "xxh3")}} if p.get("rows") else {})}
+                          for p in parts]}
 
     def own_files(self, kept) -> dict[str, int]:
         """The format's small files beside the parts (written by the driver): {name: bytes}."""

@@ -24,6 +24,8 @@ import io
 
 import numpy as np
 
+from .layout import LAYOUT_PARTS, PARTS_VERSION, layout_of
+
 RAW, JPEG = "raw", "jpeg"
 ENCODINGS = (RAW, JPEG)
 SUBSAMPLINGS = ("4:2:0", "4:4:4")
@@ -65,8 +67,9 @@ def encoding_problems(manifest: dict) -> list[str]:
             out.append(f"encoding quality {q!r} is not within {QUALITY_RANGE[0]}..{QUALITY_RANGE[1]}")
         if enc.get("subsampling") not in SUBSAMPLINGS:
             out.append(f"encoding subsampling {enc.get('subsampling')!r} is not one of {', '.join(SUBSAMPLINGS)}")
-        if manifest.get("format_version") != ENCODED_VERSION:
-            out.append(f"a jpeg output of format version {manifest.get('format_version')!r}, not {ENCODED_VERSION}")
+        want = PARTS_VERSION if layout_of(manifest) == LAYOUT_PARTS else ENCODED_VERSION
+        if manifest.get("format_version") != want:
+            out.append(f"a jpeg output of format version {manifest.get('format_version')!r}, not {want}")
     return out
 
 

@@ -3,7 +3,9 @@
 A part-layout output (manifest ``"file_layout": "parts"``, format version PARTS_VERSION) keeps
 its pixels in ``parts/pNNNNNNN.<ext>``, listed in order in the manifest's ``"parts"``: each
 {"name", "count", "xxh3"}, sample i in part g when starts[g] <= i < starts[g + 1] (starts: the
-cumulative counts). Written by packer/parts.py; read by each format's PART_READERS.
+cumulative counts). Parts of variable shapes or encoded records also name their row table,
+"rows": {"name", "xxh3"} (readers/formats/parts.py). Written by packer/parts.py; read by each
+format's PART_READERS.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ def layout_of(manifest: dict) -> str:
 def _valid(parts) -> bool:
     return isinstance(parts, list) and all(
         isinstance(p, dict) and isinstance(p.get("name"), str) and isinstance(p.get("count"), int)
-        and not isinstance(p.get("count"), bool) and p["count"] >= 0 for p in parts)
+        and not isinstance(p.get("count"), bool) and p["count"] >= 0
+        and ("rows" not in p or isinstance(p["rows"], dict) and isinstance(p["rows"].get("name"), str))
+        for p in parts)
 
 
 def parts_problems(m: dict) -> list[str]:
@@ -47,6 +51,8 @@ def parts_problems(m: dict) -> list[str]:
 
 
 def part_files(m: dict) -> list[str]:
-    """The part files a part-layout manifest lists (empty when its "parts" is unusable)."""
+    """The part files a part-layout manifest lists, each with its row table if it has one (empty
+    when its "parts" is unusable)."""
     parts = m.get("parts")
-    return [p["name"] for p in parts] if _valid(parts) else []
+    return [name for p in parts for name in (p["name"], *([p["rows"]["name"]] if "rows" in p else []))] \
+        if _valid(parts) else []

@@ -181,7 +181,8 @@ def manifest_problems(m: dict) -> list[str]:
         need = [*(part_files(m) if layout_of(m) == LAYOUT_PARTS else DATA_FILES.get(fmt, ())),
                 f"{INDEX_DIR}/{COLUMNS['labels']}"]
         if shape is None:
-            need += [f"{INDEX_DIR}/{COLUMNS['shapes']}"] + ([NPY_OFFSETS] if fmt == "npy" else [])
+            single = layout_of(m) == LAYOUT_SINGLE  # (the part layout: each part's row table, listed above)
+            need += [f"{INDEX_DIR}/{COLUMNS['shapes']}"] + ([NPY_OFFSETS] if fmt == "npy" and single else [])
         missing = [f for f in need if f not in files]
         if missing:
             out.append(f"files lists no {', '.join(missing)}, which a {fmt} output "

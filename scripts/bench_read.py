@@ -31,10 +31,12 @@ CPUs' threads, per round); ``--formats`` picks the formats::
 
     python scripts/bench_read.py --against HEAD~1 --samples 10000 --repeats 5 --formats npy
 
-``--layouts`` measures instead npy's part layout (``--layout parts``) against its single-file
-layout on the same images in RAM, in alternating rounds (median of the per-round ratios)::
+``--layouts`` measures instead the part layout (``--layout parts``) of npy and HDF5 (of
+``--formats``) against its single-file layout on the same images in RAM, in alternating rounds
+(median of the per-round ratios), for each of ``--cases`` (fixed: one shape; variable:
+shorter-side, cropped by the workload; jpeg: JPEG records, decoded when read)::
 
-    python scripts/bench_read.py --layouts --samples 10000 --repeats 3
+    python scripts/bench_read.py --layouts --samples 10000 --repeats 3 --cases fixed,variable,jpeg --formats npy,hdf5
 """
 
 from __future__ import annotations
@@ -130,10 +132,16 @@ def imagefolder(src, workers):
               help="compare the readers of git revision REV with this checkout's (in RAM)")
 @click.option("--formats", default=",".join(FORMATS), show_default=True,
               help="with --against: the formats to compare, comma-separated")
-@click.option("--layouts", is_flag=True, help="compare npy's part layout with its single-file layout (in RAM)")
-def main(src, work, samples, repeats, out, against, formats, layouts):
+@click.option("--layouts", is_flag=True,
+              help="compare the part layout of npy and hdf5 with the single-file one (in RAM)")
+@click.option("--cases", default="fixed,variable,jpeg", show_default=True,
+              help="with --layouts: one shape, variable shapes (shorter-side), JPEG records; comma-separated")
+def main(src, work, samples, repeats, out, against, formats, layouts, cases):
     args = type("Args", (), {"src": src, "work": work, "samples": samples, "repeats": repeats, "out": out,
-                             "formats": [f for f in formats.split(",") if f]})
+                             "formats": [f for f in formats.split(",") if f],
+                             "cases": [c for c in cases.split(",") if c]})
+    if set(args.cases) - set(LAYOUT_CASES):
+        raise click.BadParameter(f"choose from {', '.join(LAYOUT_CASES)}", param_hint="--cases")
     unknown = sorted(set(args.formats) - set(FORMATS))
     if unknown:
         raise click.BadParameter(f"{', '.join(unknown)}: choose from {', '.join(FORMATS)}", param_hint="--formats")
@@ -295,44 +303,55 @@ def compare(args, rev):
 
 transforms = importlib.import_module("shardpack.readers.transforms")
 PARTS_READ = 16 << 20  # parts of one unit (170 files at 256 px): the 785-image sample is 5 parts
+# --cases: the recipe, the workloads (variable shapes: cropped to one size), the parts' --shard-size
+LAYOUT_FORMATS = ("npy", "hdf5")  # the formats with a part layout (the rest of --formats is passed over)
+LAYOUT_CASES = {"fixed": ({}, ("c", "a"), PARTS_READ),
+                "variable": ({"resize": "shorter-side"}, ("a", "b"), PARTS_READ),
+                "jpeg": ({"encoding": "jpeg"}, ("c", "a"), PARTS_READ // 10)}  # a JPEG: ~1/10 of its pixels
 
 
 def compare_layouts(args):
     """npy's part layout (``--layout parts``, parts of one unit) against its single-file layout,
     in RAM (both read once first), rounds alternating which goes first: make_loader batches of
-    each workload, the ratio parts/single per round, its median and spread."""
+    each workload, the ratio parts/single per round, its median and spread; per case of
+    ``args.cases`` (LAYOUT_CASES: one shape, variable shapes, JPEG records)."""
     from shardpack.packer import Options, Recipe, pack
     machine = harness.Machine()
     torch.set_num_threads(1)
-    single = pack_all(args.src, args.work, 256, ("npy",))["npy"]
-    parts = args.work / f"{args.src.name}-256.parts.npy"
-    if not (parts / "manifest.json").exists():
-        pack(args.src, parts, Recipe(256), Options(fmt="npy", layout="parts", shard_size=PARTS_READ, progress=False,
-                                                   overwrite=True))
-    for path in (single, parts):
-        for f in path.rglob("*"):
-            if f.is_file():
-                f.read_bytes()
-    nparts = len(json.loads((parts / "manifest.json").read_text())["parts"])
     rows = []
-    for workload in ("c", "a"):
-        datasets = {"single": ShardDataset(single), "parts": ShardDataset(parts)}
-        contenders = {name: (lambda ds=ds, workload=workload: _pass(ds, make_loader, workload, args.samples,
-                                                                    transforms))
-                      for name, ds in datasets.items()}
-        got = harness.rounds(contenders, args.repeats)
-        per_round = [p / s for p, s in zip(got["parts"], got["single"])]
-        rows.append((workload, got, float(np.median(per_round)), max(per_round) - min(per_round)))
-        print(f"  ({workload}) parts {harness.shown(got['parts'])}, single {harness.shown(got['single'])} samples/s, "
-              f"parts/single per round {[round(r, 3) for r in per_round]}", flush=True)
+    for fmt, case in [(f, c) for f in args.formats if f in LAYOUT_FORMATS for c in args.cases]:
+        recipe, workloads, shard = LAYOUT_CASES[case]
+        paths = {}
+        for layout in ("single", "parts"):
+            paths[layout] = args.work / f"{args.src.name}-256.{case}.{layout}.{fmt}"
+            if not (paths[layout] / "manifest.json").exists():
+                more = {"layout": "parts", "shard_size": shard} if layout == "parts" else {}
+                pack(args.src, paths[layout], Recipe(256, **recipe),
+                     Options(fmt=fmt, progress=False, overwrite=True, **more))
+            for f in paths[layout].rglob("*"):
+                if f.is_file():
+                    f.read_bytes()
+        nparts = len(json.loads((paths["parts"] / "manifest.json").read_text())["parts"])
+        for workload in workloads:
+            datasets = {layout: ShardDataset(path) for layout, path in paths.items()}
+            contenders = {name: (lambda ds=ds, workload=workload: _pass(ds, make_loader, workload, args.samples,
+                                                                        transforms))
+                          for name, ds in datasets.items()}
+            got = harness.rounds(contenders, args.repeats)
+            per_round = [p / s for p, s in zip(got["parts"], got["single"])]
+            rows.append((f"{fmt} {case}", nparts, workload, got, float(np.median(per_round)),
+                         max(per_round) - min(per_round)))
+            print(f"  {fmt} {case} ({workload}) parts {harness.shown(got['parts'])}, "
+                  f"single {harness.shown(got['single'])} samples/s, "
+                  f"parts/single per round {[round(r, 3) for r in per_round]}", flush=True)
     print(f"\n{machine.line()}\ncommand: {harness.command()}\n")
-    print(f"npy at 256, in RAM, {nparts} parts of <= {PARTS_READ >> 20} MiB, batch {BATCH}, {args.samples} random "
-          f"samples a pass, make_loader defaults")
-    print(f"| workload | parts samples/s | single samples/s | parts/single (median of {args.repeats} per-round "
-          "ratios) | spread of the ratios |")
-    print("|---|---:|---:|---:|---:|")
-    for workload, got, r, spread in rows:
-        print(f"| ({workload}) {WORKLOADS[workload][0]} | {harness.shown(got['parts'])} | "
+    print(f"at 256, in RAM, parts of one unit, batch {BATCH}, {args.samples} random samples a pass, "
+          "make_loader defaults")
+    print(f"| case | parts | workload | parts samples/s | single samples/s | parts/single (median of {args.repeats} "
+          "per-round ratios) | spread of the ratios |")
+    print("|---|---:|---|---:|---:|---:|---:|")
+    for case, nparts, workload, got, r, spread in rows:
+        print(f"| {case} | {nparts} | ({workload}) {WORKLOADS[workload][0]} | {harness.shown(got['parts'])} | "
               f"{harness.shown(got['single'])} | {r:.3f} | {spread:.3f} |")
 
 

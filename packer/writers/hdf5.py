@@ -39,6 +39,7 @@ from ...readers.formats.hdf5 import dataset_offset
 from ...readers.manifest import HDF5_FILE
 
 from .base import InPlaceWriter, RaggedWriter, as_rows, compact_rows, fsync_path, reserve
+from .hdf5_parts import EncodedHdf5PartsWriter, Hdf5PartsWriter, RowsHdf5PartsWriter
 
 
 class _FileImage(io.RawIOBase):
@@ -235,6 +236,9 @@ class EncodedHdf5Writer(RaggedHdf5Writer):
         return (("offsets", offsets), ("labels", self.labels[kept]))
 
 
-# What open_writer builds, by (encoding, samples differ in shape).
+# What open_writer builds, by (encoding, samples differ in shape); PART_WRITERS: --layout parts (hdf5_parts.py).
 WRITERS = {(RAW, False): Hdf5Writer, (RAW, True): RaggedHdf5Writer,
            (JPEG, False): EncodedHdf5Writer, (JPEG, True): EncodedHdf5Writer}
+
+PART_WRITERS = {(RAW, False): Hdf5PartsWriter, (RAW, True): RowsHdf5PartsWriter,
+                (JPEG, False): EncodedHdf5PartsWriter, (JPEG, True): EncodedHdf5PartsWriter}

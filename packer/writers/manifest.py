@@ -61,6 +61,8 @@ def dataset_manifest(fmt: str, recipe, listing, count: int, skipped: int, writte
         "run": run,
     }
     manifest.update(extra or {})
+    if "parts" in written:  # the part layout's format version, over an encoding's (jpeg: 2)
+        manifest["format_version"] = written["format_version"]
     return manifest
 
 
@@ -83,7 +85,8 @@ def seal(tmp: Path, manifest: dict, leave=()) -> dict:
     but a part-layout output's parts (their digests are the nodes', in "parts")
     (from the page cache when just written); writes nothing (write_sealed does)."""
     manifest = json.loads(json.dumps(manifest))  # as a reader will see it: lists, string keys
-    known = {p["name"]: p["xxh3"] for p in manifest.get("parts", ())}  # the part layout: taken by its node
+    known = {q["name"]: q["xxh3"] for p in manifest.get("parts", ())  # the part layout: taken by its node
+             for q in (p, *([p["rows"]] if "rows" in p else []))}
     manifest[DIGESTS] = {name: known.get(name) or file_digest(tmp / name) for name in sealed_files(tmp, leave)}
     return manifest
 

@@ -12,7 +12,9 @@ samples: ``images.npy`` one flat uint8 array of the records in order, ``offsets.
 (count + 1,) their byte ranges.
 
 The part layout (NpyPartsWriter, ``--layout parts``, packer/parts.py): ``parts/pNNNNNNN.npy``
-each a valid (count_g, H, W, 3) array written by the node that decoded it, plus ``labels.npy``.
+each a valid (count_g, H, W, 3) array written by the node that decoded it, plus ``labels.npy``;
+of variable shapes and encoded records (RowsNpyPartsWriter) each part a flat array of its
+samples' bytes with its row table ``parts/pNNNNNNN.offsets.npy`` (packer/parts_rows.py).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from ...readers.encoding import JPEG, RAW
 from ...readers.manifest import NPY_IMAGES, NPY_LABELS, NPY_OFFSETS
 
 from ..parts import PartsWriter
+from ..parts_rows import RowsPart
 from .base import (InPlaceWriter, RaggedWriter, Writer, as_rows, compact_rows, fsync_path, npy_data_offset, reserve,
                    save_synced)
 
@@ -104,9 +107,20 @@ class NpyPartsWriter(PartsWriter, Writer):
         return {NPY_LABELS: (self.tmp / NPY_LABELS).stat().st_size}
 
 
+class RowsNpyPartsWriter(NpyPartsWriter):
+    """The part layout of variable shapes and of encoded records (``--encoding jpeg``): each part
+    ``parts/pNNNNNNN.npy`` one flat uint8 array of its samples' bytes in order and its row table
+    ``parts/pNNNNNNN.offsets.npy`` int64 (count_g + 1,) (parts_rows.RowsPart)."""
+
+    @classmethod
+    def part_file(cls, path, attempt, shape):
+        return RowsPart(path, attempt, shape, cls.part_header)
+
+
 PART_HEADER = 128  # a part's .npy header, padded to a fixed length whatever its count
 
 # What open_writer builds, by (encoding, samples differ in shape); PART_WRITERS: --layout parts.
 WRITERS = {(RAW, False): NpyWriter, (RAW, True): RaggedNpyWriter,
            (JPEG, False): EncodedNpyWriter, (JPEG, True): EncodedNpyWriter}
-PART_WRITERS = {(RAW, False): NpyPartsWriter}
+PART_WRITERS = {(RAW, False): NpyPartsWriter, (RAW, True): RowsNpyPartsWriter,
+                (JPEG, False): RowsNpyPartsWriter, (JPEG, True): RowsNpyPartsWriter}

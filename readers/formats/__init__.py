@@ -36,7 +36,8 @@ def reader_class(root, manifest):
     module = importlib.import_module(f".{fmt}", __package__)
     parts = layout_of(manifest) == LAYOUT_PARTS  # pixels in part files: the module's PART_READERS
     readers = getattr(module, "PART_READERS", {}) if parts else module.READERS
-    if name not in readers:
-        raise ShardFormatError(f"{root}: a {fmt} output of encoding {name!r}{' in part files' if parts else ''}, "
-                               "which this version cannot read")
-    return readers[name]
+    key = (name, not manifest.get("shape")) if parts else name  # PART_READERS: by (encoding, variable shapes)
+    if key not in readers:
+        raise ShardFormatError(f"{root}: a {fmt} output of encoding {name!r}{' in part files' if parts else ''}"
+                               f"{' of variable shapes' if parts and key[1] else ''}, which this version cannot read")
+    return readers[key]

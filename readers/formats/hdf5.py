@@ -29,6 +29,7 @@ from ..encoding import JPEG, RAW
 from ..manifest import COLUMNS, HDF5_FILE, INDEX_DIR, ShardFormatError, expect_array
 from .base import MemmapReader, check_value, flagged, header_file
 from .encoded import FlatReader
+from .parts import EncodedRowsPartsReader, FixedPartsReader, RawRowsPartsReader
 
 
 def dataset_offset(path, name="images", file=None, size=None):
@@ -181,4 +182,58 @@ class EncodedHdf5Reader(FlatReader):
         return _labels(self)
 
 
+class _Hdf5Parts:
+    """HDF5's part files (packer/writers/hdf5_parts.py): ``parts/pNNNNNNN.h5`` each with
+    ``images`` (count_g, H, W, 3), or flat with its row table ``offsets`` in the same file; the
+    labels in ``images.h5``, where ``images`` is a virtual dataset over the parts. With h5py alone::
+
+        h5py.File("OUT/images.h5")["images"][i]  # one shape: the whole (count, H, W, 3), lazily
+        f = h5py.File("OUT/images.h5"); a, b = f["offsets"][i:i + 2]; data = f["images"][a:b]  # flat
+        h5py.File("OUT/parts/p0000000.h5")["images"]  # or part by part (rows: "offsets")
+    """
+
+    rows_inside = True  # a flat part's row table is its own "offsets"
+
+    def _open_part(self, name):
+        if self.objects is not None:
+            raise ShardFormatError(f"{self.where(name)}: HDF5 part files are not read from object storage yet")
+        path = self.root / name
+        try:
+            where = dataset_offset(path, "images")
+        except ShardFormatError:  # a part whose files were all skipped: HDF5 allocates nothing for it
+            with h5py.File(path, "r") as f:
+                ds = f.get("images")
+                if isinstance(ds, h5py.Dataset) and ds.size == 0:
+                    return np.zeros(ds.shape, np.uint8), 0
+            raise
+        return _map(path, "images", where), where[0]
+
+    def _open_rows(self, name):
+        return _map(self.root / name, "offsets", random=True)
+
+    def own_labels(self):
+        where = self.root / HDF5_FILE
+        try:
+            with h5py.File(where, "r") as f:
+                labels = f["labels"][:]
+        except (OSError, KeyError, ValueError) as err:
+            raise ShardFormatError(f"{where}: no readable labels ({err})") from None
+        return expect_array(labels, f"{where} labels", "i", (self.count,))
+
+
+class Hdf5PartsReader(_Hdf5Parts, FixedPartsReader):
+    """The part layout of one shape."""
+
+
+class RowsHdf5PartsReader(_Hdf5Parts, RawRowsPartsReader):
+    """The part layout of variable shapes (raw pixels)."""
+
+
+class EncodedHdf5PartsReader(_Hdf5Parts, EncodedRowsPartsReader):
+    """The part layout of ``--encoding jpeg``."""
+
+
 READERS = {RAW: Hdf5Reader, JPEG: EncodedHdf5Reader}  # what open_reader builds, by encoding
+# the part layout (manifest "file_layout": "parts"), by (encoding, samples differ in shape)
+PART_READERS = {(RAW, False): Hdf5PartsReader, (RAW, True): RowsHdf5PartsReader,
+                (JPEG, False): EncodedHdf5PartsReader, (JPEG, True): EncodedHdf5PartsReader}

@@ -15,16 +15,14 @@ says: out of the map in RAM, each record's exact bytes with preadv from disk). B
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 
 from ..encoding import JPEG, RAW
 from ..manifest import NPY_IMAGES, NPY_LABELS, NPY_OFFSETS, ShardFormatError, load_npy
-from .. import diskio
-from ..system import larger_than_ram
-from .base import MemmapReader, Reader, check_indices, check_out, header_file, open_data, read_exact, take_into
+from .base import MemmapReader, header_file
 from .encoded import FlatReader
+from .parts import EncodedRowsPartsReader, FixedPartsReader, RawRowsPartsReader
 
 
 HEAD_BYTES = 4 << 10  # the first bytes open fetches (Reader.head_bytes): the .npy header, ~128 bytes; a part
@@ -106,89 +104,56 @@ class EncodedNpyReader(FlatReader):
         return _labels(self.root, self.count)
 
 
-class NpyPartsReader(Reader):
-    """The part layout (manifest "file_layout": "parts"): sample i is row i - starts[g] of part g,
-    ``parts/pNNNNNNN.npy`` (count_g, H, W, 3) uint8, g the part whose [starts[g], starts[g + 1])
-    holds i (starts: the cumulative counts of the manifest's "parts"). In RAM a memcpy out of the
-    part's map, else preadv (diskio) of its exact bytes, decided per part; every part is opened
-    (one map and one descriptor each: ~2,800 for ImageNet-21k at 256 px, under the usual limits
-    of 65,530 maps and, with ``ulimit -n`` raised, descriptors). With numpy alone, lazily::
+class NpyPartsReader(FixedPartsReader):
+    """The part layout of one shape (readers/formats/parts.py): ``parts/pNNNNNNN.npy`` each a
+    (count_g, H, W, 3) uint8 .npy. With numpy alone, lazily::
 
         parts = [np.load(f"parts/{p}", mmap_mode="r") for p in sorted(os.listdir("parts"))]
         starts = np.cumsum([0] + [len(p) for p in parts])
         g = np.searchsorted(starts, i, side="right") - 1; img = parts[g][i - starts[g]]
     """
 
-    _handles = ("_maps", "_files", "_rams", "_bases")
     fmt = "npy"
     head_bytes = HEAD_BYTES
 
-    def __init__(self, root, manifest):
-        super().__init__(root, manifest)
-        self.names = [p["name"] for p in manifest["parts"]]
-        self.counts = np.array([p["count"] for p in manifest["parts"]], np.int64)
-        self.starts = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
-        self.row = math.prod(self.shape)
-        if self.starts[-1] != self.count:
-            raise ShardFormatError(f"{root}: its parts hold {self.starts[-1]} samples, the manifest says {self.count}")
-
-    @classmethod
-    def pixel_files(cls, manifest):
-        return [p["name"] for p in manifest.get("parts", ())]
-
-    def data_paths(self):
-        return [self.root / name for name in self.names]
+    def _open_part(self, name):
+        return _images(self, name)
 
     def own_labels(self):
         return _labels(self.root, self.count)
 
-    def _open(self):
-        fits = None if self.objects is not None else larger_than_ram(self.data_paths()) is None
-        self._maps, self._files, self._rams, self._bases = [], [], [], []
-        for name, count in zip(self.names, self.counts.tolist()):
-            images, base = _images(self, name)
-            if images.shape != (count, *self.shape) or images.dtype != np.uint8:
-                raise ShardFormatError(f"{self.where(name)}: array {images.shape} {images.dtype}, the manifest "
-                                       f"says {(count, *self.shape)} uint8")
-            file, in_ram = open_data(self, images, name, fits)
-            self._maps.append(images)
-            self._files.append(file)
-            self._rams.append(in_ram)
-            self._bases.append(int(base))
 
-    def locate(self, indices) -> tuple[np.ndarray, np.ndarray]:
-        """(part, row in it) of each sample of ``indices`` (int64 (B,), checked), int64 (B,) each."""
-        parts = np.searchsorted(self.starts, indices, side="right") - 1
-        return parts, indices - self.starts[parts]
+class _NpyRows:
+    """npy's part files with row tables (readers/formats/parts.py): ``parts/pNNNNNNN.npy`` one flat
+    uint8 array, ``parts/pNNNNNNN.offsets.npy`` its row table. With numpy alone, lazily::
 
-    def read_into(self, i, out):
-        self._ensure_open()
-        (g,), (r,) = self.locate(check_indices([i], self.count))
-        if self._rams[g]():
-            out[...] = self._maps[g][r]
-        else:
-            read_exact(self._files[g], self._bases[g] + int(r) * self.row, out, i)
+        m = json.load(open("manifest.json")); parts = m["parts"]
+        flats = [np.load(p["name"], mmap_mode="r") for p in parts]
+        rows = [np.load(p["rows"]["name"]) for p in parts]
+        starts = np.cumsum([0] + [p["count"] for p in parts])
+        g = np.searchsorted(starts, i, side="right") - 1; r = i - starts[g]
+        data = flats[g][rows[g][r]:rows[g][r + 1]]  # raw: .reshape(np.load("index/shapes.npy")[i])
+    """
 
-    def start_batch(self, indices, out):
-        check_out(out, len(indices), self.shape)
-        self._ensure_open()
-        idx = check_indices(indices, self.count)
-        parts, rows = self.locate(idx)
-        if len(idx) and parts[0] == parts[-1] and (parts == parts[0]).all():  # one part: one vectorised copy
-            g = int(parts[0])
-            if self._rams[g]():
-                take_into(self._maps[g], rows, out)
-                return diskio.Pending([])
-        ram, maps, jobs = {}, self._maps, []
-        for k, (g, r, i) in enumerate(zip(parts.tolist(), rows.tolist(), idx.tolist())):
-            if (here := ram.get(g)) is None:
-                here = ram[g] = self._rams[g]()
-            if here:
-                out[k] = maps[g][r]
-            else:
-                jobs.append((self._files[g], self._bases[g] + r * self.row, [out[k]], i))
-        return diskio.submit(jobs) if jobs else diskio.Pending([])
+    def _open_part(self, name):
+        return _images(self, name)
+
+    def _open_rows(self, name):
+        return load_npy(self.root / name, "i", (None,))
+
+    def own_labels(self):
+        return _labels(self.root, self.count)
+
+
+class RowsNpyPartsReader(_NpyRows, RawRowsPartsReader):
+    """The part layout of variable shapes (raw pixels)."""
+
+
+class EncodedNpyPartsReader(_NpyRows, EncodedRowsPartsReader):
+    """The part layout of ``--encoding jpeg``."""
 
 
 READERS = {RAW: NpyReader, JPEG: EncodedNpyReader}  # what open_reader builds, by encoding
-PART_READERS = {RAW: NpyPartsReader}  # the part layout (manifest "file_layout": "parts")
+# the part layout (manifest "file_layout": "parts"), by (encoding, samples differ in shape)
+PART_READERS = {(RAW, False): NpyPartsReader, (RAW, True): RowsNpyPartsReader,
+                (JPEG, False): EncodedNpyPartsReader, (JPEG, True): EncodedNpyPartsReader}
