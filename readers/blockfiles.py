@@ -1,0 +1,191 @@
+"""The block cache's block files as one process holds them (readers/blockcache.py): each block
+file kept open for a few seconds with its checksum table in memory (no open, header read and
+close per read), and a cached range read straight into the caller's buffers.
+
+Open files. A block file read or written is kept open in :class:`Files` for :data:`FD_TTL_S`
+seconds (at most :data:`FD_MAX` at once, the oldest dropped first), then opened again by path, so
+a block evicted or removed by another process stops being read through this process's old
+descriptor within that time (what it read from the unlinked file meanwhile was still checked,
+chunk by chunk, against its checksums: the same bytes). A descriptor is closed when the last
+thread holding it lets go (:class:`Block`, never while a read uses it). The checksum table is kept
+in memory: a chunk's checksum is a function of the object's bytes at that position (the object id
+names the version), so a value once read never goes stale; a chunk whose entry is 0 (not yet
+cached) is looked up on disk again before it counts as missing.
+
+Reading into the caller's buffers (:func:`read_into`): the chunks a range covers are read by one
+``preadv`` per block, those lying whole inside one buffer straight into it, the edge chunks (a
+sample's first and last, as reads are widened to whole chunks) into a small scratch and copied;
+each chunk is hashed where it landed and checked against its checksum before the read counts.
+Anything missing, short or damaged makes it answer False (the caller takes the general path,
+which fetches and stores): its buffers may then hold partial bytes, overwritten by that path.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from bisect import bisect_right
+
+import numpy as np
+
+FD_TTL_S = 2.0  # a block file kept open this long, then opened again by its path
+FD_MAX = 256  # block files kept open per process at most (1 GiB of 4 MiB blocks)
+TABLE = 64  # where the checksums start in a block file's header
+MAGIC = b"SPBLK1\0\0"
+
+
+class Block:
+    """One open block file: ``fd``, ``writable``, ``born`` (monotonic seconds), ``table`` (its
+    chunks' checksums, uint64, 0: not cached), ``whole`` (its header is this object's block's)."""
+
+    __slots__ = ("fd", "writable", "born", "table", "whole")
+
+    def __init__(self, fd: int, writable: bool, born: float, table: np.ndarray, whole: bool):
+        self.fd, self.writable, self.born, self.table, self.whole = fd, writable, born, table, whole
+
+    def __del__(self):
+        try:
+            os.close(self.fd)
+        except (OSError, AttributeError, TypeError):
+            pass
+
+    def checksums(self, k0: int, k1: int) -> np.ndarray:
+        """Chunks ``k0 .. k1 - 1``'s checksums, those not known yet looked up on disk again."""
+        got = self.table[k0:k1]
+        if self.whole and not got.all():
+            fresh = os.pread(self.fd, 8 * (k1 - k0), TABLE + 8 * k0)
+            if len(fresh) == 8 * (k1 - k0):
+                got[:] = np.frombuffer(fresh, "<u8")
+        return got
+
+
+class Files:
+    """The block files a process has open (see the module's docstring), by ``(object id, block)``."""
+
+    def __init__(self, cache):
+        self.cache = cache
+        self._open: dict[tuple[str, int], Block] = {}
+
+    def clear(self) -> None:
+        self._open = {}
+
+    def get(self, oid: str, size: int, b: int, write: bool = False) -> Block | None:
+        """Block ``b`` of the object ``oid`` (``size`` bytes) open (read-write where ``write``),
+        None when its file does not exist. Raises OSError when it exists but cannot be opened
+        as asked (a read-only folder, for ``write``)."""
+        key, now = (oid, b), time.monotonic()
+        got = self._open.get(key)
+        if got is not None and now - got.born < FD_TTL_S and (got.writable or not write):
+            return got
+        path = self.cache._path(oid, b)
+        try:
+            fd, writable = os.open(path, os.O_RDWR | os.O_CLOEXEC), True
+        except FileNotFoundError:
+            self._open.pop(key, None)
+            return None
+        except PermissionError:
+            if write:
+                raise
+            try:
+                fd, writable = os.open(path, os.O_RDONLY | os.O_CLOEXEC), False
+            except FileNotFoundError:
+                self._open.pop(key, None)
+                return None
+        got = self.wrap(fd, writable, size, b, now)
+        self.keep(key, got)
+        return got
+
+    def wrap(self, fd: int, writable: bool, size: int, b: int, now: float) -> Block:
+        """An open block file as a :class:`Block`, its header read (a header not this block's:
+        ``whole`` False, its table all 0, so nothing in it counts as cached)."""
+        c = self.cache
+        per = c.block // c.chunk
+        try:
+            head = os.pread(fd, TABLE + 8 * per, 0)
+        except OSError:
+            head = b""
+        whole = len(head) == TABLE + 8 * per and head[:40] == header(size, b, c.block, c.chunk)[:40]
+        table = np.frombuffer(head, "<u8", offset=TABLE).copy() if whole else np.zeros(per, np.uint64)
+        return Block(fd, writable, now, table, whole)
+
+    def keep(self, key, block: Block) -> None:
+        self._open[key] = block
+        while len(self._open) > FD_MAX:
+            try:
+                self._open.pop(next(iter(self._open)))
+            except (KeyError, StopIteration, RuntimeError):  # another thread dropped it first
+                break
+
+
+def read_into(cache, oid: str, size: int, offset: int, views: list) -> bool:
+    """Fill ``views`` (byte memoryviews, one range of the object from ``offset``, ending at or
+    before ``size``) from the cache's block files, every chunk checked; False when any chunk is
+    missing, short or does not match its checksum (see the module's docstring)."""
+    chunk, per, xxh3 = cache.chunk, cache.block // cache.chunk, digest_function()
+    starts, at = [], offset
+    for v in views:
+        starts.append(at)
+        at += len(v)
+    end = at
+    c0, c1 = offset // chunk, -(-end // chunk)
+    scratch = []
+    for b in range(c0 // per, (c1 - 1) // per + 1):
+        lo, hi = max(c0, b * per), min(c1, (b + 1) * per)
+        block = cache.files.get(oid, size, b)
+        if block is None:
+            return False
+        table = block.checksums(lo - b * per, hi - b * per)
+        if not table.all():
+            return False
+        iov, k, total = [], bisect_right(starts, lo * chunk) - 1, 0
+        for c in range(lo, hi):
+            a, z = c * chunk, min(c * chunk + chunk, size)
+            while k + 1 < len(views) and a >= starts[k + 1]:
+                k += 1
+            if k >= 0 and a >= starts[k] and z <= starts[k] + len(views[k]):
+                mem = views[k][a - starts[k]:z - starts[k]]
+            else:  # an edge chunk, or one across two buffers: read whole into a scratch
+                mem = memoryview(bytearray(z - a))
+                scratch.append((mem, a))
+            iov.append(mem)
+            total += z - a
+        if os.preadv(block.fd, iov, cache.header + (lo - b * per) * chunk) != total:
+            return False
+        for c, mem, want in zip(range(lo, hi), iov, table.tolist()):
+            if (xxh3(mem, c) or 1) != want:
+                return False
+    for mem, a in scratch:  # the edge chunks' bytes that are the range's
+        z = a + len(mem)
+        k = max(bisect_right(starts, a) - 1, 0)
+        while k < len(views) and starts[k] < z:
+            lo, hi = max(a, starts[k]), min(z, starts[k] + len(views[k]))
+            if hi > lo:
+                views[k][lo - starts[k]:hi - starts[k]] = mem[lo - a:hi - a]
+            k += 1
+    return True
+
+
+def digest_function():
+    import xxhash
+    return xxhash.xxh3_64_intdigest
+
+
+def digest(data, position: int) -> int:
+    """xxh3_64 of a chunk seeded with its position in the object, never 0 (0: not cached)."""
+    import xxhash
+    return xxhash.xxh3_64_intdigest(data, seed=position) or 1
+
+
+def header(size: int, b: int, block: int, chunk: int) -> bytes:
+    return (MAGIC + size.to_bytes(8, "little") + b.to_bytes(8, "little") + block.to_bytes(8, "little")
+            + chunk.to_bytes(8, "little")).ljust(TABLE, b"\0")
+
+
+def write_all(fd: int, data, offset: int) -> None:
+    view = memoryview(data).cast("B")
+    while len(view):
+        n = os.pwrite(fd, view, offset)
+        if n <= 0:
+            raise OSError(errno.ENOSPC, "short write")
+        view, offset = view[n:], offset + n
