@@ -228,7 +228,7 @@ class BlockCache:
             block = self.files.get(oid, size, b)
             if block is None:
                 return list(range(lo, hi))
-            table = block.checksums(k0, k1).tolist()
+            table = block.checksums(k0, k1)
             nbytes = min(hi * self.chunk, size) - lo * self.chunk
             got = os.preadv(block.fd, [out[:nbytes]], self.header + k0 * self.chunk)
         except OSError:
@@ -311,7 +311,7 @@ class BlockCache:
             self._settled = True
         if fd is None:  # another process made it first: its file
             return self.files.get(oid, file.size, b, write=True)
-        block = blockfiles.Block(fd, True, time.monotonic(), np.zeros(self.block // self.chunk, np.uint64), True)
+        block = blockfiles.Block(fd, True, time.monotonic(), [0] * (self.block // self.chunk), True)
         self.files.keep((oid, b), block)
         return block
 
