@@ -23,7 +23,9 @@ which fetches and stores): its buffers may then hold partial bytes, overwritten 
 from __future__ import annotations
 
 import errno
+import mmap
 import os
+import threading
 import time
 from bisect import bisect_right
 
@@ -39,10 +41,32 @@ class Block:
     """One open block file: ``fd``, ``writable``, ``born`` (monotonic seconds), ``table`` (its
     chunks' checksums, a list of ints, 0: not cached), ``whole`` (its header is this object's block's)."""
 
-    __slots__ = ("fd", "writable", "born", "table", "whole")
+    __slots__ = ("fd", "writable", "born", "table", "whole", "_map")
 
     def __init__(self, fd: int, writable: bool, born: float, table: list, whole: bool):
         self.fd, self.writable, self.born, self.table, self.whole = fd, writable, born, table, whole
+        self._map = None
+
+    def fill(self, iov: list, at: int, total: int) -> bool:
+        """Fill the buffers ``iov`` (``total`` bytes) with the file's bytes from ``at``: copied out
+        of a read-only map of the file (as the local reader copies out of its map: about 2.5x a
+        ``preadv`` from the page cache here) while the file still holds them (its size asked each
+        time: a file cut short is never touched past its end), else by ``preadv``; False when
+        the file ends first."""
+        end = at + total
+        try:
+            if os.fstat(self.fd).st_size < end:
+                return False
+            if self._map is None or len(self._map) < end:
+                self._map = memoryview(mmap.mmap(self.fd, 0, prot=mmap.PROT_READ))
+        except (OSError, ValueError):
+            return os.preadv(self.fd, iov, at) == total
+        src = self._map
+        for buf in iov:
+            n = len(buf)
+            buf[:] = src[at:at + n]
+            at += n
+        return True
 
     def __del__(self):
         try:
@@ -123,6 +147,10 @@ def read_into(cache, oid: str, size: int, offset: int, views: list) -> bool:
     before ``size``) from the cache's block files, every chunk checked; False when any chunk is
     missing, short or does not match its checksum (see the module's docstring)."""
     chunk, per, xxh3 = cache.chunk, cache.block // cache.chunk, digest_function()
+    if len(views) == 1:  # one sample (the common read): one block and at least two chunks, or aligned
+        got = _read_one(cache, oid, size, offset, views[0], chunk, per, xxh3)
+        if got is not None:
+            return got
     starts, ends, at = [], [], offset
     for v in views:
         starts.append(at)
@@ -158,7 +186,7 @@ def read_into(cache, oid: str, size: int, offset: int, views: list) -> bool:
                 pos += len(mem)
             while k + 1 < len(views) and pos >= starts[k + 1]:
                 k += 1
-        if os.preadv(block.fd, iov, cache.header + (lo - b * per) * chunk) != stop - lo * chunk:
+        if not block.fill(iov, cache.header + (lo - b * per) * chunk, stop - lo * chunk):
             return False
         got = list(map(xxh3, mems, range(lo, hi)))
         if got != want and any((g or 1) != w for g, w in zip(got, want)):  # a digest of 0 is stored as 1
@@ -172,6 +200,60 @@ def read_into(cache, oid: str, size: int, offset: int, views: list) -> bool:
                 views[k][lo - starts[k]:hi - starts[k]] = mem[lo - a:hi - a]
             k += 1
     return True
+
+
+def _read_one(cache, oid, size, offset, view, chunk, per, xxh3) -> bool | None:
+    """:func:`read_into` of one buffer lying in one block, its chunks' layout worked out at once
+    (the edge chunks into a scratch each, the rest straight into ``view``); None for a buffer
+    across blocks or within one chunk (the general path)."""
+    end = offset + len(view)
+    c0, c1 = offset // chunk, -(-end // chunk)
+    b = c0 // per
+    a0, z1, tc = c0 * chunk, min(c1 * chunk, size), (c1 - 1) * chunk
+    head, tail = offset != a0, end != z1
+    if (c1 - 1) // per != b or (c1 - c0 < 2 and (head or tail)):
+        return None
+    block = cache.files.get(oid, size, b)
+    if block is None:
+        return False
+    want = block.checksums(c0 - b * per, c1 - b * per)
+    if 0 in want:
+        return False
+    lo, hi = a0 + chunk if head else offset, tc if tail else end
+    middle = view[lo - offset:hi - offset]
+    mems = [middle[i:i + chunk] for i in range(0, hi - lo, chunk)]
+    iov = [middle]
+    room = _scratch(2 * chunk)
+    if head:
+        first = room[:chunk]
+        iov.insert(0, first)
+        mems.insert(0, first)
+    if tail:
+        last = room[chunk:chunk + z1 - tc]
+        iov.append(last)
+        mems.append(last)
+    if not block.fill(iov, cache.header + (c0 - b * per) * chunk, z1 - a0):
+        return False
+    got = list(map(xxh3, mems, range(c0, c1)))
+    if got != want and any((g or 1) != w for g, w in zip(got, want)):  # a digest of 0 is stored as 1
+        return False
+    if head:
+        view[:a0 + chunk - offset] = first[offset - a0:]
+    if tail:
+        view[tc - offset:] = last[:end - tc]
+    return True
+
+
+_local = threading.local()
+
+
+def _scratch(nbytes: int) -> memoryview:
+    """This thread's scratch of at least ``nbytes`` (kept: a fresh 16 KiB buffer costs more than
+    the chunk's copy), for :func:`_read_one`'s edge chunks, whose bytes are copied out before it returns."""
+    got = getattr(_local, "room", None)
+    if got is None or len(got) < nbytes:
+        got = _local.room = memoryview(np.empty(nbytes, np.uint8)).cast("B")
+    return got
 
 
 def digest_function():
