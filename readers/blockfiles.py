@@ -1,21 +1,26 @@
 """The block cache's block files as one process holds them (readers/blockcache.py): each block
-file kept open for a few seconds with its checksum table in memory (no open, header read and
-close per read), and a cached range read straight into the caller's buffers.
+file kept open and mapped with its checksum table in memory (no open, header read and close per
+read), and a cached range copied straight into the caller's buffers.
 
-Open files. A block file read or written is kept open in :class:`Files` for :data:`FD_TTL_S`
-seconds (at most :data:`FD_MAX` at once, the oldest dropped first), then opened again by path, so
-a block evicted or removed by another process stops being read through this process's old
-descriptor within that time (what it read from the unlinked file meanwhile was still checked,
-chunk by chunk, against its checksums: the same bytes). A descriptor is closed when the last
-thread holding it lets go (:class:`Block`, never while a read uses it). The checksum table is kept
-in memory: a chunk's checksum is a function of the object's bytes at that position (the object id
-names the version), so a value once read never goes stale; a chunk whose entry is 0 (not yet
-cached) is looked up on disk again before it counts as missing.
+Open files. A block file read or written is kept open in :class:`Files` (at most :data:`FD_MAX` at
+once, the oldest dropped first); every :data:`FD_TTL_S` seconds its path is asked again (a stat)
+and a file no longer there, or another one there, opened again, so a block evicted or removed by
+another process stops being read through this process's old descriptor within that time (what
+it read from the unlinked file meanwhile was still checked, chunk by chunk, against its
+checksums: the same bytes). A descriptor (and its map) is closed when the last thread holding it
+lets go (:class:`Block`, never while a read uses it). The checksum table is kept in memory: a
+chunk's checksum is a function of the object's bytes at that position (the object id names the
+version), so a value once read never goes stale; a chunk whose entry is 0 (not yet cached) is
+looked up on disk again before it counts as missing.
 
-Reading into the caller's buffers (:func:`read_into`): the chunks a range covers are read by one
-``preadv`` per block, those lying whole inside one buffer straight into it, the edge chunks (a
-sample's first and last, as reads are widened to whole chunks) into a small scratch and copied;
-each chunk is hashed where it landed and checked against its checksum before the read counts.
+Reading into the caller's buffers (:func:`read_into`): the chunks a range covers are copied out of
+a read-only map of the block file (``preadv`` where it cannot be mapped), those lying whole inside
+one buffer straight into it, the edge chunks (a sample's first and last, as reads are widened to
+whole chunks) into a scratch and then their part; each chunk is hashed where it landed, after the
+copy, and checked against its checksum before the read counts, so the bytes served are the bytes
+checked (a chunk another process rewrites meanwhile reads as damaged, never torn). The file's
+size is asked before each copy, so a file cut short is never touched past its end (only a file
+cut short by hand during that copy could fault: the cache itself never shrinks a block file).
 Anything missing, short or damaged makes it answer False (the caller takes the general path,
 which fetches and stores): its buffers may then hold partial bytes, overwritten by that path.
 """
@@ -58,7 +63,8 @@ class Block:
             if os.fstat(self.fd).st_size < end:
                 return False
             if self._map is None or len(self._map) < end:
-                self._map = memoryview(mmap.mmap(self.fd, 0, prot=mmap.PROT_READ))
+                self._map = memoryview(mmap.mmap(self.fd, 0, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                                                 prot=mmap.PROT_READ))
         except (OSError, ValueError):
             return os.preadv(self.fd, iov, at) == total
         src = self._map
@@ -100,8 +106,17 @@ class Files:
         as asked (a read-only folder, for ``write``)."""
         key, now = (oid, b), time.monotonic()
         got = self._open.get(key)
-        if got is not None and now - got.born < FD_TTL_S and (got.writable or not write):
-            return got
+        if got is not None and (got.writable or not write):
+            if now - got.born < FD_TTL_S:
+                return got
+            path = self.cache._path(oid, b)
+            try:  # still the file at its path: kept (its map's pages stay mapped)
+                st, mine = os.stat(path), os.fstat(got.fd)
+                if (st.st_ino, st.st_dev) == (mine.st_ino, mine.st_dev):
+                    got.born = now
+                    return got
+            except OSError:
+                pass
         path = self.cache._path(oid, b)
         try:
             fd, writable = os.open(path, os.O_RDWR | os.O_CLOEXEC), True
