@@ -106,24 +106,38 @@ class BlockCache:
         every chunk checked (readers/blockfiles.py: straight into them, no fetch); False, the
         views' bytes undefined, when any chunk is not cached or does not match its checksum (then
         :meth:`read`). Raises ShardFormatError as :meth:`read` once the object was replaced."""
+        return self.read_many(file, [(offset, views)])[0]
+
+    def read_many(self, file, reads) -> list[bool]:
+        """:meth:`read_into` of each ``(offset, buffers)`` of ``reads`` (one object's ranges, a
+        batch's), the bookkeeping (use, revalidation, counts) done once: which were served."""
         if self._pid != os.getpid():
             self._reset()
-        want = sum(len(v) for v in views)
-        if not file.etag or self.limit <= 0 or want == 0 or offset + want > file.size:
-            return False
+        if not file.etag or self.limit <= 0:
+            return [False] * len(reads)
         oid = getattr(file, "cache_id", None)
         if oid is None:
             oid = file.cache_id = object_id(file)
-        try:
-            if not blockfiles.read_into(self, oid, file.size, offset, views):
-                return False
-        except OSError:
-            return False
-        self._touch(oid, file)
-        self._revalidate(oid, file)
-        with self._lock:
-            self.hits += want
-        return True
+        served, hits, size, read = [], 0, file.size, blockfiles.read_into
+        for offset, buffers in reads:
+            ok, at = True, offset
+            try:
+                for v in buffers:  # buffer by buffer (a merged read's samples): the one-buffer copy
+                    v = memoryview(v).cast("B")
+                    if not (0 < len(v) and at + len(v) <= size and read(self, oid, size, at, [v])):
+                        ok = False
+                        break
+                    at += len(v)
+            except OSError:
+                ok = False
+            served.append(ok)
+            hits += at - offset if ok else 0
+        if hits:
+            self._touch(oid, file)
+            self._revalidate(oid, file)
+            with self._lock:
+                self.hits += hits
+        return served
 
     def read(self, file, offset: int, length: int) -> memoryview:
         """Bytes ``offset .. offset + length`` of the object ``file`` (an objects.ObjectFile:

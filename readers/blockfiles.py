@@ -30,7 +30,6 @@ from __future__ import annotations
 import errno
 import mmap
 import os
-import threading
 import time
 from bisect import bisect_right
 
@@ -52,27 +51,19 @@ class Block:
         self.fd, self.writable, self.born, self.table, self.whole = fd, writable, born, table, whole
         self._map = None
 
-    def fill(self, iov: list, at: int, total: int) -> bool:
-        """Fill the buffers ``iov`` (``total`` bytes) with the file's bytes from ``at``: copied out
-        of a read-only map of the file (as the local reader copies out of its map: about 2.5x a
-        ``preadv`` from the page cache here) while the file still holds them (its size asked each
-        time: a file cut short is never touched past its end), else by ``preadv``; False when
-        the file ends first."""
-        end = at + total
+    def source(self, end: int) -> memoryview | None:
+        """A read-only map of the whole file (made once, populated), None when the file now ends
+        before byte ``end`` (its size is asked each time: a file cut short is never touched past
+        its end) or cannot be mapped."""
         try:
             if os.fstat(self.fd).st_size < end:
-                return False
+                return None
             if self._map is None or len(self._map) < end:
-                self._map = memoryview(mmap.mmap(self.fd, 0, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
-                                                 prot=mmap.PROT_READ))
+                flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+                self._map = memoryview(mmap.mmap(self.fd, 0, flags=flags, prot=mmap.PROT_READ))
         except (OSError, ValueError):
-            return os.preadv(self.fd, iov, at) == total
-        src = self._map
-        for buf in iov:
-            n = len(buf)
-            buf[:] = src[at:at + n]
-            at += n
-        return True
+            return None
+        return self._map
 
     def __del__(self):
         try:
@@ -160,19 +151,15 @@ class Files:
 def read_into(cache, oid: str, size: int, offset: int, views: list) -> bool:
     """Fill ``views`` (byte memoryviews, one range of the object from ``offset``, ending at or
     before ``size``) from the cache's block files, every chunk checked; False when any chunk is
-    missing, short or does not match its checksum (see the module's docstring)."""
+    missing, short, does not match its checksum, or its file cannot be mapped (see the module's
+    docstring)."""
     chunk, per, xxh3 = cache.chunk, cache.block // cache.chunk, digest_function()
-    if len(views) == 1:  # one sample (the common read): one block and at least two chunks, or aligned
-        got = _read_one(cache, oid, size, offset, views[0], chunk, per, xxh3)
-        if got is not None:
-            return got
-    starts, ends, at = [], [], offset
+    starts, ends, end = [], [], offset
     for v in views:
-        starts.append(at)
-        at += len(v)
-        ends.append(at)
-    c0, c1 = offset // chunk, -(-at // chunk)
-    scratch = []
+        starts.append(end)
+        end += len(v)
+        ends.append(end)
+    c0, c1 = offset // chunk, -(-end // chunk)
     for b in range(c0 // per, (c1 - 1) // per + 1):
         lo, hi = max(c0, b * per), min(c1, (b + 1) * per)
         block = cache.files.get(oid, size, b)
@@ -181,99 +168,50 @@ def read_into(cache, oid: str, size: int, offset: int, views: list) -> bool:
         want = block.checksums(lo - b * per, hi - b * per)
         if 0 in want:
             return False
-        # the block's chunks as runs read straight into a buffer (the chunks lying whole in it)
-        # and edge chunks read into a scratch each; ``mems``: every chunk where it lands
-        iov, mems, pos, stop = [], [], lo * chunk, min(hi * chunk, size)
-        k = bisect_right(starts, pos) - 1
-        while pos < stop:
-            if k >= 0 and starts[k] <= pos and min(pos + chunk, stop) <= ends[k]:
-                lim = min(ends[k], stop)
-                run = stop if lim == stop else pos + (lim - pos) // chunk * chunk
-                direct = views[k][pos - starts[k]:run - starts[k]]
-                iov.append(direct)
-                mems += [direct[i:i + chunk] for i in range(0, run - pos, chunk)]
-                pos = run
-            else:
-                mem = memoryview(bytearray(min(pos + chunk, stop) - pos))
-                iov.append(mem)
-                mems.append(mem)
-                scratch.append((mem, pos))
-                pos += len(mem)
-            while k + 1 < len(views) and pos >= starts[k + 1]:
-                k += 1
-        if not block.fill(iov, cache.header + (lo - b * per) * chunk, stop - lo * chunk):
+        base, stop = cache.header - b * cache.block, min(hi * chunk, size)  # file byte = base + object byte
+        src = block.source(base + stop)
+        if src is None:
             return False
+        a, z = max(offset, lo * chunk), min(end, stop)
+        if len(views) == 1:  # one buffer (one sample): one copy; its edge chunks hashed in the map
+            view = views[0]
+            view[a - offset:z - offset] = src[base + a:base + z]
+            x, y = -(-a // chunk) * chunk, z if z == stop else z // chunk * chunk  # the chunks inside the view
+            mems = [view[i - offset:i - offset + chunk] for i in range(x, y, chunk)]
+            if x > lo * chunk:
+                mems.insert(0, src[base + lo * chunk:base + x])
+            if y < stop:
+                mems.append(src[base + y:base + stop])
+        else:
+            k = bisect_right(starts, a) - 1
+            while k < len(views) and starts[k] < z:
+                x, y = max(a, starts[k]), min(z, ends[k])
+                views[k][x - starts[k]:y - starts[k]] = src[base + x:base + y]
+                k += 1
+            k, mems = bisect_right(starts, a) - 1, []
+            for c in range(lo, hi):  # each chunk where it landed, the edge ones (partly outside) in the map
+                x, y = c * chunk, min(c * chunk + chunk, size)
+                while k + 1 < len(views) and x >= starts[k + 1]:
+                    k += 1
+                if starts[k] <= x and y <= ends[k]:
+                    mems.append(views[k][x - starts[k]:y - starts[k]])
+                else:
+                    mems.append(src[base + x:base + y])
         got = list(map(xxh3, mems, range(lo, hi)))
         if got != want and any((g or 1) != w for g, w in zip(got, want)):  # a digest of 0 is stored as 1
             return False
-    for mem, a in scratch:  # the edge chunks' bytes that are the range's
-        z = a + len(mem)
-        k = max(bisect_right(starts, a) - 1, 0)
-        while k < len(views) and starts[k] < z:
-            lo, hi = max(a, starts[k]), min(z, ends[k])
-            if hi > lo:
-                views[k][lo - starts[k]:hi - starts[k]] = mem[lo - a:hi - a]
-            k += 1
     return True
-
-
-def _read_one(cache, oid, size, offset, view, chunk, per, xxh3) -> bool | None:
-    """:func:`read_into` of one buffer lying in one block, its chunks' layout worked out at once
-    (the edge chunks into a scratch each, the rest straight into ``view``); None for a buffer
-    across blocks or within one chunk (the general path)."""
-    end = offset + len(view)
-    c0, c1 = offset // chunk, -(-end // chunk)
-    b = c0 // per
-    a0, z1, tc = c0 * chunk, min(c1 * chunk, size), (c1 - 1) * chunk
-    head, tail = offset != a0, end != z1
-    if (c1 - 1) // per != b or (c1 - c0 < 2 and (head or tail)):
-        return None
-    block = cache.files.get(oid, size, b)
-    if block is None:
-        return False
-    want = block.checksums(c0 - b * per, c1 - b * per)
-    if 0 in want:
-        return False
-    lo, hi = a0 + chunk if head else offset, tc if tail else end
-    middle = view[lo - offset:hi - offset]
-    mems = [middle[i:i + chunk] for i in range(0, hi - lo, chunk)]
-    iov = [middle]
-    room = _scratch(2 * chunk)
-    if head:
-        first = room[:chunk]
-        iov.insert(0, first)
-        mems.insert(0, first)
-    if tail:
-        last = room[chunk:chunk + z1 - tc]
-        iov.append(last)
-        mems.append(last)
-    if not block.fill(iov, cache.header + (c0 - b * per) * chunk, z1 - a0):
-        return False
-    got = list(map(xxh3, mems, range(c0, c1)))
-    if got != want and any((g or 1) != w for g, w in zip(got, want)):  # a digest of 0 is stored as 1
-        return False
-    if head:
-        view[:a0 + chunk - offset] = first[offset - a0:]
-    if tail:
-        view[tc - offset:] = last[:end - tc]
-    return True
-
-
-_local = threading.local()
-
-
-def _scratch(nbytes: int) -> memoryview:
-    """This thread's scratch of at least ``nbytes`` (kept: a fresh 16 KiB buffer costs more than
-    the chunk's copy), for :func:`_read_one`'s edge chunks, whose bytes are copied out before it returns."""
-    got = getattr(_local, "room", None)
-    if got is None or len(got) < nbytes:
-        got = _local.room = memoryview(np.empty(nbytes, np.uint8)).cast("B")
-    return got
 
 
 def digest_function():
-    import xxhash
-    return xxhash.xxh3_64_intdigest
+    global _xxh3
+    if _xxh3 is None:
+        import xxhash
+        _xxh3 = xxhash.xxh3_64_intdigest
+    return _xxh3
+
+
+_xxh3 = None
 
 
 def digest(data, position: int) -> int:

@@ -231,20 +231,25 @@ def submit(jobs: list, then=None, each=None) -> Pending:
 
 def _read_cached(merged) -> tuple[list, list]:
     """The merged reads a file serves from a local cache at once (an object's block cache,
-    readers/objects.py ``read_cached``: a preadv and the chunks' checks, cheaper here than a
-    pool thread's hand-off), in this thread; ``(the reads left for the pool, [a failed future]
-    or [])``: what the cache raises (an object replaced) is raised by :meth:`Pending.wait`."""
+    readers/objects.py ``read_cached``: a copy and the chunks' checks, cheaper here than a pool
+    thread's hand-off), in this thread, each run of one file's reads in one call; ``(the reads
+    left for the pool, [a failed future] or [])``: what the cache raises (an object replaced)
+    is raised by :meth:`Pending.wait`."""
     from concurrent.futures import Future
-    left = []
-    for k, m in enumerate(merged):
-        fast = getattr(m[0], "read_cached", None)
+    left, a = [], 0
+    while a < len(merged):
+        z = a + 1
+        while z < len(merged) and merged[z][0] is merged[a][0]:
+            z += 1
+        fast = getattr(merged[a][0], "read_cached", None)
         try:
-            if fast is None or not fast(m[1], m[2]):
-                left.append(m)
+            served = fast([(m[1], m[2]) for m in merged[a:z]]) if fast is not None else [False] * (z - a)
         except Exception as err:  # noqa: BLE001 - raised in the caller by Pending.wait, as a pool read's
             failed = Future()
             failed.set_exception(err)
-            return left + merged[k + 1:], [failed]
+            return left + merged[a:], [failed]
+        left += [m for m, ok in zip(merged[a:z], served) if not ok]
+        a = z
     return left, []
 
 

@@ -268,12 +268,12 @@ class ObjectFile:
         except (BaseError, OSError) as err:
             raise OSError(errno.EIO, one_line(err), self.path) from None
 
-    def read_cached(self, offset: int, buffers) -> bool:
-        """Fill ``buffers`` from byte ``offset`` on from the node's block cache alone (no GET, so
-        diskio.submit calls it in the caller's thread before handing reads to the pool): False
-        when the dataset has no cache or any chunk of the range is not cached (then :meth:`read`)."""
+    def read_cached(self, reads) -> list[bool]:
+        """Fill each ``(offset, buffers)`` of ``reads`` from the node's block cache alone (no GET,
+        so diskio.submit calls it in the caller's thread before handing reads to the pool):
+        which were served (none without a cache; the others then go to :meth:`read`)."""
         cache = getattr(self.objects, "cache", None)
-        return cache is not None and cache.read_into(self, offset, [memoryview(b).cast("B") for b in buffers])
+        return [False] * len(reads) if cache is None else cache.read_many(self, reads)
 
     def read(self, offset: int, buffers, sample) -> None:
         """Fill ``buffers`` from byte ``offset`` on, as diskio.DataFile.read (``sample``: an
@@ -285,7 +285,7 @@ class ObjectFile:
         want = sum(len(v) for v in views)
         marks = sample if isinstance(sample, list) else [(0, sample)]
         cache = getattr(self.objects, "cache", None)
-        if cache is not None and cache.read_into(self, offset, views):
+        if cache is not None and cache.read_many(self, [(offset, views)])[0]:
             return
         try:
             got = cache.read(self, offset, want) if cache is not None else self.pread(offset, want)
