@@ -243,6 +243,8 @@ class BlockCache:
             if block is None:
                 return list(range(lo, hi))
             table = block.checksums(k0, k1)
+            if not any(table):  # none of them cached (a cold read): nothing to read
+                return list(range(lo, hi))
             nbytes = min(hi * self.chunk, size) - lo * self.chunk
             got = os.preadv(block.fd, [out[:nbytes]], self.header + k0 * self.chunk)
         except OSError:
@@ -275,8 +277,8 @@ class BlockCache:
                 if block is None:
                     continue
                 k0 = lo - b * per
-                sums = [blockfiles.digest(piece[(j - lo) * self.chunk:(j - lo + 1) * self.chunk], j)
-                        for j in range(lo, hi)]
+                xxh3, c = blockfiles.digest_function(), self.chunk
+                sums = [d or 1 for d in map(xxh3, [piece[i:i + c] for i in range(0, nbytes, c)], range(lo, hi))]
                 blockfiles.write_all(block.fd, piece, self.header + k0 * self.chunk)
                 blockfiles.write_all(block.fd, np.array(sums, "<u8").tobytes(), TABLE + 8 * k0)
                 block.table[k0:k0 + len(sums)] = sums

@@ -214,12 +214,6 @@ def digest_function():
 _xxh3 = None
 
 
-def digest(data, position: int) -> int:
-    """xxh3_64 of a chunk seeded with its position in the object, never 0 (0: not cached)."""
-    import xxhash
-    return xxhash.xxh3_64_intdigest(data, seed=position) or 1
-
-
 def header(size: int, b: int, block: int, chunk: int) -> bytes:
     return (MAGIC + size.to_bytes(8, "little") + b.to_bytes(8, "little") + block.to_bytes(8, "little")
             + chunk.to_bytes(8, "little")).ljust(TABLE, b"\0")
