@@ -88,7 +88,7 @@ class BlockCache:
         self._lock, self._pid = threading.Lock(), os.getpid()
         self._off, self._written, self._threshold, self._touched, self._checked = None, 0, None, {}, {}
         self._flights: dict[tuple[str, int], _Flight] = {}  # chunks being fetched by this process's threads
-        self.files, self._dirs, self._settled = blockfiles.Files(self), set(), False  # open block files
+        self.files, self._settled = blockfiles.Files(self), False  # open block files
         self.fetched = self.hits = 0
 
     def __getstate__(self):
@@ -301,34 +301,11 @@ class BlockCache:
             self._threshold = cachespace.read_state(self.root).get("threshold", 0.0)
         if cachespace.rank(oid, b) < self._threshold:
             return None
-        path = self._path(oid, b)
-        folder = os.path.dirname(path)
-        if folder not in self._dirs:
-            os.makedirs(folder, exist_ok=True)
-            self._dirs.add(folder)
-        tmp = f"{folder}/.{b}.blk.{os.getpid()}.{threading.get_ident()}.tmp"
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        try:
-            blockfiles.write_all(fd, blockfiles.header(file.size, b, self.block, self.chunk), 0)
-            os.ftruncate(fd, self.header + min(self.block, file.size - b * self.block))
-            try:
-                os.link(tmp, path)  # never over a block another process made meanwhile
-            except FileExistsError:
-                os.close(fd)
-                fd = None
-        except BaseException:
-            os.close(fd)
-            raise
-        finally:
-            os.unlink(tmp)
+        block = self.files.make(oid, file.size, b)
         if not self._settled:
             if not (self.root / SETTINGS).exists():
                 cachespace.write_json(self.root / SETTINGS, {"block_bytes": self.block, "chunk_bytes": self.chunk})
             self._settled = True
-        if fd is None:  # another process made it first: its file
-            return self.files.get(oid, file.size, b, write=True)
-        block = blockfiles.Block(fd, True, time.monotonic(), [0] * (self.block // self.chunk), True)
-        self.files.keep((oid, b), block)
         return block
 
     def _revalidate(self, oid, file) -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import threading
 import time
 from bisect import bisect_right
 
@@ -87,6 +88,7 @@ class Files:
     def __init__(self, cache):
         self.cache = cache
         self._open: dict[tuple[str, int], Block] = {}
+        self._dirs: set[str] = set()  # block folders this process made or found
 
     def clear(self) -> None:
         self._open = {}
@@ -138,6 +140,41 @@ class Files:
         whole = len(head) == TABLE + 8 * per and head[:40] == header(size, b, c.block, c.chunk)[:40]
         table = np.frombuffer(head, "<u8", offset=TABLE).tolist() if whole else [0] * per
         return Block(fd, writable, now, table, whole)
+
+    def make(self, oid: str, size: int, b: int) -> Block | None:
+        """Block ``b``'s file made (its header under a temporary name, then linked into place: a
+        second process making the same block keeps the first's) and open for writing; the
+        file another process linked first, open, when it won."""
+        c = self.cache
+        path = c._path(oid, b)
+        folder = os.path.dirname(path)
+        if folder not in self._dirs:
+            os.makedirs(folder, exist_ok=True)
+            self._dirs.add(folder)
+        tmp = f"{folder}/.{b}.blk.{os.getpid()}.{threading.get_ident()}.tmp"
+        try:
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        except FileNotFoundError:  # the folder was removed since (the cache cleared): made again
+            os.makedirs(folder, exist_ok=True)
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            write_all(fd, header(size, b, c.block, c.chunk), 0)
+            os.ftruncate(fd, c.header + min(c.block, size - b * c.block))
+            try:
+                os.link(tmp, path)  # never over a block another process made meanwhile
+            except FileExistsError:
+                os.close(fd)
+                fd = None
+        except BaseException:
+            os.close(fd)
+            raise
+        finally:
+            os.unlink(tmp)
+        if fd is None:  # another process made it first: its file
+            return self.get(oid, size, b, write=True)
+        block = Block(fd, True, time.monotonic(), [0] * (c.block // c.chunk), True)
+        self.keep((oid, b), block)
+        return block
 
     def keep(self, key, block: Block) -> None:
         self._open[key] = block
