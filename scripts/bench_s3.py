@@ -231,12 +231,14 @@ def main() -> None:
     ap.add_argument("--cache", action="store_true", help="instead: no cache / cold / warm cache / local epochs")
     ap.add_argument("--mode", choices=["main", "processes"], default="main", help="--cache's make_loader mode")
     ap.add_argument("--blocks", action="store_true", help="instead: the block cache's block size (no server)")
+    ap.add_argument("--warm-reads", action="store_true", help="instead: the block cache's warm read path vs np.take "
+                                                              "from a local copy, thread CPU (no server)")
     args = ap.parse_args()
     import obstore
-    if args.blocks:
+    if args.blocks or args.warm_reads:
         import bench_s3_cache
         with tempfile.TemporaryDirectory(prefix="bench-s3-blocks-") as tmp:
-            return bench_s3_cache.block_sizes(args, Path(tmp))
+            return (bench_s3_cache.warm_reads if args.warm_reads else bench_s3_cache.block_sizes)(args, Path(tmp))
     if args.first or args.inflight or args.cache:
         import bench_s3_cache
         args.threads = args.inflight_threads
