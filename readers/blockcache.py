@@ -20,6 +20,9 @@ position). So a chunk half written (a crash, a full disk, two processes at once,
 after power loss) reads as absent and is fetched again; two processes fetching one chunk at
 once cost at most one wasted GET and write the same bytes; no fsync is needed for correctness.
 A damaged chunk (its bytes changed on disk) is fetched again and rewritten.
+A process keeps the block files it uses open and mapped, their checksum tables in memory, and
+serves a batch's cached samples by one copy each straight into the batch, each chunk checked
+(readers/blockfiles.py; diskio.submit asks it in the loader's thread before any pool hand-off).
 
 Eviction that never thrashes. Usage is counted by scanning the cache (allocated bytes) under an
 flock once the node's processes have written :data:`SCAN_SHARE` of ``cache_limit`` since the

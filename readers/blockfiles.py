@@ -14,7 +14,8 @@ version), so a value once read never goes stale; a chunk whose entry is 0 (not y
 looked up on disk again before it counts as missing.
 
 Reading into the caller's buffers (:func:`read_into`): the chunks a range covers are copied out of
-a read-only map of the block file (``preadv`` where it cannot be mapped), those lying whole inside
+a read-only map of the block file (where it cannot be mapped: False, and the caller's
+``preadv`` path), those lying whole inside
 one buffer straight into it, the edge chunks (a sample's first and last, as reads are widened to
 whole chunks) into a scratch and then their part; each chunk is hashed where it landed, after the
 copy, and checked against its checksum before the read counts, so the bytes served are the bytes
