@@ -13,15 +13,16 @@ chunk's checksum is a function of the object's bytes at that position (the objec
 version), so a value once read never goes stale; a chunk whose entry is 0 (not yet cached) is
 looked up on disk again before it counts as missing.
 
-Reading into the caller's buffers (:func:`read_into`): the chunks a range covers are copied out of
-a read-only map of the block file (where it cannot be mapped: False, and the caller's
-``preadv`` path), those lying whole inside
-one buffer straight into it, the edge chunks (a sample's first and last, as reads are widened to
-whole chunks) into a scratch and then their part; each chunk is hashed where it landed, after the
-copy, and checked against its checksum before the read counts, so the bytes served are the bytes
-checked (a chunk another process rewrites meanwhile reads as damaged, never torn). The file's
-size is asked before each copy, so a file cut short is never touched past its end (only a file
-cut short by hand during that copy could fault: the cache itself never shrinks a block file).
+Reading into the caller's buffers (:func:`read_into`): the bytes of a range are copied out of a
+read-only map of the block file straight into each buffer (one copy per buffer and block), then
+each chunk is hashed and checked against its checksum before the read counts: a chunk lying whole
+inside a buffer where it landed (the bytes served are the bytes checked), the edge chunks (a
+sample's first and last, partly outside it, as reads are widened to whole chunks) in the map. The
+cache's own processes never change a checked chunk's bytes (a chunk is rewritten only with the
+same bytes), so a chunk another process writes meanwhile reads as damaged or whole, never torn.
+The file's size is asked before each copy, so a file cut short is never touched past its end
+(only a file cut short by hand during that very copy could fault: the cache itself never shrinks
+a block file); a file that cannot be mapped answers False (the caller's ``preadv`` path).
 Anything missing, short or damaged makes it answer False (the caller takes the general path,
 which fetches and stores): its buffers may then hold partial bytes, overwritten by that path.
 """
