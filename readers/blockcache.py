@@ -20,6 +20,9 @@ position). So a chunk half written (a crash, a full disk, two processes at once,
 after power loss) reads as absent and is fetched again; two processes fetching one chunk at
 once cost at most one wasted GET and write the same bytes; no fsync is needed for correctness.
 A damaged chunk (its bytes changed on disk) is fetched again and rewritten.
+A process keeps the block files it uses open and mapped, their checksum tables in memory, and
+serves a batch's cached samples by one copy each straight into the batch, each chunk checked
+(readers/blockfiles.py; diskio.submit asks it in the loader's thread before any pool hand-off).
 
 Eviction that never thrashes. Usage is counted by scanning the cache (allocated bytes) under an
 flock once the node's processes have written :data:`SCAN_SHARE` of ``cache_limit`` since the
@@ -49,13 +52,12 @@ from pathlib import Path
 
 import numpy as np
 
-from . import cachespace
+from . import blockfiles, cachespace
+from .blockfiles import TABLE
 
 BLOCK = 4 << 20  # a block file's span of the object (see docs/cache.md for the measurement)
 CHUNK = 16 << 10  # the unit fetched and checksummed: a read is widened to whole chunks
 HEADER = 4096  # magic + geometry + one 8-byte checksum per chunk (256 of them), in whole 4 KiB pages
-TABLE = 64  # where the checksums start in the header
-MAGIC = b"SPBLK1\0\0"
 TOUCH_S = 600  # a process marks the objects it reads as used every this many seconds
 SETTINGS = "cache.json"  # a cache folder's own {"block_bytes", "chunk_bytes", "revalidate_s"}
 REVALIDATE_S = 60.0  # a reader served from the cache asks the store for the ETag this often
@@ -89,6 +91,7 @@ class BlockCache:
         self._lock, self._pid = threading.Lock(), os.getpid()
         self._off, self._written, self._threshold, self._touched, self._checked = None, 0, None, {}, {}
         self._flights: dict[tuple[str, int], _Flight] = {}  # chunks being fetched by this process's threads
+        self.files, self._settled = blockfiles.Files(self), False  # open block files
         self.fetched = self.hits = 0
 
     def __getstate__(self):
@@ -101,6 +104,44 @@ class BlockCache:
         self._reset()
 
     # -- reading ---------------------------------------------------------------------------
+    def read_into(self, file, offset: int, views) -> bool:
+        """Fill ``views`` (byte memoryviews of one range from ``offset``) from the cache alone,
+        every chunk checked (readers/blockfiles.py: straight into them, no fetch); False, the
+        views' bytes undefined, when any chunk is not cached or does not match its checksum (then
+        :meth:`read`). Raises ShardFormatError as :meth:`read` once the object was replaced."""
+        return self.read_many(file, [(offset, views)])[0]
+
+    def read_many(self, file, reads) -> list[bool]:
+        """:meth:`read_into` of each ``(offset, buffers)`` of ``reads`` (one object's ranges, a
+        batch's), the bookkeeping (use, revalidation, counts) done once: which were served."""
+        if self._pid != os.getpid():
+            self._reset()
+        if not file.etag or self.limit <= 0:
+            return [False] * len(reads)
+        oid = getattr(file, "cache_id", None)
+        if oid is None:
+            oid = file.cache_id = object_id(file)
+        served, hits, size, read = [], 0, file.size, blockfiles.read_into
+        for offset, buffers in reads:
+            ok, at = True, offset
+            try:
+                for v in buffers:  # buffer by buffer (a merged read's samples): the one-buffer copy
+                    v = memoryview(v).cast("B")
+                    if not (0 < len(v) and at + len(v) <= size and read(self, oid, size, at, [v])):
+                        ok = False
+                        break
+                    at += len(v)
+            except OSError:
+                ok = False
+            served.append(ok)
+            hits += at - offset if ok else 0
+        if hits:
+            self._touch(oid, file)
+            self._revalidate(oid, file)
+            with self._lock:
+                self.hits += hits
+        return served
+
     def read(self, file, offset: int, length: int) -> memoryview:
         """Bytes ``offset .. offset + length`` of the object ``file`` (an objects.ObjectFile:
         ``path``, ``size``, ``etag``, ``pread``), fewer where the object ends: the cached chunks
@@ -199,24 +240,20 @@ class BlockCache:
         """Fill ``out`` (from chunk ``lo`` on) with block ``b``'s cached chunks ``lo .. hi - 1``
         that match their checksums; the chunks missing or damaged, as global chunk numbers."""
         per = self.block // self.chunk
+        k0, k1 = lo - b * per, hi - b * per
         try:
-            fd = os.open(self._path(oid, b), os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            return list(range(lo, hi))
-        try:
-            k0, k1 = lo - b * per, hi - b * per
-            head = os.pread(fd, TABLE + 8 * k1, 0)
-            if len(head) < TABLE + 8 * k1 or head[:40] != _header(size, b, self.block, self.chunk)[:40]:
+            block = self.files.get(oid, size, b)
+            if block is None:
+                return list(range(lo, hi))
+            table = block.checksums(k0, k1)
+            if not any(table):  # none of them cached (a cold read): nothing to read
                 return list(range(lo, hi))
             nbytes = min(hi * self.chunk, size) - lo * self.chunk
-            got = os.preadv(fd, [out[:nbytes]], self.header + k0 * self.chunk)
+            got = os.preadv(block.fd, [out[:nbytes]], self.header + k0 * self.chunk)
         except OSError:
             return list(range(lo, hi))
-        finally:
-            os.close(fd)
         chunk, c = self.chunk, b * per + k0
-        table = np.frombuffer(head, "<u8", offset=TABLE)[k0:k1].tolist()
-        digest = _xxh3()
+        digest = blockfiles.digest_function()
         # the chunks read whole (all of them, but after a short read), each hashed where it lies
         # (the object's last chunk may be shorter): checked against the checksum stored with it
         whole = out[:min(got, nbytes)]
@@ -239,16 +276,15 @@ class BlockCache:
                 nbytes = min(hi * self.chunk, file.size) - lo * self.chunk
                 piece = data[at:at + nbytes]
                 at += nbytes
-                fd = self._open_block(oid, file, b)
-                if fd is None:
+                block = self._open_block(oid, file, b)
+                if block is None:
                     continue
-                try:
-                    _write_all(fd, piece, self.header + (lo - b * per) * self.chunk)
-                    table = b"".join(_digest(piece[(j - lo) * self.chunk:(j - lo + 1) * self.chunk], j)
-                                     .to_bytes(8, "little") for j in range(lo, hi))
-                    _write_all(fd, table, TABLE + 8 * (lo - b * per))
-                finally:
-                    os.close(fd)
+                k0 = lo - b * per
+                xxh3, c = blockfiles.digest_function(), self.chunk
+                sums = [d or 1 for d in map(xxh3, [piece[i:i + c] for i in range(0, nbytes, c)], range(lo, hi))]
+                blockfiles.write_all(block.fd, piece, self.header + k0 * self.chunk)
+                blockfiles.write_all(block.fd, np.array(sums, "<u8").tobytes(), TABLE + 8 * k0)
+                block.table[k0:k0 + len(sums)] = sums
                 with self._lock:
                     self.fetched += nbytes
                     self._written += nbytes
@@ -258,37 +294,22 @@ class BlockCache:
         if self._written >= max(self.limit * cachespace.SCAN_SHARE, 1):
             self._account()
 
-    def _open_block(self, oid, file, b) -> int | None:
+    def _open_block(self, oid, file, b) -> blockfiles.Block | None:
         """Block ``b``'s file open for writing, made (header under a temporary name, then linked
         into place) if it is missing and admitted; None when not admitted."""
-        path = Path(self._path(oid, b))
-        try:
-            return os.open(path, os.O_RDWR | os.O_CLOEXEC)
-        except FileNotFoundError:
-            pass
+        block = self.files.get(oid, file.size, b, write=True)
+        if block is not None:
+            return block
         if self._threshold is None:
             self._threshold = cachespace.read_state(self.root).get("threshold", 0.0)
         if cachespace.rank(oid, b) < self._threshold:
             return None
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        try:
-            _write_all(fd, _header(file.size, b, self.block, self.chunk), 0)
-            os.ftruncate(fd, self.header + min(self.block, file.size - b * self.block))
-            try:
-                os.link(tmp, path)  # never over a block another process made meanwhile
-            except FileExistsError:
-                os.close(fd)
-                fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-        except BaseException:
-            os.close(fd)
-            raise
-        finally:
-            tmp.unlink(missing_ok=True)
-        if not (self.root / SETTINGS).exists():
-            cachespace.write_json(self.root / SETTINGS, {"block_bytes": self.block, "chunk_bytes": self.chunk})
-        return fd
+        block = self.files.make(oid, file.size, b)
+        if not self._settled:
+            if not (self.root / SETTINGS).exists():
+                cachespace.write_json(self.root / SETTINGS, {"block_bytes": self.block, "chunk_bytes": self.chunk})
+            self._settled = True
+        return block
 
     def _revalidate(self, oid, file) -> None:
         """A read served whole from the cache asks the store (HEAD) whether the object is still the
@@ -344,6 +365,7 @@ class BlockCache:
             self._threshold = cachespace.account(self.root, self.blocks, self.limit, written)
         except OSError as err:
             self._turn_off(err)
+        self.files.clear()  # blocks this scan evicted are no longer read through their old descriptors
 
     def usage(self) -> int:
         """Bytes the cache's blocks take on disk now (a scan of their allocated bytes)."""
@@ -352,22 +374,6 @@ class BlockCache:
 def object_id(file) -> str:
     """The cache's key of an object: a hash of its URL, ETag and size (24 hex digits)."""
     return hashlib.sha256(f"{file.path}\0{file.etag}\0{file.size}".encode()).hexdigest()[:24]
-
-
-def _xxh3():
-    import xxhash
-    return xxhash.xxh3_64_intdigest
-
-
-def _digest(data, position: int) -> int:
-    """xxh3_64 of a chunk seeded with its position in the object, never 0 (0: not cached)."""
-    import xxhash
-    return xxhash.xxh3_64_intdigest(data, seed=position) or 1
-
-
-def _header(size: int, b: int, block: int, chunk: int) -> bytes:
-    return (MAGIC + size.to_bytes(8, "little") + b.to_bytes(8, "little") + block.to_bytes(8, "little")
-            + chunk.to_bytes(8, "little")).ljust(TABLE, b"\0")
 
 
 def _runs(chunks: list[int]):
@@ -379,15 +385,6 @@ def _runs(chunks: list[int]):
         else:
             out.append([c, c + 1])
     return [tuple(r) for r in out]
-
-
-def _write_all(fd: int, data, offset: int) -> None:
-    view = memoryview(data).cast("B")
-    while len(view):
-        n = os.pwrite(fd, view, offset)
-        if n <= 0:
-            raise OSError(errno.ENOSPC, "short write")
-        view, offset = view[n:], offset + n
 
 
 def _read_settings(root: Path) -> dict:

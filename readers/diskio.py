@@ -220,15 +220,42 @@ def submit(jobs: list, then=None, each=None) -> Pending:
                 last[5].append(j)
                 continue
         merged.append([file, offset, list(buffers), [(0, sample)], n, [j]])
+    failed = []
+    if each is None and merged and getattr(merged[0][0], "read_cached", None) is not None:
+        merged, failed = _read_cached(merged)
     if not merged:
-        return Pending([], then)
+        return Pending(failed, then)
     threads = getattr(merged[0][0], "threads", None) or THREADS  # an object's own (readers/objects.py)
     parts = min(threads, len(merged))
     step = -(-len(merged) // parts)
     ex = pool(threads)
     futures = [ex.submit(_run, [(*m[:4], m[5]) for m in merged[a:a + step]], each)
                for a in range(0, len(merged), step)]
-    return Pending(futures, then)
+    return Pending(failed + futures, then)
+
+
+def _read_cached(merged) -> tuple[list, list]:
+    """The merged reads a file serves from a local cache at once (an object's block cache,
+    readers/objects.py ``read_cached``: a copy and the chunks' checks, cheaper here than a pool
+    thread's hand-off), in this thread, each run of one file's reads in one call; ``(the reads
+    left for the pool, [a failed future] or [])``: what the cache raises (an object replaced)
+    is raised by :meth:`Pending.wait`."""
+    from concurrent.futures import Future
+    left, a = [], 0
+    while a < len(merged):
+        z = a + 1
+        while z < len(merged) and merged[z][0] is merged[a][0]:
+            z += 1
+        fast = getattr(merged[a][0], "read_cached", None)
+        try:
+            served = fast([(m[1], m[2]) for m in merged[a:z]]) if fast is not None else [False] * (z - a)
+        except Exception as err:  # noqa: BLE001 - raised in the caller by Pending.wait, as a pool read's
+            failed = Future()
+            failed.set_exception(err)
+            return left + merged[a:], [failed]
+        left += [m for m, ok in zip(merged[a:z], served) if not ok]
+        a = z
+    return left, []
 
 
 RESIDENT = 0.99  # share of a map's pages in the page cache above which it counts as in RAM

@@ -329,6 +329,13 @@ class ObjectFile:
             return memoryview(head)[offset:max(offset, end)]
         return self.pread(offset, length)
 
+    def read_cached(self, reads) -> list[bool]:
+        """Fill each ``(offset, buffers)`` of ``reads`` from the node's block cache alone (no GET,
+        so diskio.submit calls it in the caller's thread before handing reads to the pool):
+        which were served (none without a cache; the others then go to :meth:`read`)."""
+        cache = getattr(self.objects, "cache", None)
+        return [False] * len(reads) if cache is None else cache.read_many(self, reads)
+
     def read(self, offset: int, buffers, sample) -> None:
         """Fill ``buffers`` from byte ``offset`` on, as diskio.DataFile.read (``sample``: an
         index, or ``[(byte, sample), ...]`` for a merged read). Raises OSError naming the URL
@@ -339,6 +346,8 @@ class ObjectFile:
         want = sum(len(v) for v in views)
         marks = sample if isinstance(sample, list) else [(0, sample)]
         cache = getattr(self.objects, "cache", None)
+        if cache is not None and cache.read_many(self, [(offset, views)])[0]:
+            return
         try:
             got = cache.read(self, offset, want) if cache is not None else self.pread(offset, want)
         except OSError as err:

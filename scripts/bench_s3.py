@@ -243,12 +243,14 @@ def main() -> None:
     ap.add_argument("--stock", action="store_true",
                     help="instead: the stock DataLoader(num_workers=2, shuffle=True) uncached against the client "
                          "on an epoch's ranges from --threads threads (scripts/bench_s3_first.py)")
+    ap.add_argument("--warm-reads", action="store_true", help="instead: the block cache's warm read path vs np.take "
+                                                              "from a local copy, thread CPU (no server)")
     args = ap.parse_args()
     import obstore
-    if args.blocks:
+    if args.blocks or args.warm_reads:
         import bench_s3_cache
         with tempfile.TemporaryDirectory(prefix="bench-s3-blocks-") as tmp:
-            return bench_s3_cache.block_sizes(args, Path(tmp))
+            return (bench_s3_cache.warm_reads if args.warm_reads else bench_s3_cache.block_sizes)(args, Path(tmp))
     if args.first or args.inflight or args.cache:
         import bench_s3_cache
         args.threads = args.inflight_threads

@@ -9,6 +9,9 @@ make_loader(mode="main"), the requests counted by tests/s3proxy.py where it stan
   uncached, through the proxy adding ``--latency-ms`` to every request (a store farther away).
 - ``--cache``: one epoch with no cache, a cold cache (a fresh folder each round), a warm cache,
   and the local copy; bytes fetched per epoch from the cache's counters.
+- ``--warm-reads`` (no server): a batch of 64 random cached samples read by the block cache
+  (``read_many``, as the loader's thread does) vs ``np.take`` out of a local copy's map, thread
+  CPU per sample: the warm read path alone, without the loader around it.
 
 Rounds interleave the contenders (A B C, then C B A), medians of ``--rounds``, ``os.getloadavg()``
 beside every number, ratios within one run.
@@ -204,6 +207,45 @@ class _InMemory:
 
     def pread(self, offset: int, length: int) -> memoryview:
         return memoryview(self.data)[offset:offset + length]
+
+
+def warm_reads(args, tmp: Path) -> None:
+    """Thread CPU per sample of a batch of 64 random cached 196 KB samples: BlockCache.read_many
+    into the batch vs np.take from a local copy's map (the loader's local path), alternating."""
+    import numpy as np
+
+    from shardpack.readers.blockcache import BlockCache
+    data = np.random.default_rng(0).integers(0, 256, args.mb << 20, np.uint8)
+    obj, n = _InMemory(data.tobytes()), (len(data) - 4096) // SAMPLE
+    cache = BlockCache(tmp / "warm", 1 << 40)
+    cache.revalidate_s = float("inf")  # no store to ask
+    for i in range(n):
+        cache.read(obj, 4096 + i * SAMPLE, SAMPLE)
+    data.tofile(tmp / "local.npy")
+    rows = np.memmap(tmp / "local.npy", np.uint8, "r")[4096:4096 + n * SAMPLE].reshape(n, SAMPLE)
+    out, rng = np.empty((64, SAMPLE), np.uint8), np.random.default_rng(1)
+
+    def cached(idx):
+        assert all(cache.read_many(obj, [(4096 + i * SAMPLE, [out[k]]) for k, i in enumerate(idx)]))
+
+    def local(idx):
+        np.take(rows, idx, axis=0, out=out, mode="clip")
+
+    runs = {"block cache read_many": cached, "local copy np.take": local}
+    rates: dict[str, list] = {k: [] for k in runs}
+    for r in range(args.rounds):
+        for name in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
+            took = []
+            for _ in range(200):
+                idx = np.sort(rng.choice(n, 64, replace=False)).tolist()
+                t = time.thread_time()
+                runs[name](idx)
+                took.append(time.thread_time() - t)
+            assert (out == rows[idx]).all(), name  # the last batch's pixels
+            rates[name].append((64 / statistics.median(took), os.getloadavg()[0]))
+    print(f"batches of 64 random {SAMPLE} B samples of a {len(data) / 1e6:.0f} MB object cached whole, "
+          f"samples per CPU second of this thread (median of 200 batches a round), median of {args.rounds}")
+    _table(rates, "samples/cpu-s", "local copy np.take")
 
 
 def block_sizes(args, tmp: Path) -> None:

@@ -92,6 +92,29 @@ def test_a_cache_at_least_the_data_fetches_each_byte_once_then_nothing(s3, proxy
     assert proxy.counts("cache/all/OUT/images.npy")[1] <= 3 * HEAD  # the headers (this process, 2 workers)
 
 
+def test_a_removed_cache_folder_is_noticed_by_an_open_reader_and_filled_again(s3, proxy, output, tmp_path,
+                                                                              monkeypatch):
+    """The block files a process keeps open (readers/blockfiles.py) are asked for by path again
+    every FD_TTL_S: the cache folder removed under a live reader (another job clearing it) is
+    fetched again into new files, never written into the unlinked ones."""
+    import shutil
+
+    from shardpack.readers import blockfiles
+    folder = cache_dir(tmp_path)
+    ds = opened(s3, proxy, output, "cache/removed/OUT", cache_dir=folder, cache_limit="100MB")
+    local = ShardDataset(output)
+    same(epoch(ds, 50), epoch(local, 50))
+    shutil.rmtree(folder / "blocks-65536-4096")
+    monkeypatch.setattr(blockfiles, "FD_TTL_S", 0.0)  # every read asks the path again
+    proxy.reset()
+    same(epoch(ds, 51), epoch(local, 51))
+    assert proxy.counts("cache/removed/OUT/images.npy")[1] >= N * SAMPLE  # fetched again, right
+    assert len(list(folder.rglob("*.blk"))) == -(-ds.reader.objects.pixels["images.npy"][0] // SETTINGS["block_bytes"])
+    proxy.reset()
+    same(epoch(ds, 52), epoch(local, 52))
+    assert proxy.counts("cache/removed/OUT") == (0, 0)  # and served from the new files
+
+
 def test_workers_filling_one_cache_at_once_waste_at_most_a_fetch_never_a_byte(s3, proxy, output, tmp_path):
     ds = opened(s3, proxy, output, "cache/workers/OUT", cache_dir=cache_dir(tmp_path), cache_limit=100 << 20)
     local = ShardDataset(output)
