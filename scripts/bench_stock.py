@@ -61,7 +61,7 @@ WORKLOADS = {
     "d": ("JPEG q90 + RandomResizedCrop(224) + flip",
           lambda t=OURS: t.Compose([t.RandomResizedCrop(224), t.RandomHorizontalFlip(inplace=True)])),
 }
-FFCV_JPEG = [(w, ahead, cache) for w in (1, 2) for ahead in (2, 3, 6) for cache in (1, 0)]  # (d): its settings
+FFCV_JPEG = [(1, 3, 1), (1, 3, 0), (2, 3, 1), (2, 3, 0), (2, 2, 1), (2, 6, 1)]  # (d): (threads, ahead, os_cache)
 
 
 def base_transforms(rev: str, work: Path):
@@ -96,6 +96,13 @@ class BaseDataset(ShardDataset):
         return [(t(chw[r]), label) for r, label in zip(rows.tolist(), labels)]
 
 
+class OneCallRead(ShardDataset):
+    """This checkout's ShardDataset with each batch read in one call in the main process (as
+    before the read was split over the row threads): the split's own contender."""
+
+    read_chunk = 1 << 30
+
+
 def contenders(out: Path, workload: str, samples: int, base) -> dict:
     """name -> function() -> loader; ``base``: the base commit's transforms module. ``out``: the
     raw npy output, or for (d) the JPEG q90 one."""
@@ -118,11 +125,17 @@ def contenders(out: Path, workload: str, samples: int, base) -> dict:
     for w in (0, 2):
         if workload == "d":
             found[f"stock batch_transform w{w}"] = stock(ShardDataset, w, batch_transform=make(), seed=0)
+            if w == 0:
+                found["stock batch_transform w0 one-call read"] = stock(OneCallRead, 0, batch_transform=make(), seed=0)
         elif workload == "c":
             found[f"stock w{w}"] = stock(ShardDataset, w)
+            if w == 0:
+                found["stock w0 one-call read"] = stock(OneCallRead, 0)
             found[f"base stock w{w}"] = stock(BaseDataset, w)
         else:
             found[f"stock batch_transform w{w}"] = stock(ShardDataset, w, batch_transform=make(), seed=0)
+            if w == 0:
+                found["stock batch_transform w0 one-call read"] = stock(OneCallRead, 0, batch_transform=make(), seed=0)
             found[f"stock per-sample w{w}"] = stock(ShardDataset, w, transform=make())
             found[f"base stock per-sample w{w}"] = stock(BaseDataset, w, transform=make(base))
     return found
@@ -220,6 +233,9 @@ def main(src, work, samples, rounds, workloads, base):
             base = name.replace("stock", "base stock", 1).replace("batch_transform", "per-sample")
             if not name.startswith("base") and base != name and base in found:
                 line += f"  vs {base}: {spread([a / b for a, b in zip(rates[name], rates[base])])}"
+            if f"{name} one-call read" in found:
+                line += (f"  vs one-call read: "
+                         f"{spread([a / b for a, b in zip(rates[name], rates[name + ' one-call read'])])}")
             print(line, flush=True)
         ffcv = [name for name in found if name.startswith("FFCV")]
         if ffcv:
