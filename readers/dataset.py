@@ -293,18 +293,21 @@ class ShardDataset(Dataset):
         return hwc, rows
 
     def _read_into(self, idx: np.ndarray, out: np.ndarray) -> None:
-        """Samples ``idx`` into ``out`` (n, H, W, 3), checked when ``check_reads``. In a stock
-        DataLoader's main process (readers/rows.py: ``threads_here``) the batch is read in
-        contiguous chunks of ``read_chunk`` rows over the usable CPUs: the copies out of the page
-        cache, or the JPEG decodes, of one batch then run at once (they release the GIL), as
-        make_loader's loader threads read whole batches at once; in workers and loader threads
-        in one call, as before. Every row gets the same bytes either way."""
-        n = self.read_chunk
+        """Samples ``idx`` into ``out`` (n, H, W, 3), checked when ``check_reads``. JPEG records in
+        a stock DataLoader's main process (readers/rows.py: ``threads_here``) are decoded in
+        contiguous chunks of ``read_chunk`` rows over the usable CPUs (the decoders release the
+        GIL), as make_loader's loader threads decode whole batches at once; the same bytes.
+        Everything else is read in one call: a raw batch is a memory copy, which measured no
+        faster split (scripts/bench_stock.py, docs/measurements.md)."""
+        n, threads = self.read_chunk, row_pool.threads_here() if self._encoded else 1
         chunks = -(-len(idx) // n)
         try:
-            with row_pool.row_threads(row_pool.threads_here() if chunks >= row_pool.MIN_ROWS else 1):
-                row_pool.for_each_row(chunks, lambda k: self.reader.read_batch_into(
-                    idx[k * n:(k + 1) * n], out[k * n:(k + 1) * n]))
+            if threads <= 1 or chunks < row_pool.MIN_ROWS:
+                self.reader.read_batch_into(idx, out)
+            else:
+                with row_pool.row_threads(threads):
+                    row_pool.for_each_row(chunks, lambda k: self.reader.read_batch_into(
+                        idx[k * n:(k + 1) * n], out[k * n:(k + 1) * n]))
         except diskio.CutShort as err:
             raise naming_source(err, self.index) from None
         if self.check_reads:
