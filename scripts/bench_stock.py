@@ -182,7 +182,7 @@ def spread(values) -> str:
 @click.option("--work", type=click.Path(path_type=Path), default=Path("bench-work"), show_default=True)
 @click.option("--samples", default=1280, show_default=True, help="samples timed per measurement")
 @click.option("--rounds", default=3, show_default=True)
-@click.option("--workloads", default="cab", show_default=True)
+@click.option("--workloads", default="cabd", show_default=True)
 @click.option("--base", default=BASE, show_default=True,
               help="the commit whose per-sample transforms the base contenders run")
 def main(src, work, samples, rounds, workloads, base):
