@@ -120,8 +120,6 @@ class ShardDataset(Dataset):
     label outside the classes.
     """
 
-    read_chunk = 8  # rows a share of a batch's read takes at a time in a stock DataLoader's main process
-
     def __init__(self, path: str | os.PathLike, transform=None, target_transform=None, *,
                  split: str | None = None, check_reads: bool = False, batch_transform=None,
                  seed: int | None = None, storage_options: dict | None = None, cache_dir=None,
@@ -287,21 +285,9 @@ class ShardDataset(Dataset):
         return hwc, rows
 
     def _read_into(self, idx: np.ndarray, out: np.ndarray) -> None:
-        """Samples ``idx`` into ``out`` (n, H, W, 3), checked when ``check_reads``. JPEG records in
-        a stock DataLoader's main process (readers/rows.py: ``threads_here``) are decoded in
-        contiguous chunks of ``read_chunk`` rows over the usable CPUs (the decoders release the
-        GIL), as make_loader's loader threads decode whole batches at once; the same bytes.
-        Everything else is read in one call: a raw batch is a memory copy, which measured no
-        faster split (scripts/bench_stock.py, docs/measurements.md)."""
-        n, threads = self.read_chunk, row_pool.threads_here() if self._encoded else 1
-        chunks = -(-len(idx) // n)
+        """Samples ``idx`` into ``out`` (n, H, W, 3), checked when ``check_reads``."""
         try:
-            if threads <= 1 or chunks < row_pool.MIN_ROWS:
-                self.reader.read_batch_into(idx, out)
-            else:
-                with row_pool.row_threads(threads):
-                    row_pool.for_each_row(chunks, lambda k: self.reader.read_batch_into(
-                        idx[k * n:(k + 1) * n], out[k * n:(k + 1) * n]))
+            self.reader.read_batch_into(idx, out)
         except diskio.CutShort as err:
             raise naming_source(err, self.index) from None
         if self.check_reads:

@@ -10,8 +10,7 @@ random parameter is drawn before the loop, so the bytes are those of the serial 
 stock DataLoader (``num_workers=0``): there the transform is the whole loader and one thread of
 it leaves the other CPUs idle. DataLoader workers, make_loader's loader threads and this pool's
 own threads keep one thread each (their parallelism is already one batch per worker or thread;
-nesting would oversubscribe the CPUs). The same pool decodes a JPEG output's batch there in
-chunks of rows (``ShardDataset._read_into``); a raw batch's copy stays one call.
+nesting would oversubscribe the CPUs).
 """
 
 from __future__ import annotations

@@ -96,14 +96,6 @@ class BaseDataset(ShardDataset):
         return [(t(chw[r]), label) for r, label in zip(rows.tolist(), labels)]
 
 
-class OneCallRead(ShardDataset):
-    """This checkout's ShardDataset with each JPEG batch decoded in one call in the main process
-    (as before its decodes were split over the row threads, ``read_chunk``): the split's own
-    contender on (d)."""
-
-    read_chunk = 1 << 30
-
-
 def contenders(out: Path, workload: str, samples: int, base) -> dict:
     """name -> function() -> loader; ``base``: the base commit's transforms module. ``out``: the
     raw npy output, or for (d) the JPEG q90 one."""
@@ -126,8 +118,6 @@ def contenders(out: Path, workload: str, samples: int, base) -> dict:
     for w in (0, 2):
         if workload == "d":
             found[f"stock batch_transform w{w}"] = stock(ShardDataset, w, batch_transform=make(), seed=0)
-            if w == 0:
-                found["stock batch_transform w0 one-call read"] = stock(OneCallRead, 0, batch_transform=make(), seed=0)
         elif workload == "c":
             found[f"stock w{w}"] = stock(ShardDataset, w)
             found[f"base stock w{w}"] = stock(BaseDataset, w)
@@ -230,9 +220,6 @@ def main(src, work, samples, rounds, workloads, base):
             base = name.replace("stock", "base stock", 1).replace("batch_transform", "per-sample")
             if not name.startswith("base") and base != name and base in found:
                 line += f"  vs {base}: {spread([a / b for a, b in zip(rates[name], rates[base])])}"
-            if f"{name} one-call read" in found:
-                line += (f"  vs one-call read: "
-                         f"{spread([a / b for a, b in zip(rates[name], rates[name + ' one-call read'])])}")
             print(line, flush=True)
         ffcv = [name for name in found if name.startswith("FFCV")]
         if ffcv:

@@ -13,7 +13,6 @@ import helpers
 from helpers import make_tree
 from shardpack.readers import ShardDataset
 from shardpack.readers import rows
-from shardpack.readers.manifest import ShardFormatError
 from shardpack.readers.draws import SampleDraws, sample_keys
 from shardpack.readers.loading import make_loader
 from shardpack.readers.transforms import CenterCrop, Compose, RandomCrop, RandomHorizontalFlip, RandomResizedCrop
@@ -119,61 +118,3 @@ def test_row_threads_are_on_in_the_main_process_only(packed, monkeypatch):
     for mode in ("threads", "main"):  # make_loader's own batch transform: one thread per loader thread
         imgs, _ = next(iter(make_loader(plain, 4, mode=mode, batch_transform=threads_seen, seed=0)))
         assert set(imgs.flatten().tolist()) == {1}, mode
-
-
-@pytest.fixture(scope="module")
-def many(tmp_path_factory):
-    """52 samples (enough for 7 chunks of a batch's read), raw and JPEG."""
-    tmp = tmp_path_factory.mktemp("rows-many")
-    src = make_tree(tmp / "src", {"a": 20, "b": 20, "c": 12})
-    return {enc: helpers.packed("npy", src, tmp / enc, size=24, encoding=enc) for enc in ("raw", "jpeg")}
-
-
-def _batch_read_threads(ds, monkeypatch) -> list:
-    """The names of the threads that ran ds.reader's batch reads (the real reads, recorded)."""
-    names, read = [], ds.reader.read_batch_into
-
-    def recorded(idx, out):
-        names.append((threading.current_thread().name, len(idx)))
-        return read(idx, out)
-    monkeypatch.setattr(ds.reader, "read_batch_into", recorded)
-    return names
-
-
-@pytest.mark.parametrize("kind", ["raw", "jpeg", "raw batch_transform", "jpeg batch_transform"])
-def test_jpeg_batches_decode_in_chunks_over_the_row_threads_with_the_one_call_bytes(many, kind, monkeypatch):
-    order = [int(i) for i in np.random.default_rng(3).permutation(52)]
-    step = Compose([RandomResizedCrop(16), RandomHorizontalFlip(inplace=True)]) if "batch" in kind else None
-    ds = ShardDataset(many[kind.split()[0]], batch_transform=step, seed=2)
-    names = _batch_read_threads(ds, monkeypatch)
-    monkeypatch.setattr(rows, "threads_here", lambda: 1)
-    one = torch.stack([img for img, _ in ds.__getitems__(order)]).clone()
-    assert names == [("MainThread", len(order))]  # one thread: the batch in one call
-    names.clear()
-    monkeypatch.setattr(rows, "threads_here", lambda: 3)
-    items = ds.__getitems__(order)
-    split = torch.stack([img for img, _ in items])
-    if kind.startswith("jpeg"):  # decodes: chunks of 8 rows, some on the pool's threads
-        assert sorted(n for _, n in names) == sorted([8] * (len(order) // 8) + [len(order) % 8])
-        assert {name for name, _ in names} > {"MainThread"}
-    else:  # a raw batch is a memory copy: one call still
-        assert names == [("MainThread", len(order))]
-    assert torch.equal(one, split) and [label for _, label in items] == [int(ds.targets[i]) for i in order]
-    if step is None:
-        assert all(torch.equal(split[k], ds[i][0]) for k, i in enumerate(order))
-
-
-def test_a_damaged_record_read_on_a_row_thread_is_named(many, tmp_path, monkeypatch):
-    import shutil
-    out = shutil.copytree(many["jpeg"], tmp_path / "o")
-    ds = ShardDataset(out)
-    ds.reader.record(41)  # opens the reader
-    from shardpack.packer.writers.base import npy_data_offset
-    base = npy_data_offset(out / "images.npy") + int(ds.reader._offsets[41])
-    with open(out / "images.npy", "r+b") as f:  # sample 41's JPEG header
-        f.seek(base)
-        f.write(b"\0\0\0\0")
-    monkeypatch.setattr(rows, "threads_here", lambda: 3)
-    order = list(range(52))[::-1]  # sample 41 is in the second chunk of 8: a share the pool runs
-    with pytest.raises(ShardFormatError, match=r"images.npy: sample 41 cannot be decoded"):
-        ShardDataset(out).__getitems__(order)
