@@ -17,12 +17,13 @@ per-sample ``transform=`` (the tutorial way; the base commit has only that), and
 
 With ``FFCV_PYTHON`` naming a python that has ffcv (its own venv, never the project's; FFCV 1.0.2
 builds on Debian 12 with apt's libturbojpeg0-dev libopencv-dev pkg-config, then ``pip install
-torch==2.13.0 pillow ffcv``), FFCV's loader joins the rounds (scripts/ffcv_peer.py, kept running
-in that python, interleaved like the others) on .betons of the same 256 px pixels: raw on (b)
-and (c) at 1 and 2 threads (FFCV has no plain random crop: no (a)). Workload (d) is (b) on JPEG
-q90: make_loader and the stock batch transform on a ``--encoding jpeg`` q90 npy output of the
-same resize (packed beside the raw one), against FFCV's JPEG q90 .beton at each of its settings
-(FFCV_JPEG: threads, ``batches_ahead``, ``os_cache``), with make_loader / FFCV at its best.
+torch==2.13.0`` first, then ``pip install pillow ffcv``), FFCV's loader joins the rounds
+(scripts/ffcv_peer.py, kept running in that python, interleaved like the others) on .betons of
+the same 256 px pixels: raw on (b) and (c) at 1 and 2 threads (FFCV has no plain random crop:
+no (a)). Workload (d) is (b) on JPEG q90: make_loader and the stock batch transform on a
+``--encoding jpeg`` q90 npy output of the same resize (packed beside the raw one), against
+FFCV's JPEG q90 .beton at each of its settings (FFCV_JPEG: threads, ``batches_ahead``,
+``os_cache``), with make_loader / FFCV at its best.
 """
 
 from __future__ import annotations
