@@ -23,6 +23,7 @@ from .mirror import open_url
 from .mirror import sizes as objects_sizes
 from .objects import is_url
 from .samples import Buffers, batch_buffer, rows_of, rows_of_images
+from .served import BatchRead, Samples, naming_source
 
 _warned: set = set()  # roots already warned about in this process (workers never construct)
 
@@ -38,13 +39,6 @@ def warn_if_larger_than_ram(root, reader) -> None:
     warnings.warn(f"{root}: its data ({size / 2**30:.1f} GiB) is larger than the memory the page cache may "
                   f"hold ({room / 2**30:.1f} GiB, {source}), so samples will be read from disk every epoch; "
                   f"`shardpack bench {root}` measures the rate", RuntimeWarning, stacklevel=3)
-
-
-def naming_source(err: diskio.CutShort, index: Index) -> diskio.CutShort:
-    """``err`` (a data file ending before a sample) naming that sample's source path from
-    ``index`` too. Callers catch and re-raise in a plain ``try`` (free when nothing fails; a
-    context manager would cost ~3 us per sample on ``__getitem__``)."""
-    return err if err.source is not None else err.naming(index.path(err.sample))
 
 
 def as_index(i) -> int:
@@ -201,7 +195,7 @@ class ShardDataset(Dataset):
 
     @property
     def samples(self) -> Sequence:
-        return _Samples(self)
+        return Samples(self)
 
     def source_path(self, i: int) -> str:
         """Path of sample i's source file relative to the packed folder, as it was on disk."""
@@ -370,40 +364,3 @@ class ShardDataset(Dataset):
         m = self.manifest
         return (f"ShardDataset({self.url or str(self.root)!r}: {m['format']}, {len(self)} samples, "
                 f"{len(self.classes)} classes, shape {m.get('shape') or 'variable'})")
-
-
-class BatchRead:
-    """A batch being read (:meth:`ShardDataset.start_batch`); ``wait()`` returns ``(imgs, labels)``."""
-
-    def __init__(self, pending, out: np.ndarray, labels: torch.Tensor, index: Index, check=None):
-        self._pending, self.out, self.labels, self._index, self._check = pending, out, labels, index, check
-
-    def done(self) -> bool:
-        """Whether every read of the batch has finished (``wait()`` will not block)."""
-        return self._pending.done()
-
-    def wait(self):
-        try:
-            self._pending.wait()
-        except diskio.CutShort as err:
-            raise naming_source(err, self._index) from None
-        if self._check is not None:  # check_reads
-            self._check()
-        return torch.from_numpy(self.out).permute(0, 3, 1, 2), self.labels
-
-
-class _Samples(Sequence):
-    """ImageFolder's ``samples`` without the list: ``(path, label)`` built on access."""
-
-    def __init__(self, ds: ShardDataset):
-        self._ds = ds
-        self._root = ds.manifest.get("run", {}).get("source_root", "")
-
-    def __len__(self):
-        return len(self._ds)
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        i = self._ds._check(i)
-        return os.path.join(self._root, self._ds.index.path(i)), self._ds.index.label(i)

@@ -17,9 +17,13 @@ per-sample ``transform=`` (the tutorial way; the base commit has only that), and
 
 With ``FFCV_PYTHON`` naming a python that has ffcv (its own venv, never the project's; FFCV 1.0.2
 builds on Debian 12 with apt's libturbojpeg0-dev libopencv-dev pkg-config, then ``pip install
-torch==2.13.0 pillow ffcv``), FFCV's loader joins the rounds (scripts/ffcv_peer.py, kept running
-in that python, interleaved like the others) on .betons of the same 256 px pixels: raw on (b)
-and (c), JPEG q90 on (b), at 1 and 2 threads (FFCV has no plain random crop: no (a)).
+torch==2.13.0`` first, then ``pip install pillow ffcv``), FFCV's loader joins the rounds
+(scripts/ffcv_peer.py, kept running in that python, interleaved like the others) on .betons of
+the same 256 px pixels: raw on (b) and (c) at 1 and 2 threads (FFCV has no plain random crop:
+no (a)). Workload (d) is (b) on JPEG q90: make_loader and the stock batch transform on a
+``--encoding jpeg`` q90 npy output of the same resize (packed beside the raw one), against
+FFCV's JPEG q90 .beton at each of its settings (FFCV_JPEG: threads, ``batches_ahead``,
+``os_cache``), with make_loader / FFCV at its best.
 """
 
 from __future__ import annotations
@@ -55,7 +59,10 @@ WORKLOADS = {
           lambda t=OURS: t.Compose([t.RandomCrop(224), t.RandomHorizontalFlip(inplace=True)])),
     "b": ("RandomResizedCrop(224) + flip",
           lambda t=OURS: t.Compose([t.RandomResizedCrop(224), t.RandomHorizontalFlip(inplace=True)])),
+    "d": ("JPEG q90 + RandomResizedCrop(224) + flip",
+          lambda t=OURS: t.Compose([t.RandomResizedCrop(224), t.RandomHorizontalFlip(inplace=True)])),
 }
+FFCV_JPEG = [(1, 3, 1), (1, 3, 0), (2, 3, 1), (2, 3, 0), (2, 2, 1), (2, 6, 1)]  # (d): (threads, ahead, os_cache)
 
 
 def base_transforms(rev: str, work: Path):
@@ -91,7 +98,8 @@ class BaseDataset(ShardDataset):
 
 
 def contenders(out: Path, workload: str, samples: int, base) -> dict:
-    """name -> function() -> loader; ``base``: the base commit's transforms module."""
+    """name -> function() -> loader; ``base``: the base commit's transforms module. ``out``: the
+    raw npy output, or for (d) the JPEG q90 one."""
     make = WORKLOADS[workload][1]
 
     def sampler(ds):
@@ -109,7 +117,9 @@ def contenders(out: Path, workload: str, samples: int, base) -> dict:
 
     found = {"make_loader": ours}
     for w in (0, 2):
-        if workload == "c":
+        if workload == "d":
+            found[f"stock batch_transform w{w}"] = stock(ShardDataset, w, batch_transform=make(), seed=0)
+        elif workload == "c":
             found[f"stock w{w}"] = stock(ShardDataset, w)
             found[f"base stock w{w}"] = stock(BaseDataset, w)
         else:
@@ -131,8 +141,10 @@ class FfcvPeer:
         if self.proc.stdout.readline().strip() != "ready":
             raise RuntimeError(f"FFCV did not start in {python} (run scripts/ffcv_peer.py there to see why)")
 
-    def rate(self, kind: str, workload: str, workers: int, samples: int) -> float:
-        self.proc.stdin.write(f"{kind} {workload} {workers} {samples}\n")
+    def rate(self, kind: str, workload: str, workers: int, *more) -> float:
+        """samples/s of FFCV's loader; ``more``: [batches_ahead, os_cache,] samples."""
+        *settings, samples = more
+        self.proc.stdin.write(" ".join(str(v) for v in (kind, workload, workers, samples, *settings)) + "\n")
         self.proc.stdin.flush()
         return float(self.proc.stdout.readline())
 
@@ -142,8 +154,13 @@ class FfcvPeer:
 
 
 def ffcv_contenders(workload: str) -> dict:
-    """name -> (kind, workload, workers) for the FFCV peer."""
-    kinds = {"b": ("raw", "jpg"), "c": ("raw",)}.get(workload, ())
+    """name -> the FFCV peer's request (kind, workload, workers[, batches_ahead, os_cache]): raw
+    on (b) and (c) at 1 and 2 threads; JPEG q90 on (d) (FFCV's (b) pipeline on its jpg .beton)
+    at each of its settings in FFCV_JPEG, so its best one is in the same rounds."""
+    if workload == "d":
+        return {f"FFCV jpg w{w} ahead{a}{'' if c else ' no-os_cache'}": ("jpg", "b", w, a, c)
+                for w, a, c in FFCV_JPEG}
+    kinds = {"b": ("raw",), "c": ("raw",)}.get(workload, ())
     return {f"FFCV {kind} w{w}": (kind, workload, w) for kind in kinds for w in (1, 2)}
 
 
@@ -156,7 +173,7 @@ def spread(values) -> str:
 @click.option("--work", type=click.Path(path_type=Path), default=Path("bench-work"), show_default=True)
 @click.option("--samples", default=1280, show_default=True, help="samples timed per measurement")
 @click.option("--rounds", default=3, show_default=True)
-@click.option("--workloads", default="cab", show_default=True)
+@click.option("--workloads", default="cabd", show_default=True)
 @click.option("--base", default=BASE, show_default=True,
               help="the commit whose per-sample transforms the base contenders run")
 def main(src, work, samples, rounds, workloads, base):
@@ -167,6 +184,12 @@ def main(src, work, samples, rounds, workloads, base):
     if not (out / "manifest.json").exists():
         pack(src, out, Recipe(size=256), Options(fmt="npy", progress=False, overwrite=True))
     np.asarray(ShardDataset(out).reader.read_batch(np.arange(len(ShardDataset(out)))))  # page cache
+    jpeg = work / f"{src.name}-256-q90.npy"  # (d): the same resize, stored as JPEG q90 4:2:0
+    if "d" in workloads:
+        if not (jpeg / "manifest.json").exists():
+            pack(src, jpeg, Recipe(size=256, encoding="jpeg"), Options(fmt="npy", progress=False, overwrite=True))
+        for path in ShardDataset(jpeg).reader.data_paths():
+            path.read_bytes()  # page cache
     base_module = base_transforms(base, work)
     peer = None
     if os.environ.get("FFCV_PYTHON"):
@@ -177,7 +200,7 @@ def main(src, work, samples, rounds, workloads, base):
     else:
         print("FFCV: not measured (set FFCV_PYTHON to a python with ffcv, e.g. /work/venv-ffcv/bin/python)")
     for workload in workloads:
-        found = contenders(out, workload, samples, base_module)
+        found = contenders(jpeg if workload == "d" else out, workload, samples, base_module)
         if peer is not None:
             found.update(ffcv_contenders(workload))
         rates: dict[str, list] = {name: [] for name in found}
@@ -199,6 +222,11 @@ def main(src, work, samples, rounds, workloads, base):
             if not name.startswith("base") and base != name and base in found:
                 line += f"  vs {base}: {spread([a / b for a, b in zip(rates[name], rates[base])])}"
             print(line, flush=True)
+        ffcv = [name for name in found if name.startswith("FFCV")]
+        if ffcv:
+            best = max(ffcv, key=lambda name: statistics.median(rates[name]))
+            print(f"  make_loader / FFCV at its best ({best}): "
+                  f"{spread([a / b for a, b in zip(rates['make_loader'], rates[best])])}", flush=True)
     if peer is not None:
         peer.close()
     harness.finish(machine)

@@ -5,12 +5,13 @@ never the project's: ``FFCV_PYTHON=/work/venv-ffcv/bin/python``)::
 
 Writes two .betons of the raw npy output's pixels (the same resized 256 px images the other
 contenders read): ``raw`` (RGBImageField write_mode='raw') and ``jpg`` (JPEG q90), then serves
-timing requests on stdin, one per line: ``KIND WORKLOAD WORKERS SAMPLES`` (KIND raw or jpg,
-WORKLOAD b: RandomResizedCropRGBImageDecoder((224, 224)) + RandomHorizontalFlip, c: the plain
-uint8 images, SimpleRGBImageDecoder); answers with samples/s over at least SAMPLES samples,
-random order, batch 64, os_cache, each loader built and warmed (numba compiles) on first use,
-outside the timing. Prints ``ready`` once the betons are written. FFCV 1.0.2 has no plain random
-crop, so workload (a) has no FFCV contender.
+timing requests on stdin, one per line: ``KIND WORKLOAD WORKERS SAMPLES [AHEAD [OS_CACHE]]``
+(KIND raw or jpg, WORKLOAD b: RandomResizedCropRGBImageDecoder((224, 224)) + RandomHorizontalFlip,
+c: the plain uint8 images, SimpleRGBImageDecoder; AHEAD: FFCV's ``batches_ahead``, default 3, its
+own default; OS_CACHE 1 (default) or 0: ``os_cache``, the page cache or FFCV's own process cache);
+answers with samples/s over at least SAMPLES samples, random order, batch 64, each loader built
+and warmed (numba compiles) on first use, outside the timing. Prints ``ready`` once the betons
+are written. FFCV 1.0.2 has no plain random crop, so workload (a) has no FFCV contender.
 """
 
 import sys
@@ -53,15 +54,16 @@ def write(raw: Path, work: Path) -> dict:
     return betons
 
 
-def build(beton: Path, workload: str, workers: int) -> Loader:
+def build(beton: Path, workload: str, workers: int, ahead: int = 3, os_cache: bool = True) -> Loader:
     if workload == "b":
         image = [RandomResizedCropRGBImageDecoder((224, 224)), RandomHorizontalFlip(), ToTensor()]
     elif workload == "c":
         image = [SimpleRGBImageDecoder(), ToTensor()]
     else:
         raise SystemExit(f"ffcv_peer: workload {workload!r} has no FFCV contender (b or c)")
-    return Loader(str(beton), batch_size=BATCH, num_workers=workers, order=OrderOption.RANDOM, os_cache=True,
-                  drop_last=True, pipelines={"image": image, "label": [IntDecoder(), ToTensor(), Squeeze()]})
+    return Loader(str(beton), batch_size=BATCH, num_workers=workers, order=OrderOption.RANDOM, os_cache=os_cache,
+                  batches_ahead=ahead, drop_last=True,
+                  pipelines={"image": image, "label": [IntDecoder(), ToTensor(), Squeeze()]})
 
 
 def main():
@@ -69,10 +71,11 @@ def main():
     loaders: dict = {}
     print("ready", flush=True)
     for line in sys.stdin:
-        kind, workload, workers, samples = line.split()
-        key = kind, workload, int(workers)
+        kind, workload, workers, samples, *more = line.split()
+        ahead, os_cache = (int(v) for v in (more + ["3", "1"][len(more):]))
+        key = kind, workload, int(workers), ahead, os_cache
         if key not in loaders:
-            loaders[key] = build(betons[kind], workload, int(workers))
+            loaders[key] = build(betons[kind], workload, int(workers), ahead, bool(os_cache))
             for _ in loaders[key]:  # numba compiles on the first epoch
                 pass
         done, t = 0, time.perf_counter()
