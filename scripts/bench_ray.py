@@ -51,6 +51,9 @@ from shardpack.packer import Options, Recipe, pack  # noqa: E402
 IMAGENET21K = 14_200_000  # images (ImageNet-21k, fall 2011 release)
 CLUSTER = (4, 32)  # nodes x cores of the projection
 PARTS_BENCH = 64 << 20  # parts of ~330 files at 256 px, so a 5,000-image job keeps both nodes busy (1 GiB: one part)
+PARTS_BIG = 256 << 20  # the same large job in fewer parts: the driver's CPU per part (task) from the difference
+PARTS = "npy parts (nodes write)"
+BIG = f"npy parts of {PARTS_BIG >> 20} MiB"
 
 
 def tree_of(src: Path, dst: Path, n: int) -> Path:
@@ -91,8 +94,8 @@ def driver_cost(cluster, src: Path, work: Path, sizes, size: int, repeat: int, f
     trees = {m: tree_of(src, work / f"src{m}", m) for m in sizes}
     paths = {f"{fmt} single (driver writes)": dict(fmt=fmt) for fmt in formats if "single" in layouts}
     if "npy" in formats and "parts" in layouts:
-        paths["npy parts (nodes write)"] = dict(fmt="npy", layout="parts", shard_size=PARTS_BENCH)
-    cpu, main_cpu, wall, loads = {}, {}, {}, []
+        paths[PARTS] = dict(fmt="npy", layout="parts", shard_size=PARTS_BENCH)
+    cpu, main_cpu, wall, loads, units = {}, {}, {}, [], {}
     idle = [idle_rate(cluster)]
 
     def packing(name, m):
@@ -104,13 +107,18 @@ def driver_cost(cluster, src: Path, work: Path, sizes, size: int, repeat: int, f
             wall.setdefault((name, m), []).append(time.perf_counter() - t)
             main_cpu.setdefault((name, m), []).append(time.thread_time() - own)  # the driver's own work
             after = resource.getrusage(resource.RUSAGE_SELF)
+            units[(name, m)] = json.loads((out / "manifest.json").read_text())["run"]["units"]
             shutil.rmtree(out)
             used = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
             cpu.setdefault((name, m), []).append(used)
             loads.append(os.getloadavg()[0])
             return used
         return one
-    harness.rounds({(name, m): packing(name, m) for name in paths for m in sizes}, repeat)
+    contenders = {(name, m): packing(name, m) for name in paths for m in sizes}
+    if PARTS in paths:  # the large job again in parts of PARTS_BIG: fewer tasks, the same images
+        paths[BIG] = dict(paths[PARTS], shard_size=PARTS_BIG)
+        contenders[(BIG, large)] = packing(BIG, large)
+    harness.rounds(contenders, repeat)
     idle.append(idle_rate(cluster))
     r0 = harness.median(idle)
     print(f"\ndriver CPU per image = (CPU(N={large}) - CPU(N={small})) / {large - small}, medians of {repeat} "
@@ -124,7 +132,7 @@ def driver_cost(cluster, src: Path, work: Path, sizes, size: int, repeat: int, f
           "main-thread us/image (slope) | Ray's threads, CPU s per s | worker core-ms per image |" % (small, large))
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     slopes = {}
-    for name in paths:
+    for name in [p for p in paths if p != BIG]:
         a, b = harness.median(cpu[(name, small)]), harness.median(cpu[(name, large)])
         ma, mb = harness.median(main_cpu[(name, small)]), harness.median(main_cpu[(name, large)])
         rest = harness.median([(c - o) / w for c, o, w in zip(cpu[(name, large)], main_cpu[(name, large)],
@@ -135,8 +143,10 @@ def driver_cost(cluster, src: Path, work: Path, sizes, size: int, repeat: int, f
         print(f"| {name} | {a:.2f} | {b:.2f} | {slopes[name][0] * 1e6:.1f} | "
               f"{(slopes[name][0] - r0 * per_s) * 1e6:.1f} | {slopes[name][1] * 1e6:.1f} | "
               f"{rest:.4f} | {decode * 1e3:.2f} |")
+    if PARTS in paths:
+        task_cost(cpu, main_cpu, wall, units, r0, sizes, size)
     nodes, cores = CLUSTER
-    decode = min(harness.median(wall[(name, large)]) for name in paths) * 2 / large
+    decode = min(harness.median(wall[(name, large)]) for name in slopes) * 2 / large
     print(f"\nImageNet-21k projection: T = max(N d / C, N c / (1 - r)), N = {IMAGENET21K:,} images, C = {nodes} x "
           f"{cores} = {nodes * cores} cores, d = {decode * 1e3:.2f} core-ms per image (the fastest path's large job: "
           "wall time x 2 cores / N, start-up included), c = the main thread's CPU per image (slope), r = Ray's "
@@ -147,6 +157,35 @@ def driver_cost(cluster, src: Path, work: Path, sizes, size: int, repeat: int, f
         print(f"  {name}: c = {c * 1e6:.1f} us, r = {r:.4f} -> T = {max(t_dec, t_drv) / 60:.1f} min (bound by "
               f"{bound}; the driver alone {t_drv / 60:.1f} min; with the whole-process slope {whole * 1e6:.1f} us "
               f"as c and r = 0: {IMAGENET21K * max(decode / (nodes * cores), whole) / 60:.1f} min)")
+
+
+def task_cost(cpu, main_cpu, wall, units, r0, sizes, size) -> None:
+    """The part layout's slope split into a cost per part (one Ray task: submit, wait, record,
+    Ray's threads) and one per image, from the large job in parts of PARTS_BENCH and of PARTS_BIG
+    (r0 x their wall times' difference taken out); then the driver's CPU per image with parts of
+    1 GiB (the default, ~5,400 files at 256 px) and without Ray's idle cost per second."""
+    from shardpack.packer.parts import part_files
+    from shardpack.packer.units import unit_files
+    small, large = sizes
+    med = harness.median
+    tasks = (units[(PARTS, large)] - units[(PARTS, small)]) / (large - small)  # parts per image in the slope
+    dt = units[(PARTS, large)] - units[(BIG, large)]
+    dwall = med(wall[(PARTS, large)]) - med(wall[(BIG, large)])
+    task = (med(cpu[(PARTS, large)]) - med(cpu[(BIG, large)]) - r0 * dwall) / dt
+    task_main = (med(main_cpu[(PARTS, large)]) - med(main_cpu[(BIG, large)])) / dt
+    wall_slope = (med(wall[(PARTS, large)]) - med(wall[(PARTS, small)])) / (large - small)
+    process = (med(cpu[(PARTS, large)]) - med(cpu[(PARTS, small)])) / (large - small) - r0 * wall_slope
+    main = (med(main_cpu[(PARTS, large)]) - med(main_cpu[(PARTS, small)])) / (large - small)
+    recipe = Recipe(size)
+    per = part_files(recipe, None, unit_files(recipe))
+    print(f"\nper part (one task), from N={large} in parts of {PARTS_BENCH >> 20} MiB ({units[(PARTS, large)]} parts) "
+          f"and of {PARTS_BIG >> 20} MiB ({units[(BIG, large)]}), less r0 x the wall times' difference "
+          f"({dwall:+.1f} s): process {task * 1e3:.2f} ms, main thread {task_main * 1e3:.2f} ms; the slope above "
+          f"holds {tasks * 1e3:.2f} parts per 1,000 images")
+    for what, slope, t in (("process, less r0 x wall", process, task), ("main thread", main, task_main)):
+        print(f"  driver CPU per image with parts of 1 GiB ({per:,} files at {size} px): {what}: "
+              f"{(slope - tasks * t + t / per) * 1e6:.1f} us (the slope {slope * 1e6:.1f} us - "
+              f"{tasks * t * 1e6:.1f} us of parts + {t / per * 1e6:.2f} us)")
 
 
 @click.command(help=__doc__)
