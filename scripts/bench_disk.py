@@ -337,16 +337,18 @@ def report(results, formats, configs, note, machine, limit, packed, out):
                          "share_of_disk": share, "read_per_delivered": reads})
     for fmt in [f for f in formats if f.endswith("@parts") and f.partition("@")[0] in formats]:
         single = fmt.partition("@")[0]
-        print(f"\n| reader | order | {fmt} / {single} (median of {len(results[fmt, DISK])} per-round ratios, spread) "
-              "| per-round ratios |\n|---|---|---:|---|")
+        print(f"\n| reader | order | {fmt} / {single} (median of {len(results[fmt, configs[0]])} per-round ratios, "
+              "spread) | per-round ratios | of the disk's rate, each its round's: ratio (spread) |\n|---|---|---:|---|---:|")
         for name in configs:
             new, old = [d["rate"] for d in results[fmt, name]], [d["rate"] for d in results[single, name]]
             r, spread = harness.ratio(new, old)
+            s, sspread = harness.ratio([d["rate"] / d["disk"] for d in results[fmt, name]],
+                                       [d["rate"] / d["disk"] for d in results[single, name]])
             loader, order = name.rsplit(" / ", 1)
             per = ", ".join(f"{a / b:.2f}" for a, b in zip(new, old))
-            print(f"| {loader} | {order} | {r:.2f} ({spread:.0%}) | {per} |")
+            print(f"| {loader} | {order} | {r:.2f} ({spread:.0%}) | {per} | {s:.2f} ({sspread:.0%}) |")
             rows.append({"format": fmt, "against": single, "loader": loader, "order": order, "ratio": r,
-                         "ratio_spread": spread})
+                         "ratio_spread": spread, "share_ratio": s, "share_ratio_spread": sspread})
     if out:
         out.write_text(json.dumps({"machine": machine.line(), "command": harness.command(), "note": note,
                                    "disk_rates": disk, "rows": rows}, indent=1))
