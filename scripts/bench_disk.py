@@ -338,7 +338,8 @@ def report(results, formats, configs, note, machine, limit, packed, out):
     for fmt in [f for f in formats if f.endswith("@parts") and f.partition("@")[0] in formats]:
         single = fmt.partition("@")[0]
         print(f"\n| reader | order | {fmt} / {single} (median of {len(results[fmt, configs[0]])} per-round ratios, "
-              "spread) | per-round ratios | of the disk's rate, each its round's: ratio (spread) |\n|---|---|---:|---|---:|")
+              "spread) | per-round ratios | of the disk's rate, each its round's: ratio (spread) |\n"
+              "|---|---|---:|---|---:|")
         for name in configs:
             new, old = [d["rate"] for d in results[fmt, name]], [d["rate"] for d in results[single, name]]
             r, spread = harness.ratio(new, old)
