@@ -9,9 +9,9 @@ never by K or the node count, so a local run, a units run and a Ray run give the
   one unit at a time (memory: one unit), append the kept samples to the part file (the format's
   ``part_file``: parts_rows.py; variable shapes and JPEG records with a row table, npy's beside
   the part, HDF5's inside it: writers/hdf5_parts.py), fsync, take each file's xxh3_128 digest,
-  rename; then the record
-  ``units/uNNNNNNN.json`` (as units.py: each file's status and columns) with the part's
-  summary {"name", "count", "bytes", "xxh3"}, its commit marker.
+  rename; then the record ``units/uNNNNNNN.json`` (as units.py's, but the decoded files' columns
+  as one base64 block of uint64 (k, 8), ``"columns"``: the driver parses no list per file) with
+  the part's summary {"name", "count", "bytes", "xxh3"}, its commit marker.
 - *Driver* (PartsWriter): receives each part's summary in scan order (O(parts)), keeps them in
   its checkpoint state (``--resume`` keeps finished parts), and at ``finish`` checks each part's
   count against the kept files of its range and its size on disk, then lists the parts in the
@@ -20,6 +20,7 @@ never by K or the node count, so a local run, a units run and a Ray run give the
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import socket
@@ -134,7 +135,8 @@ def run_part(spec, node: str) -> dict:
         out.abort()
         raise
     record = {"unit": spec.unit, "start": spec.start, "stop": spec.start + len(spec.paths), "node": node,
-              "part_bytes": 0, "part": part, "part_path": str(out.path), "decoded": decoded, "skipped": skipped}
+              "part_bytes": 0, "part": part, "part_path": str(out.path), "columns": columns_text(decoded),
+              "skipped": skipped}
     base = os.path.join(spec.units_dir, f"u{spec.unit:07d}")
     with open(f"{base}.json.{attempt}.tmp", "w") as f:
         json.dump(record, f)
@@ -142,6 +144,20 @@ def run_part(spec, node: str) -> dict:
         os.fsync(f.fileno())
     os.replace(f"{base}.json.{attempt}.tmp", f"{base}.json")  # the commit marker, last
     return {"unit": spec.unit, "node": node or socket.gethostname()}
+
+
+def columns_text(decoded: list) -> str:
+    """A part record's decoded files (rows [index, mode, w, h, checksum, H, W, record]) as the
+    base64 text of their little-endian uint64 (k, 8) array: one JSON string, not k lists."""
+    return base64.b64encode(np.asarray(decoded, "<u8").reshape(-1, 8).tobytes()).decode("ascii")
+
+
+def record_columns(record: dict) -> np.ndarray:
+    """A part record's uint64 (k, 8) columns (columns_text; a record of an earlier version: its
+    "decoded" lists)."""
+    if "columns" in record:
+        return np.frombuffer(base64.b64decode(record["columns"]), "<u8").reshape(-1, 8).astype(np.uint64, copy=False)
+    return np.array(record["decoded"], np.uint64).reshape(-1, 8)
 
 
 class Bulk:
@@ -152,7 +168,7 @@ class Bulk:
 
     def __init__(self, record: dict, start: int):
         from .units import results_of
-        cols = np.array(record["decoded"], np.uint64).reshape(-1, 8)
+        cols = record_columns(record)
         self.columns = cols[cols[:, 0] >= start] if start > record["start"] else cols
         self.skipped = [r for r in results_of({"decoded": [], "skipped": record["skipped"]}) if r.index >= start]
         self.stop = int(record["stop"])

@@ -22,7 +22,14 @@ disk per byte of the records delivered) and a pass in RAM (the files read into t
 first, outside the cgroup), so each loader's rate from disk is given as a share of its own rate
 in RAM, the median of the per-round ratios. The measuring process itself holds about 205 MB of
 the limit (torch, the batches), so 256 MiB leaves about 50 MB of page cache for the ~250 MB of
-records of the sample x16. With ``--against REV`` every pass runs for this checkout and for git
+records of the sample x16. ``--layouts single,parts`` also packs npy in the part layout
+(``--layout parts``, parts of 1 GiB: "npy@parts"), measured in the same rounds as the single
+file, and adds a table of parts / single per reader: the median of the per-round ratios of
+their rates, with the spread of those ratios::
+
+    python scripts/bench_disk.py --formats npy --layouts single,parts --rounds 3
+
+With ``--against REV`` every pass runs for this checkout and for git
 revision REV (a temporary git worktree), interleaved in the same rounds::
 
     python scripts/bench_disk.py --encoding jpeg --limit 256MiB --samples 2000 --rounds 5 --against main
@@ -72,13 +79,14 @@ def linked_tree(src: Path, dst: Path, copies: int) -> Path:
 def pack_all(src: Path, work: Path, size: int, formats) -> dict[str, Path]:
     from shardpack.packer import Options, Recipe, pack
     out = {}
-    for name in formats:  # "npy" or "npy+jpeg": the format, and an --encoding other than raw
-        fmt, _, encoding = name.partition("+")
+    for name in formats:  # "npy", "npy+jpeg" (an --encoding other than raw), "npy@parts" (--layout parts)
+        kind, _, layout = name.partition("@")
+        fmt, _, encoding = kind.partition("+")
         path = work / f"{src.name}-{size}.{name}"
         if not (path / "manifest.json").exists():
             print(f"packing {name} into {path} ...", flush=True)
             pack(src, path, Recipe(size=size, encoding=encoding or "raw"),
-                 Options(fmt=fmt, progress=False, overwrite=True))
+                 Options(fmt=fmt, progress=False, overwrite=True, layout=layout or "single"))
         out[name] = path
     return out
 
@@ -222,14 +230,19 @@ def _size(text: str) -> int:
               help="jpeg: JPEG outputs, each loader from disk against itself in RAM (see above)")
 @click.option("--against", default=None, metavar="REV",
               help="with --encoding jpeg: also git revision REV's readers, in the same rounds")
+@click.option("--layouts", default="single", show_default=True,
+              help="single, parts or single,parts: npy (raw) also in the part layout, in the same rounds")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="also write the results as JSON")
-def main(src, work, copies, size, limit, samples, rounds, formats, orders, loaders, encoding, against, out):
+def main(src, work, copies, size, limit, samples, rounds, formats, orders, loaders, encoding, against, layouts, out):
     from shardpack.readers.formats import open_reader
     from shardpack.readers.manifest import load_manifest
     from memlimit import Cgroup, CgroupUnavailable
     machine = harness.Machine()
     jpeg = encoding == "jpeg"
     limit, formats = _size(limit), [f if "+" in f or not jpeg else f + "+jpeg" for f in formats.split(",")]
+    layouts = layouts.split(",")
+    formats = [f for f in formats if "single" in layouts] + [f"{f}@parts" for f in formats if f == "npy"
+                                                              and "parts" in layouts]
     orders = orders or ("random" if jpeg else ",".join(ORDERS))
     loaders = loaders or ",".join(JPEG_LOADERS if jpeg else LOADERS)
     work.mkdir(parents=True, exist_ok=True)
@@ -322,6 +335,21 @@ def report(results, formats, configs, note, machine, limit, packed, out):
             print(f"| {fmt} | {loader} | {order} | {harness.shown(rates)} | {share:.0%} | {amp} |")
             rows.append({"format": fmt, "loader": loader, "order": order, "rates": rates,
                          "share_of_disk": share, "read_per_delivered": reads})
+    for fmt in [f for f in formats if f.endswith("@parts") and f.partition("@")[0] in formats]:
+        single = fmt.partition("@")[0]
+        print(f"\n| reader | order | {fmt} / {single} (median of {len(results[fmt, configs[0]])} per-round ratios, "
+              "spread) | per-round ratios | of the disk's rate, each its round's: ratio (spread) |\n"
+              "|---|---|---:|---|---:|")
+        for name in configs:
+            new, old = [d["rate"] for d in results[fmt, name]], [d["rate"] for d in results[single, name]]
+            r, spread = harness.ratio(new, old)
+            s, sspread = harness.ratio([d["rate"] / d["disk"] for d in results[fmt, name]],
+                                       [d["rate"] / d["disk"] for d in results[single, name]])
+            loader, order = name.rsplit(" / ", 1)
+            per = ", ".join(f"{a / b:.2f}" for a, b in zip(new, old))
+            print(f"| {loader} | {order} | {r:.2f} ({spread:.0%}) | {per} | {s:.2f} ({sspread:.0%}) |")
+            rows.append({"format": fmt, "against": single, "loader": loader, "order": order, "ratio": r,
+                         "ratio_spread": spread, "share_ratio": s, "share_ratio_spread": sspread})
     if out:
         out.write_text(json.dumps({"machine": machine.line(), "command": harness.command(), "note": note,
                                    "disk_rates": disk, "rows": rows}, indent=1))

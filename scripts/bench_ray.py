@@ -4,17 +4,26 @@ pool (engine="units", K=2), on the same job as scripts/bench_pack.py (the real s
 >= 3,000 images, N = 256, center-crop).
 
     .venv/bin/python scripts/bench_ray.py [--src ../shared/data/imagenet-sample/train] [--repeat 3]
+    .venv/bin/python scripts/bench_ray.py --formats npy --layout parts,single --repeat 5
 
 Rounds interleave the engines (local, units, ray, then reversed); each rate is the median of
---repeat. Also reported: the cluster's start-up (two `ray start` nodes until both are alive) and
-a driver's connect + shutdown, which every --engine ray run pays once; the machine line (load
-average at start and end) and the command that reproduces the run.
+--repeat, each ratio the median of the per-round ratios (its spread beside it), each with the
+1-minute load average taken beside it. A rate is the report's images / ``seconds``: from pack()'s
+call to the last file decoded, so it includes the run's start-up (a local pool's processes; Ray:
+the driver's connect, the tasks' first leases) and the scan, not the index, the commit or Ray's
+shutdown; the "whole call" ratio times the whole pack() call instead. Also reported: the
+cluster's start-up (two `ray start` nodes until both are alive; not in any rate) and a driver's
+connect + shutdown, which every --engine ray run pays once; the machine line (load average at
+start and end) and the command that reproduces the run.
 
     .venv/bin/python scripts/bench_ray.py --driver-cost 800,5000
 
 measures instead the driver's CPU per image as the slope between two job sizes, for the
-driver-written path (wds, npy) and the part layout (npy --layout parts), and prints the
-ImageNet-21k projection on 4 x 32 cores with its formula and inputs.
+driver-written path (wds, npy; ``--layout single``) and the part layout (npy, ``--layout parts``),
+and prints the ImageNet-21k projection on 4 x 32 cores with its formula and inputs. Ray's own
+threads in a driver cost CPU per second connected, whatever it packs (measured here with a
+connected, idle driver: ``r0``), so on this cluster, where a job lasts ~5 ms per image, they add
+r0 x 5 ms to the slope; the table also gives the slope less r0 x the wall time's slope.
 """
 
 from __future__ import annotations
@@ -42,6 +51,9 @@ from shardpack.packer import Options, Recipe, pack  # noqa: E402
 IMAGENET21K = 14_200_000  # images (ImageNet-21k, fall 2011 release)
 CLUSTER = (4, 32)  # nodes x cores of the projection
 PARTS_BENCH = 64 << 20  # parts of ~330 files at 256 px, so a 5,000-image job keeps both nodes busy (1 GiB: one part)
+PARTS_BIG = 256 << 20  # the same large job in fewer parts: the driver's CPU per part (task) from the difference
+PARTS = "npy parts (nodes write)"
+BIG = f"npy parts of {PARTS_BIG >> 20} MiB"
 
 
 def tree_of(src: Path, dst: Path, n: int) -> Path:
@@ -58,17 +70,33 @@ def tree_of(src: Path, dst: Path, n: int) -> Path:
     return dst
 
 
-def driver_cost(cluster, src: Path, work: Path, sizes, size: int, repeat: int, formats: list[str]) -> None:
+def idle_rate(cluster, seconds: float = 10.0) -> float:
+    """CPU s per s of a driver connected to ``cluster`` and doing nothing (Ray's own threads)."""
+    import ray
+    ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+    try:
+        time.sleep(2)  # connecting settles
+        before, t = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        time.sleep(seconds)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        return (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) / (time.perf_counter() - t)
+    finally:
+        ray.shutdown()
+
+
+def driver_cost(cluster, src: Path, work: Path, sizes, size: int, repeat: int, formats: list[str],
+                layouts: list[str]) -> None:
     """The driver's CPU per image as the slope between two job sizes (its start-up and connect
     cancel out), for the driver-written path (wds, npy: the driver reads every unit back and
     writes it) and the part layout (npy parts: the nodes write the parts, the driver commits
     the index); and the ImageNet-21k projection from it."""
     small, large = sizes
     trees = {m: tree_of(src, work / f"src{m}", m) for m in sizes}
-    paths = {f"{fmt} single (driver writes)": dict(fmt=fmt) for fmt in formats}
-    if "npy" in formats:
-        paths["npy parts (nodes write)"] = dict(fmt="npy", layout="parts", shard_size=PARTS_BENCH)
-    cpu, main_cpu, wall = {}, {}, {}
+    paths = {f"{fmt} single (driver writes)": dict(fmt=fmt) for fmt in formats if "single" in layouts}
+    if "npy" in formats and "parts" in layouts:
+        paths[PARTS] = dict(fmt="npy", layout="parts", shard_size=PARTS_BENCH)
+    cpu, main_cpu, wall, loads, units = {}, {}, {}, [], {}
+    idle = [idle_rate(cluster)]
 
     def packing(name, m):
         def one():
@@ -79,31 +107,46 @@ def driver_cost(cluster, src: Path, work: Path, sizes, size: int, repeat: int, f
             wall.setdefault((name, m), []).append(time.perf_counter() - t)
             main_cpu.setdefault((name, m), []).append(time.thread_time() - own)  # the driver's own work
             after = resource.getrusage(resource.RUSAGE_SELF)
+            units[(name, m)] = json.loads((out / "manifest.json").read_text())["run"]["units"]
             shutil.rmtree(out)
             used = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
             cpu.setdefault((name, m), []).append(used)
+            loads.append(os.getloadavg()[0])
             return used
         return one
-    harness.rounds({(name, m): packing(name, m) for name in paths for m in sizes}, repeat)
+    contenders = {(name, m): packing(name, m) for name in paths for m in sizes}
+    if PARTS in paths:  # the large job again in parts of PARTS_BIG: fewer tasks, the same images
+        paths[BIG] = dict(paths[PARTS], shard_size=PARTS_BIG)
+        contenders[(BIG, large)] = packing(BIG, large)
+    harness.rounds(contenders, repeat)
+    idle.append(idle_rate(cluster))
+    r0 = harness.median(idle)
     print(f"\ndriver CPU per image = (CPU(N={large}) - CPU(N={small})) / {large - small}, medians of {repeat} "
           f"rounds (interleaved), {size} px, Ray on 2 local nodes of 1 CPU; parts of {PARTS_BENCH >> 20} MiB. "
           "Process: all the driver's threads; main: the thread that packs (the commit: records, ledger, index, "
-          "manifest); Ray's own threads: the rest, per second of the run (it grows with the run's length)")
-    print("| path | process CPU s at N=%d | at N=%d | process us/image (slope) | main-thread us/image (slope) | "
-          "Ray's threads, CPU s per s | worker core-ms per image |" % (small, large))
-    print("|---|---:|---:|---:|---:|---:|---:|")
+          "manifest); Ray's own threads: the rest, per second of the run (it grows with the run's length). "
+          f"A connected idle driver: r0 = {r0:.4f} CPU s per s (before / after the rounds: "
+          f"{' / '.join(f'{v:.4f}' for v in idle)}); 1-min load during the rounds {min(loads):.1f}..{max(loads):.1f} "
+          f"(median {harness.median(loads):.1f})")
+    print("| path | process CPU s at N=%d | at N=%d | process us/image (slope) | less r0 x wall slope | "
+          "main-thread us/image (slope) | Ray's threads, CPU s per s | worker core-ms per image |" % (small, large))
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     slopes = {}
-    for name in paths:
+    for name in [p for p in paths if p != BIG]:
         a, b = harness.median(cpu[(name, small)]), harness.median(cpu[(name, large)])
         ma, mb = harness.median(main_cpu[(name, small)]), harness.median(main_cpu[(name, large)])
         rest = harness.median([(c - o) / w for c, o, w in zip(cpu[(name, large)], main_cpu[(name, large)],
                                                               wall[(name, large)])])
         slopes[name] = ((b - a) / (large - small), (mb - ma) / (large - small), rest)
         decode = harness.median(wall[(name, large)]) * 2 / large  # 2 one-CPU nodes, whole run
-        print(f"| {name} | {a:.2f} | {b:.2f} | {slopes[name][0] * 1e6:.1f} | {slopes[name][1] * 1e6:.1f} | "
+        per_s = (harness.median(wall[(name, large)]) - harness.median(wall[(name, small)])) / (large - small)
+        print(f"| {name} | {a:.2f} | {b:.2f} | {slopes[name][0] * 1e6:.1f} | "
+              f"{(slopes[name][0] - r0 * per_s) * 1e6:.1f} | {slopes[name][1] * 1e6:.1f} | "
               f"{rest:.4f} | {decode * 1e3:.2f} |")
+    if PARTS in paths:
+        task_cost(cpu, main_cpu, wall, units, r0, sizes, size)
     nodes, cores = CLUSTER
-    decode = min(harness.median(wall[(name, large)]) for name in paths) * 2 / large
+    decode = min(harness.median(wall[(name, large)]) for name in slopes) * 2 / large
     print(f"\nImageNet-21k projection: T = max(N d / C, N c / (1 - r)), N = {IMAGENET21K:,} images, C = {nodes} x "
           f"{cores} = {nodes * cores} cores, d = {decode * 1e3:.2f} core-ms per image (the fastest path's large job: "
           "wall time x 2 cores / N, start-up included), c = the main thread's CPU per image (slope), r = Ray's "
@@ -116,6 +159,35 @@ def driver_cost(cluster, src: Path, work: Path, sizes, size: int, repeat: int, f
               f"as c and r = 0: {IMAGENET21K * max(decode / (nodes * cores), whole) / 60:.1f} min)")
 
 
+def task_cost(cpu, main_cpu, wall, units, r0, sizes, size) -> None:
+    """The part layout's slope split into a cost per part (one Ray task: submit, wait, record,
+    Ray's threads) and one per image, from the large job in parts of PARTS_BENCH and of PARTS_BIG
+    (r0 x their wall times' difference taken out); then the driver's CPU per image with parts of
+    1 GiB (the default, ~5,400 files at 256 px) and without Ray's idle cost per second."""
+    from shardpack.packer.parts import part_files
+    from shardpack.packer.units import unit_files
+    small, large = sizes
+    med = harness.median
+    tasks = (units[(PARTS, large)] - units[(PARTS, small)]) / (large - small)  # parts per image in the slope
+    dt = units[(PARTS, large)] - units[(BIG, large)]
+    dwall = med(wall[(PARTS, large)]) - med(wall[(BIG, large)])
+    task = (med(cpu[(PARTS, large)]) - med(cpu[(BIG, large)]) - r0 * dwall) / dt
+    task_main = (med(main_cpu[(PARTS, large)]) - med(main_cpu[(BIG, large)])) / dt
+    wall_slope = (med(wall[(PARTS, large)]) - med(wall[(PARTS, small)])) / (large - small)
+    process = (med(cpu[(PARTS, large)]) - med(cpu[(PARTS, small)])) / (large - small) - r0 * wall_slope
+    main = (med(main_cpu[(PARTS, large)]) - med(main_cpu[(PARTS, small)])) / (large - small)
+    recipe = Recipe(size)
+    per = part_files(recipe, None, unit_files(recipe))
+    print(f"\nper part (one task), from N={large} in parts of {PARTS_BENCH >> 20} MiB ({units[(PARTS, large)]} parts) "
+          f"and of {PARTS_BIG >> 20} MiB ({units[(BIG, large)]}), less r0 x the wall times' difference "
+          f"({dwall:+.1f} s): process {task * 1e3:.2f} ms, main thread {task_main * 1e3:.2f} ms; the slope above "
+          f"holds {tasks * 1e3:.2f} parts per 1,000 images")
+    for what, slope, t in (("process, less r0 x wall", process, task), ("main thread", main, task_main)):
+        print(f"  driver CPU per image with parts of 1 GiB ({per:,} files at {size} px): {what}: "
+              f"{(slope - tasks * t + t / per) * 1e6:.1f} us (the slope {slope * 1e6:.1f} us - "
+              f"{tasks * t * 1e6:.1f} us of parts + {t / per * 1e6:.2f} us)")
+
+
 @click.command(help=__doc__)
 @click.option("--src", type=click.Path(exists=True, file_okay=False), default=str(harness.DEFAULT_SAMPLE),
               show_default=True)
@@ -126,11 +198,15 @@ def driver_cost(cluster, src: Path, work: Path, sizes, size: int, repeat: int, f
 @click.option("--driver-cost", "slope", default=None, metavar="SMALL,LARGE",
               help="Instead: the driver's CPU per image as the slope between jobs of SMALL and LARGE images "
                    "(e.g. 800,5000), driver-written vs the part layout, and the ImageNet-21k projection.")
-@click.option("--layout", default="single", type=click.Choice(["single", "parts"]), show_default=True,
-              help="the layout every engine writes (parts: npy only; parts of 64 MiB)")
-def main(src, min_images, size, repeat, formats, slope, layout):
+@click.option("--layout", "layouts", default=None,
+              help="the layouts every engine writes, comma-separated: single, parts (npy only; parts of 64 MiB); "
+                   "default single (with --driver-cost: single,parts)")
+def main(src, min_images, size, repeat, formats, slope, layouts):
     from test_ray import Cluster
     import ray
+    layouts = (layouts or ("single,parts" if slope else "single")).split(",")
+    if set(layouts) - {"single", "parts"}:
+        raise click.BadParameter(f"{layouts}: choose among single, parts", param_hint="--layout")
     work = Path(tempfile.mkdtemp(prefix="bench-ray-"))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still stops the cluster (finally)
     machine = harness.Machine()
@@ -146,31 +222,33 @@ def main(src, min_images, size, repeat, formats, slope, layout):
         connect = time.perf_counter() - t
         if slope:
             driver_cost(cluster, Path(src), work, [int(v) for v in slope.split(",")], size, repeat,
-                        formats.split(","))
+                        formats.split(","), layouts)
             harness.finish(machine)
             return
         tree = work / "src"
         n = repeated_tree(Path(src), tree, min_images)
         engines = {"local K=2": dict(engine="local", workers=2), "units K=2": dict(engine="units", workers=2),
                    "ray 2 nodes": dict(engine="ray", address=cluster.address)}
-        more = dict(layout="parts", shard_size=PARTS_BENCH) if layout == "parts" else {}
-        engines = {name: {**kw, **more} for name, kw in engines.items()}
-        keys = [(fmt, e) for fmt in formats.split(",") for e in engines]
-        nodes, cpu = {}, {k: [] for k in keys}
+        kinds = {"single": {}, "parts": dict(layout="parts", shard_size=PARTS_BENCH)}
+        keys = [(fmt, lay, e) for fmt in formats.split(",") for lay in layouts for e in engines
+                if lay == "single" or fmt == "npy"]
+        nodes, cpu, whole, loads = {}, {k: [] for k in keys}, {k: [] for k in keys}, {k: [] for k in keys}
 
-        def packing(fmt, name):
-            kw = engines[name]
+        def packing(fmt, lay, name):
+            kw = {**engines[name], **kinds[lay]}
 
             def one():
                 out = work / "out"
-                before = resource.getrusage(resource.RUSAGE_SELF)
+                before, t = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
                 r = pack(tree, out, Recipe(size), Options(fmt=fmt, progress=False, **kw))
+                whole[(fmt, lay, name)].append(n / (time.perf_counter() - t))
                 after = resource.getrusage(resource.RUSAGE_SELF)
-                cpu[(fmt, name)].append((after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
-                                        / n * 1e6)
+                loads[(fmt, lay, name)].append(os.getloadavg()[0])
+                cpu[(fmt, lay, name)].append((after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+                                             / n * 1e6)
                 run = json.loads((out / "manifest.json").read_text())["run"]
                 if kw["engine"] == "ray":
-                    nodes[fmt] = run["units_per_node"]
+                    nodes[f"{fmt} {lay}"] = run["units_per_node"]
                 shutil.rmtree(out)
                 return n / r.seconds
             return one
@@ -179,19 +257,24 @@ def main(src, min_images, size, repeat, formats, slope, layout):
     finally:
         cluster.stop()
         shutil.rmtree(work, ignore_errors=True)
-    print(f"{n} images, N={size}; cluster start-up (2 nodes alive) {startup:.1f} s; "
-          f"driver connect+shutdown {connect:.2f} s")
-    print("| format | engine | images/s (median of %d, ± half spread) | / local K=2 (median of per-round ratios, "
-          "spread) | driver CPU us/image |" % repeat)
-    print("|---|---|---:|---:|---:|")
-    for fmt in formats.split(","):
-        base = rates[(fmt, "local K=2")]
-        for name in engines:
-            r, spread = harness.ratio(rates[(fmt, name)], base)
-            print(f"| {fmt} | {name} | {harness.shown(rates[(fmt, name)])} | {r:.2f} ({spread:.0%}) | "
-                  f"{harness.median(cpu[(fmt, name)]):.0f} |")
+    print(f"{n} images, N={size}; cluster start-up (2 nodes alive) {startup:.1f} s (in no rate); "
+          f"driver connect+shutdown {connect:.2f} s; rates: images / the report's seconds (pack() called to the "
+          "last file decoded: start-up and scan in, index/commit/shutdown out); whole call: pack() called to "
+          "returned")
+    print("| format | layout | engine | images/s (median of %d, ± half spread) | / local K=2 (median of per-round "
+          "ratios, spread) | whole call / local K=2 | per-round ratios | 1-min load per round | driver CPU us/image |"
+          % repeat)
+    print("|---|---|---|---:|---:|---:|---|---|---:|")
+    for fmt, lay, name in keys:
+        base = (fmt, lay, "local K=2")
+        r, spread = harness.ratio(rates[(fmt, lay, name)], rates[base])
+        w, wspread = harness.ratio(whole[(fmt, lay, name)], whole[base])
+        per = ", ".join(f"{a / b:.2f}" for a, b in zip(rates[(fmt, lay, name)], rates[base]))
+        print(f"| {fmt} | {lay} | {name} | {harness.shown(rates[(fmt, lay, name)])} | {r:.2f} ({spread:.0%}) | "
+              f"{w:.2f} ({wspread:.0%}) | {per} | {', '.join(f'{v:.1f}' for v in loads[(fmt, lay, name)])} | "
+              f"{harness.median(cpu[(fmt, lay, name)]):.0f} |")
     print("units per node (last ray run):", json.dumps(nodes))
-    print("all rounds:", json.dumps({f"{k[0]} {k[1]}": [round(x) for x in v] for k, v in rates.items()}))
+    print("all rounds:", json.dumps({" ".join(k): [round(x) for x in v] for k, v in rates.items()}))
     harness.finish(machine)
 
 
