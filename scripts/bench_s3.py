@@ -20,6 +20,10 @@ batch vs object size, 8 vs 32 GETs in flight behind added latency, no / cold / w
 ``--blocks``: the cache's block size, no server):
 scripts/bench_s3_cache.py, whose docstring says how.
 
+``--litdata`` instead puts make_loader's cold and warm cache epochs side by side with LitData's
+StreamingDataset on the same pixels from the same server (``LITDATA_PYTHON``: a python with litdata):
+scripts/bench_s3_litdata.py, whose docstring says how.
+
 ``--merge`` instead times runs of 64 adjacent samples fetched as GETs of 1 to 64 samples each
 (obstore from 8 threads, as readers/diskio.py reads): what readers/objects.py's MERGE_BYTES rests on.
 """
@@ -231,13 +235,16 @@ def main() -> None:
     ap.add_argument("--cache", action="store_true", help="instead: no cache / cold / warm cache / local epochs")
     ap.add_argument("--mode", choices=["main", "processes"], default="main", help="--cache's make_loader mode")
     ap.add_argument("--blocks", action="store_true", help="instead: the block cache's block size (no server)")
+    ap.add_argument("--litdata", action="store_true", help="instead: make_loader cold / warm cache vs LitData's "
+                                                           "StreamingDataset (LITDATA_PYTHON) on the same pixels")
+    ap.add_argument("--litdata-workers", type=int, nargs="+", default=[0, 1, 2], help="--litdata's num_workers tried")
     args = ap.parse_args()
     import obstore
     if args.blocks:
         import bench_s3_cache
         with tempfile.TemporaryDirectory(prefix="bench-s3-blocks-") as tmp:
             return bench_s3_cache.block_sizes(args, Path(tmp))
-    if args.first or args.inflight or args.cache:
+    if args.first or args.inflight or args.cache or args.litdata:
         import bench_s3_cache
         args.threads = args.inflight_threads
         with tempfile.TemporaryDirectory(prefix="bench-s3-cache-") as tmp:
@@ -246,6 +253,8 @@ def main() -> None:
                 os.environ.update(server.env())
                 run = bench_s3_cache.first_batch if args.first else (
                     bench_s3_cache.inflight if args.inflight else bench_s3_cache.cache_epochs)
+                if args.litdata:
+                    from bench_s3_litdata import litdata_vs as run
                 return run(args, server, Path(tmp))
             finally:
                 server.stop()
