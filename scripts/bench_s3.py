@@ -238,6 +238,8 @@ def main() -> None:
     ap.add_argument("--litdata", action="store_true", help="instead: make_loader cold / warm cache vs LitData's "
                                                            "StreamingDataset (LITDATA_PYTHON) on the same pixels")
     ap.add_argument("--litdata-workers", type=int, nargs="+", default=[0, 1, 2], help="--litdata's num_workers tried")
+    ap.add_argument("--litdata-decode", nargs="+", choices=["auto", "off"], default=["auto", "off"],
+                    help="--litdata's StreamingDataset batch_decode tried (off: False)")
     args = ap.parse_args()
     import obstore
     if args.blocks:

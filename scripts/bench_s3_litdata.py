@@ -12,7 +12,8 @@ Contenders, interleaved (A B C ..., then ... C B A), one epoch of random batches
 - ``LitData cold, W workers``: a new StreamingDataset + StreamingDataLoader on an empty cache each round;
 - ``LitData warm, W workers``: one loader whose cache holds every chunk, a later epoch of it;
 
-for W in ``--litdata-workers`` (LitData's best of them is its rate: "its best num_workers").
+for W in ``--litdata-workers`` and each ``batch_decode`` of ``--litdata-decode`` (auto, its default;
+off: False). LitData's best of these settings is its rate ("its best num_workers").
 make_loader runs as ``--mode`` says (main; processes: 2 workers, one loader kept, as --cache).
 Medians of ``--rounds``, ``os.getloadavg()`` beside each number, then shardpack / LitData-best
 cold and warm: the issue's bar is >= 1x both. Without LITDATA_PYTHON only shardpack runs (a note says so).
@@ -46,8 +47,8 @@ class Peer:
             raise SystemExit(f"litdata_peer.py failed (exit {self.proc.wait()}); its stderr is above")
         self.ready = json.loads(line)
 
-    def epoch(self, kind: str, workers: int) -> tuple[int, float]:
-        self.proc.stdin.write(f"{kind} {workers}\n")
+    def epoch(self, kind: str, workers: int, decode: str) -> tuple[int, float]:
+        self.proc.stdin.write(f"{kind} {workers} {decode}\n")
         self.proc.stdin.flush()
         got = json.loads(self.proc.stdout.readline())
         return got["samples"], got["rate"]
@@ -88,9 +89,9 @@ def litdata_vs(args, server, tmp: Path) -> None:
     python, peer = os.environ.get("LITDATA_PYTHON"), None
     if python:
         peer = Peer(python, out, tmp / "litdata", f"s3://{BUCKET}/litdata")
-        for w in args.litdata_workers:
-            runs[f"LitData cold, {w} workers"] = lambda r, w=w: peer.epoch("cold", w)
-            runs[f"LitData warm, {w} workers"] = lambda r, w=w: peer.epoch("warm", w)
+        for w, d in [(w, d) for d in args.litdata_decode for w in args.litdata_workers]:
+            for kind in ("cold", "warm"):
+                runs[f"LitData {kind}, {w} workers, decode {d}"] = lambda r, k=kind, w=w, d=d: peer.epoch(k, w, d)
     try:
         rates: dict[str, list] = {k: [] for k in runs}
         names = list(runs)
@@ -115,7 +116,7 @@ def litdata_vs(args, server, tmp: Path) -> None:
     def med(name):
         return statistics.median(v for v, _ in rates[name])
     for kind in ("cold", "warm"):
-        best = max((f"LitData {kind}, {w} workers" for w in args.litdata_workers), key=med)
+        best = max((n for n in rates if n.startswith(f"LitData {kind},")), key=med)
         ratio = med(f"shardpack {kind} cache") / med(best)
-        print(f"  shardpack {kind} / LitData {kind} (best: {best.split(', ')[1]}): {ratio:.2f}x  "
+        print(f"  shardpack {kind} / LitData {kind} (its best: {best.split(', ', 1)[1]}): {ratio:.2f}x  "
               f"(bar >= 1x: {'met' if ratio >= 1 else 'NOT met'})")

@@ -9,12 +9,14 @@ client arguments). ``litdata.optimize`` writes the raw npy output's pixels (the 
 HWC images and labels shardpack's loader reads) straight to s3://BUCKET/PREFIX in LitData's chunks
 (``chunk_bytes`` 64MB, its usual size; its obstore client allowed plain http, see below), then a
 few samples are read back and compared with the npy output's. It then serves timing requests on
-stdin, one per line: ``KIND WORKERS``. KIND ``cold``: a new StreamingDataset, StreamingDataLoader
-and empty cache folder, one epoch timed from the first ``iter``, workers' start included, as a cold
-job meets it; ``warm``: one epoch of a loader kept for WORKERS (``persistent_workers`` where it has
-any) whose cache folder already holds every chunk, the epochs before untimed.
+stdin, one per line: ``KIND WORKERS DECODE``. DECODE is StreamingDataset's ``batch_decode``:
+``auto`` (its default) or ``off`` (False: each sample decoded alone, much faster here for shuffled
+reads). KIND ``cold``: a new StreamingDataset, StreamingDataLoader and empty cache folder, one
+epoch timed from the first ``iter``, workers' start included, as a cold job meets it; ``warm``:
+one epoch of a loader kept for (WORKERS, DECODE), ``persistent_workers`` where it has any, whose
+cache folder already holds every chunk, the epochs before untimed.
 Every loader: batch 64, ``shuffle=True``, ``drop_last=True``. Each answer is one JSON line:
-``{"kind", "workers", "samples", "seconds", "rate"}`` (samples/s). Prints a JSON ``ready`` line
+``{"kind", "workers", "decode", "samples", "seconds", "rate"}`` (samples/s). Prints a JSON ``ready`` line
 (litdata's version, the chunks written) once the data is on the server.
 """
 
@@ -61,13 +63,13 @@ def storage_options() -> dict:
             "region_name": os.environ.get("AWS_REGION", "us-east-1")}
 
 
-def dataset(url: str, cache: Path, shuffle: bool = True) -> StreamingDataset:
+def dataset(url: str, cache: Path, shuffle: bool = True, decode: str = "auto") -> StreamingDataset:
     return StreamingDataset(url, cache_dir=str(cache), shuffle=shuffle, drop_last=True,
-                            storage_options=storage_options())
+                            storage_options=storage_options(), batch_decode="auto" if decode == "auto" else False)
 
 
-def loader(url: str, cache: Path, workers: int, persistent: bool = False) -> StreamingDataLoader:
-    return StreamingDataLoader(dataset(url, cache), batch_size=BATCH, num_workers=workers, shuffle=True,
+def loader(url: str, cache: Path, workers: int, decode: str, persistent: bool = False) -> StreamingDataLoader:
+    return StreamingDataLoader(dataset(url, cache, decode=decode), batch_size=BATCH, num_workers=workers, shuffle=True,
                                drop_last=True, persistent_workers=persistent and workers > 0)
 
 
@@ -104,21 +106,23 @@ def main():
     warm: dict = {}
     rounds = 0
     for line in sys.stdin:
-        kind, workers = line.split()
-        workers = int(workers)
+        kind, workers, decode = line.split()
+        key, workers = (int(workers), decode), int(workers)
+        if decode not in ("auto", "off"):
+            raise SystemExit(f"litdata_peer: batch_decode {decode!r}: auto or off")
         if kind == "cold":
             rounds += 1
-            cache = work / f"cold-{workers}-{rounds}"
-            done, secs = epoch(loader(url, cache, workers))
+            cache = work / f"cold-{workers}-{decode}-{rounds}"
+            done, secs = epoch(loader(url, cache, workers, decode))
             shutil.rmtree(cache, ignore_errors=True)
         elif kind == "warm":
-            if workers not in warm:
-                warm[workers] = loader(url, work / f"warm-{workers}", workers, persistent=True)
-                epoch(warm[workers])  # fills the cache, untimed
-            done, secs = epoch(warm[workers])
+            if key not in warm:
+                warm[key] = loader(url, work / f"warm-{workers}-{decode}", workers, decode, persistent=True)
+                epoch(warm[key])  # fills the cache, untimed
+            done, secs = epoch(warm[key])
         else:
             raise SystemExit(f"litdata_peer: unknown request {line!r} (cold or warm)")
-        print(json.dumps({"kind": kind, "workers": workers, "samples": done, "seconds": secs,
+        print(json.dumps({"kind": kind, "workers": workers, "decode": decode, "samples": done, "seconds": secs,
                           "rate": done / secs}), flush=True)
 
 
