@@ -240,6 +240,7 @@ def main() -> None:
     ap.add_argument("--litdata-workers", type=int, nargs="+", default=[0, 1, 2], help="--litdata's num_workers tried")
     ap.add_argument("--litdata-decode", nargs="+", choices=["auto", "off"], default=["auto", "off"],
                     help="--litdata's StreamingDataset batch_decode tried (off: False)")
+    ap.add_argument("--litdata-chunk-bytes", default="64MB", help="--litdata's litdata.optimize chunk_bytes")
     args = ap.parse_args()
     import obstore
     if args.blocks:

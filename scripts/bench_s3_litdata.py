@@ -13,7 +13,8 @@ Contenders, interleaved (A B C ..., then ... C B A), one epoch of random batches
 - ``LitData warm, W workers``: one loader whose cache holds every chunk, a later epoch of it;
 
 for W in ``--litdata-workers`` and each ``batch_decode`` of ``--litdata-decode`` (auto, its default;
-off: False). LitData's best of these settings is its rate ("its best num_workers").
+off: False), LitData's chunks of ``--litdata-chunk-bytes`` (64MB). LitData's best of these
+settings is its rate ("its best num_workers").
 make_loader runs as ``--mode`` says (main; processes: 2 workers, one loader kept, as --cache).
 Medians of ``--rounds``, ``os.getloadavg()`` beside each number, then shardpack / LitData-best
 cold and warm: the issue's bar is >= 1x both. Without LITDATA_PYTHON only shardpack runs (a note says so).
@@ -39,8 +40,8 @@ PEER = Path(__file__).resolve().parent / "litdata_peer.py"
 class Peer:
     """litdata_peer.py kept running: :meth:`epoch` asks it for one timed epoch, answers samples/s."""
 
-    def __init__(self, python: str, out: Path, work: Path, url: str):
-        self.proc = subprocess.Popen([python, str(PEER), str(out), str(work), url], stdin=subprocess.PIPE,
+    def __init__(self, python: str, out: Path, work: Path, url: str, chunk_bytes: str = "64MB"):
+        self.proc = subprocess.Popen([python, str(PEER), str(out), str(work), url, chunk_bytes], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=dict(os.environ))
         line = self.proc.stdout.readline()
         if not line:
@@ -88,7 +89,7 @@ def litdata_vs(args, server, tmp: Path) -> None:
             "shardpack warm cache": lambda r: timed(shardpack_warm, r)}
     python, peer = os.environ.get("LITDATA_PYTHON"), None
     if python:
-        peer = Peer(python, out, tmp / "litdata", f"s3://{BUCKET}/litdata")
+        peer = Peer(python, out, tmp / "litdata", f"s3://{BUCKET}/litdata", args.litdata_chunk_bytes)
         for w, d in [(w, d) for d in args.litdata_decode for w in args.litdata_workers]:
             for kind in ("cold", "warm"):
                 runs[f"LitData {kind}, {w} workers, decode {d}"] = lambda r, k=kind, w=w, d=d: peer.epoch(k, w, d)

@@ -1,13 +1,13 @@
 """LitData's StreamingDataset as a peer for ``scripts/bench_s3.py --litdata``, run by a python that has
 litdata (its own venv, never the project's: ``LITDATA_PYTHON=/work/venv-litdata/bin/python``)::
 
-    LITDATA_PYTHON scripts/litdata_peer.py RAW_NPY_OUT WORK s3://BUCKET/PREFIX
+    LITDATA_PYTHON scripts/litdata_peer.py RAW_NPY_OUT WORK s3://BUCKET/PREFIX [CHUNK_BYTES]
 
 The S3 server comes from the environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
 ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``), handed to LitData as its ``storage_options`` (boto3
 client arguments). ``litdata.optimize`` writes the raw npy output's pixels (the same 256 px uint8
 HWC images and labels shardpack's loader reads) straight to s3://BUCKET/PREFIX in LitData's chunks
-(``chunk_bytes`` 64MB, its usual size; its obstore client allowed plain http, see below), then a
+(``chunk_bytes`` CHUNK_BYTES, default 64MB, its usual size; its obstore client allowed plain http, see below), then a
 few samples are read back and compared with the npy output's. It then serves timing requests on
 stdin, one per line: ``KIND WORKERS DECODE``. DECODE is StreamingDataset's ``batch_decode``:
 ``auto`` (its default) or ``off`` (False: each sample decoded alone, much faster here for shuffled
@@ -94,15 +94,16 @@ def check(raw: str, url: str, work: Path) -> int:
 
 def main():
     raw, work, url = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+    chunk_bytes = sys.argv[4] if len(sys.argv) > 4 else CHUNK_BYTES
     work.mkdir(parents=True, exist_ok=True)
     n = len(np.load(Path(raw) / "labels.npy"))
     t = time.perf_counter()
-    optimize(fn=Pixels(raw), inputs=list(range(n)), output_dir=url, chunk_bytes=CHUNK_BYTES, num_workers=1,
+    optimize(fn=Pixels(raw), inputs=list(range(n)), output_dir=url, chunk_bytes=chunk_bytes, num_workers=1,
              storage_options=storage_options(), mode="overwrite", verbose=False)
     took = time.perf_counter() - t
     count = check(raw, url, work)
     print(json.dumps({"ready": True, "litdata": litdata.__version__, "samples": count, "optimize_s": took,
-                      "chunk_bytes": CHUNK_BYTES}), flush=True)
+                      "chunk_bytes": chunk_bytes}), flush=True)
     warm: dict = {}
     rounds = 0
     for line in sys.stdin:
