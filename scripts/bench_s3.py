@@ -23,6 +23,10 @@ scripts/bench_s3_cache.py, whose docstring says how.
 ``--first-open`` (a cold open + first batch per format, requests counted) and ``--stock`` (the stock
 DataLoader with 2 workers against the client): scripts/bench_s3_first.py.
 
+``--litdata`` instead puts make_loader's cold and warm cache epochs side by side with LitData's
+StreamingDataset on the same pixels from the same server (``LITDATA_PYTHON``: a python with litdata):
+scripts/bench_s3_litdata.py, whose docstring says how.
+
 ``--merge`` instead times runs of 64 adjacent samples fetched as GETs of 1 to 64 samples each
 (obstore from 8 threads, as readers/diskio.py reads): what readers/objects.py's MERGE_BYTES rests on.
 """
@@ -245,13 +249,19 @@ def main() -> None:
                          "on an epoch's ranges from --threads threads (scripts/bench_s3_first.py)")
     ap.add_argument("--warm-reads", action="store_true", help="instead: the block cache's warm read path vs np.take "
                                                               "from a local copy, thread CPU (no server)")
+    ap.add_argument("--litdata", action="store_true", help="instead: make_loader cold / warm cache vs LitData's "
+                                                           "StreamingDataset (LITDATA_PYTHON) on the same pixels")
+    ap.add_argument("--litdata-workers", type=int, nargs="+", default=[0, 1, 2], help="--litdata's num_workers tried")
+    ap.add_argument("--litdata-decode", nargs="+", choices=["auto", "off"], default=["auto", "off"],
+                    help="--litdata's StreamingDataset batch_decode tried (off: False)")
+    ap.add_argument("--litdata-chunk-bytes", default="64MB", help="--litdata's litdata.optimize chunk_bytes")
     args = ap.parse_args()
     import obstore
     if args.blocks or args.warm_reads:
         import bench_s3_cache
         with tempfile.TemporaryDirectory(prefix="bench-s3-blocks-") as tmp:
             return (bench_s3_cache.warm_reads if args.warm_reads else bench_s3_cache.block_sizes)(args, Path(tmp))
-    if args.first or args.inflight or args.cache:
+    if args.first or args.inflight or args.cache or args.litdata:
         import bench_s3_cache
         args.threads = args.inflight_threads
         with tempfile.TemporaryDirectory(prefix="bench-s3-cache-") as tmp:
@@ -260,6 +270,8 @@ def main() -> None:
                 os.environ.update(server.env())
                 run = bench_s3_cache.first_batch if args.first else (
                     bench_s3_cache.inflight if args.inflight else bench_s3_cache.cache_epochs)
+                if args.litdata:
+                    from bench_s3_litdata import litdata_vs as run
                 return run(args, server, Path(tmp))
             finally:
                 server.stop()
