@@ -52,6 +52,14 @@ class PartsReader(Reader):
         parts = np.searchsorted(self.starts, indices, side="right") - 1
         return parts, indices - self.starts[parts]
 
+    def _keep(self, array: np.ndarray, name: str, base, fits) -> None:
+        """Keep a checked part's map, its file (open_data: in RAM or read by preadv) and base."""
+        file, in_ram = open_data(self, array, name, fits)
+        self._maps.append(array)
+        self._files.append(file)
+        self._rams.append(in_ram)
+        self._bases.append(int(base))
+
 
 class FixedPartsReader(PartsReader):
     """Part files of one shape: part g a (count_g, H, W, 3) uint8 array; sample i is row
@@ -77,11 +85,7 @@ class FixedPartsReader(PartsReader):
             if images.shape != (count, *self.shape) or images.dtype != np.uint8:
                 raise ShardFormatError(f"{self.where(name)}: array {images.shape} {images.dtype}, the manifest "
                                        f"says {(count, *self.shape)} uint8")
-            file, in_ram = open_data(self, images, name, fits)
-            self._maps.append(images)
-            self._files.append(file)
-            self._rams.append(in_ram)
-            self._bases.append(int(base))
+            self._keep(images, name, base, fits)
 
 
     def read_into(self, i, out):
@@ -146,11 +150,7 @@ class RowsPartsBase(PartsReader):
                     or rows.dtype.kind not in "iu" or int(rows[0]) != 0 or int(rows[-1]) != flat.shape[0]):
                 raise ShardFormatError(f"{self.where(name)}: {flat.shape} {flat.dtype} and the row table "
                                        f"{rows_name} {rows.shape}; the manifest says {count} samples")
-            file, in_ram = open_data(self, flat, name, fits)
-            self._maps.append(flat)
-            self._files.append(file)
-            self._rams.append(in_ram)
-            self._bases.append(int(base))
+            self._keep(flat, name, base, fits)
             self._rows.append(np.asarray(rows, np.int64))
         self._starts = self.starts.tolist()
         self._sizes = [m.shape[0] for m in self._maps]
