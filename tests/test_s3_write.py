@@ -24,7 +24,8 @@ from helpers import FORMATS, PACK_SCRIPT, ROOT, all_samples, assert_same_output,
     run_cli
 from shardpack.packer import remote_lock
 from shardpack.packer.options import OutputBusy, PackError
-from shardpack.packer.upload import Upload, part_size, staged_path
+from shardpack.packer.multipart import part_size
+from shardpack.packer.upload import Upload, staged_path
 from shardpack.readers.dataset import ShardDataset
 from shardpack.readers.manifest import ShardFormatError
 
