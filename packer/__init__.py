@@ -6,7 +6,8 @@ labels files)."""
 from .imaging import Recipe
 from .options import Options, PackError, Report
 from .plan import Plan, make_plan
-from .run import pack, pack_plan
+from .run import pack
+from .run_plan import pack_plan
 from .scan import ScanError, scan
 
 __all__ = ["pack", "Recipe", "Options", "Report", "PackError", "ScanError", "scan",

@@ -1,6 +1,6 @@
 """The plan of a whole-dataset layout, made before anything is written: splits, labels and classes.
 
-Split folders, flat folders with a labels file, and the plan printed before packing; run.pack_plan
+Split folders, flat folders with a labels file, and the plan printed before packing; run_plan.pack_plan
 writes it (one dataset, or a splits root: OUT/<split>/ plus a top-level manifest).
 
 A SRC whose sub-directories are all split names (scan.SPLIT_NAMES: train, val, valid, validation,

@@ -1,9 +1,9 @@
-"""pack(): one ImageFolder tree into one output, read as its stages; pack_plan(): a plan's datasets.
+"""pack(): one ImageFolder tree into one output, read as its stages (a plan's datasets: run_plan.py).
 
 Prepare (decide everything once, write nothing) -> open the staging directory -> open the writer
 at the checkpoint -> decode all -> finish (squeeze, index, skipped.json) -> commit. pack_plan
-writes a plan (plan.py): one dataset, or a splits root whose splits are each a pack() inside
-one staging directory, committed together.
+(run_plan.py) writes a plan (plan.py): one dataset, or a splits root whose splits are each a
+pack() inside one staging directory, committed together.
 
 Decoding is the cost (~3 ms per ImageNet JPEG), so K processes decode and put the pixels where
 they belong, never pickled back (runners.py). Results are consumed in scan order, so the
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..readers.folder import clash_text
-from ..readers.manifest import FORMATS, MANIFEST, SKIPPED, SPLITS_KIND, bytes_on_disk, partial_dir, write_json_atomic
+from ..readers.manifest import FORMATS, MANIFEST, SKIPPED, SPLITS_KIND, bytes_on_disk, write_json_atomic
 from ..readers.system import usable_cpus
 from ..readers.text import squeezed
 
@@ -37,19 +37,18 @@ from .lock import OutputLock
 from .mounts import MountTable, UnsafeOutput, check_output, source_note
 from .parts import check_layout, part_sizes
 from .options import (DISK_FULL, ENGINES, RESUME_AND_OVERWRITE, ConflictingOptions, Options, PackError, Report,
-                      Stopped, StrictError, default_out, errno_of, resume_advice, say)
-from .plan import Plan
+                      StrictError, default_out, errno_of, resume_advice, say)
 from .prefetch import DEFAULT_THREADS
 from .runners import keep_freed_memory, start_forkserver
 from .scan import Listing, scan
-from .sizing import SizeEstimate, estimate_size, output_bytes, plan_run_bytes, scratch_bytes
+from .sizing import SizeEstimate, estimate_size, output_bytes, scratch_bytes
 from .sameness import dataset_fingerprint
 from .upload import open_upload, url_of
 from .staging import COMPACTING, Staging, check_complete, check_existing, check_place
 from .writers import open_writer
-from .writers.manifest import dataset_manifest, run_info, splits_manifest, write_index
+from .writers.manifest import dataset_manifest, run_info, write_index
 
-__all__ = ["pack", "pack_plan", "prepare", "Setup", "Decoding", "Options", "Report", "PackError", "StrictError",
+__all__ = ["pack", "prepare", "Setup", "Decoding", "Options", "Report", "PackError", "StrictError",
            "default_out"]
 
 
@@ -334,66 +333,6 @@ def _squeeze(staging: Staging, listing: Listing, writer, ledger: Ledger):
     written = writer.finish(kept)
     writer.close()
     return kept, skips, written
-
-
-# ---------------------------------------------------------------- a plan: one dataset, or a splits root
-
-def pack_plan(plan: Plan, out: str | os.PathLike | None, recipe: Recipe, opts: Options,
-              extra: dict | None = None, setup: Setup | None = None) -> list[Report]:
-    """Write ``plan`` (plan.make_plan): one dataset at OUT, or a splits root OUT/<split>/ (see plan.py).
-
-    ``extra`` adds manifest keys (e.g. "settings") to every dataset manifest and the top-level
-    one; ``setup``: what run.prepare() decided, when the caller already did (``out`` is then
-    ``setup.out``). Returns one Report per part. Raises PackError as run.pack does (OUT exists
-    without overwrite, an interrupted run without resume, space short, ...), and on ``resume``
-    when the plan changed since the interrupted run.
-    """
-    extra = dict(extra or {})
-    own = setup is None
-    setup = setup or prepare(plan.src, out, recipe, opts, mounts=plan.mounts)  # takes OUT's lock
-    try:
-        if setup.upload is not None and setup.upload.staged:
-            return _uploaded(setup, _staged_reports(setup.out))
-        return _uploaded(setup, _pack_plan(plan, recipe, opts, extra, setup))
-    finally:
-        if own:
-            setup.release()
-
-
-def _pack_plan(plan: Plan, recipe: Recipe, opts: Options, extra: dict, setup: Setup) -> list[Report]:
-    if not plan.is_splits:
-        part = plan.parts[0]
-        more = {"labels": part.labels.as_manifest()} if part.labels else {}
-        return [pack(plan.src, setup.out, recipe, opts, listing=part.listing, extra={**extra, **more},
-                     setup=replace(setup, estimate=lambda: plan.estimates(recipe)[0]), labels=part.labels)]
-    splits = {p.split: len(p.listing) for p in plan.parts}
-    staging = Staging.open(setup.out, plan.fingerprint(recipe, opts), opts,
-                           need=lambda: plan_run_bytes(plan, recipe, opts.fmt, setup.workers),
-                           count=sum(splits.values()), previous=setup.lock.previous if setup.lock else None,
-                           listings=plan.listings())
-    notes = [say(note) for note in (*setup.notes, *staging.notes)]
-    if setup.lock is not None:
-        setup.lock.writing_begins()
-    t0 = time.perf_counter()
-    reports = []
-    for part in plan.parts:
-        d = staging.tmp / part.split
-        more = {"split": part.split, **({"labels": part.labels.as_manifest()} if part.labels else {})}
-        if (d / MANIFEST).is_file():  # finished before the interruption
-            reports.append(_report_of(d))
-            continue
-        sub = replace(opts, overwrite=False, resume=partial_dir(d).exists(), space_check=False)
-        report = pack(plan.src / part.split, d, recipe, sub, listing=part.listing, extra={**extra, **more},
-                      setup=replace(setup, out=d, named=d, notes=()), labels=part.labels)
-        report.notes[:0] = notes
-        reports.append(report)
-        if report.late_signal and part is not plan.parts[-1]:  # this split is finished; stop before the next
-            raise Stopped(report.late_signal)
-    run = run_info(plan.src, time.perf_counter() - t0)
-    staging.commit(splits_manifest(opts.fmt, recipe, plan, reports, run, {**encoding_manifest(recipe), **extra}))
-    for r in reports:
-        r.out = setup.out / r.out.name
-    return reports
 
 
 def _report_of(d: Path) -> Report:

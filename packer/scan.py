@@ -71,7 +71,7 @@ def find_classes(root: str | os.PathLike, splits_ok: bool = False) -> tuple[list
 
     Raises ScanError when root is not a directory or has no class folders, and SplitsError
     when some of its folders are split names (train/val/...), which would otherwise be packed as
-    "classes" (unless ``splits_ok``: ``pack-dataset --no-splits``; packer.run.pack_plan packs such a
+    "classes" (unless ``splits_ok``: ``pack-dataset --no-splits``; packer.run_plan.pack_plan packs such a
     root split by split).
     """
     root = Path(root)

@@ -3,7 +3,7 @@
 Opened fresh, resumed, replaced or refused by one rule, checkpointed while packing, and committed
 (manifest last, fsynced, renamed to OUT).
 
-One protocol for a plain dataset (run.pack) and for a splits root (run.pack_plan, whose
+One protocol for a plain dataset (run.pack) and for a splits root (run_plan.pack_plan, whose
 splits are each such a dataset inside it):
 
 - every step runs under OUT's lock (lock.py, taken by run.prepare before anything here), so a

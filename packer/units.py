@@ -38,7 +38,8 @@ import numpy as np
 
 from .imaging import Recipe
 from .options import StrictError
-from .runners import Decoded, Decoder, Handover, Skipped, Writes, _exit_with, mp_context
+from .runners import Decoded, Decoder, Handover, Skipped, _exit_with, mp_context
+from .writes import Writes
 
 UNIT_BYTES = 32 << 20  # a unit's pixels: ~220 ImageNet samples at 224, ~0.7 s of one core's decoding
 UNITS_DIR = "units"

@@ -35,6 +35,7 @@ from ..readers.mirror import DIGEST_FILE, cache_root
 from ..readers.objects import Objects, is_url, one_line
 from ..readers.text import mb, plural
 
+from .multipart import Reader, part_size
 from .options import AlreadyComplete, PackError, say
 from .remote_lock import RemoteLock
 
@@ -44,8 +45,6 @@ STATE = "upload.json"  # beside the staged output: what was uploaded
 MANIFESTS = (DIGEST_FILE, MANIFEST)  # a folder's commit, in this order
 # never uploaded: no data (LMDB's lock.mdb; readers read data.mdb by range): "N files put" is verify's count
 NOT_UPLOADED = tuple(n for n in NOT_SEALED if n not in MANIFESTS)
-MIN_PART = 8 << 20  # multipart part size floor; S3 allows 10,000 parts: 9,000 leaves room
-MAX_PARTS = 9000
 
 
 def staged_path(url: str, staging: str | os.PathLike | None = None) -> Path:
@@ -54,37 +53,6 @@ def staged_path(url: str, staging: str | os.PathLike | None = None) -> Path:
     root = Path(staging).expanduser().absolute() if staging else cache_root() / "uploads"
     url = url.rstrip("/")
     return root / hashlib.sha256(url.encode()).hexdigest()[:16] / url.rpartition("/")[2]
-
-
-def part_size(size: int) -> int:
-    """The multipart part size for a file of ``size`` bytes: 8 MiB, or more (in MiB) so that
-    the file takes at most 9,000 parts (S3's limit is 10,000)."""
-    mib = 1 << 20
-    return max(MIN_PART, -(-size // MAX_PARTS) // mib * mib + mib)
-
-
-class _Reader:
-    """A file read by the client through Python, so a signal (Ctrl-C, SIGTERM) raises between
-    parts instead of waiting for the whole file; ``stopped`` keeps the KeyboardInterrupt. Off
-    the main thread, ``cancel`` (an Event) set ends the upload at its next read."""
-
-    def __init__(self, f, cancel: threading.Event | None = None):
-        self.f, self.stopped, self.cancel = f, None, cancel
-
-    def read(self, n=-1):
-        if self.cancel is not None and self.cancel.is_set():
-            raise OSError("the run stopped: upload cancelled")
-        try:
-            return self.f.read(n)
-        except KeyboardInterrupt as err:
-            self.stopped = err
-            raise
-
-    def seek(self, *args):
-        return self.f.seek(*args)
-
-    def tell(self):
-        return self.f.tell()
 
 
 class Upload:
@@ -210,7 +178,7 @@ class Upload:
         from obstore.exceptions import BaseError
         size = path.stat().st_size
         with open(path, "rb") as f:
-            reader = _Reader(f, None if threading.current_thread() is threading.main_thread() else self._cancel)
+            reader = Reader(f, None if threading.current_thread() is threading.main_thread() else self._cancel)
             try:
                 chunk = part_size(size)
                 return obstore.put(self.objects.store(), key, reader, chunk_size=chunk,

@@ -17,7 +17,8 @@ from .draws import SampleDraws, sample_keys
 from .encoding import encoding_of
 from .formats import open_reader
 from .formats.base import check_out
-from .manifest import COLUMNS, INDEX_DIR, Index, ShardFormatError, load_manifest, read_splits, split_root
+from .index import Index
+from .manifest import COLUMNS, INDEX_DIR, ShardFormatError, load_manifest, read_splits, split_root
 from .cachesetup import attach as attach_cache
 from .mirror import open_url
 from .mirror import sizes as objects_sizes

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from . import diskio
-from .manifest import Index
+from .index import Index
 
 
 def naming_source(err: diskio.CutShort, index: Index) -> diskio.CutShort:

@@ -20,7 +20,8 @@ from .encoding import describe as describe_encoding, encoding_of
 from .formats import open_reader
 from .formats.base import flagged
 from .text import mb, shown
-from .manifest import (COLUMNS, LAYOUT_PARTS, bytes_on_disk, INDEX_DIR, MANIFEST, PATHS_BLOB, SKIPPED, Index,
+from .index import Index
+from .manifest import (COLUMNS, LAYOUT_PARTS, bytes_on_disk, INDEX_DIR, MANIFEST, PATHS_BLOB, SKIPPED,
                        ShardFormatError, dataset_dirs, layout_of, load_manifest, load_npy, read_splits)
 from .objects import is_url
 

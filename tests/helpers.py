@@ -87,6 +87,11 @@ def packed(fmt: str, src: Path, out: Path, *, size: int = 16, **kw) -> Path:
     return Path(pack_quiet(src, out, fmt, size=size, **kw).out)
 
 
+def hwc(ds, i):
+    """Sample ``i`` of ``ds`` as an HWC uint8 array (contiguous)."""
+    return ds[i][0].permute(1, 2, 0).contiguous().numpy()
+
+
 def all_samples(ds: ShardDataset):
     """(images HWC uint8 stacked or list, labels) of every sample via __getitem__."""
     imgs = [ds[i][0].permute(1, 2, 0).numpy().copy() for i in range(len(ds))]

@@ -173,7 +173,7 @@ def test_export_imagefolder_round_trip_is_pixel_identical(tmp_path, monkeypatch)
     datasets = pytest.importorskip("datasets", reason="the interop extra (pip install -e '.[interop]')")
     from shardpack import export_imagefolder, load_manifest
     from shardpack.packer import Options, Recipe, make_plan, pack, pack_plan
-    from shardpack.readers.manifest import Index
+    from shardpack.readers.index import Index
 
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     src = make_tree(tmp_path / "photos", {"zebra": 3, "ant": 4, "moth": 2}, seed=11)

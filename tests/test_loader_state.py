@@ -1,6 +1,8 @@
 """make_loader's augmentation draws keyed per sample, and its loader's state_dict / load_state_dict:
 a resumed run yields exactly the batches (sample indices, labels, pixels) the uninterrupted run
-would have, in any mode, worker count, prefetch depth or world size with the same global batch."""
+would have, in any mode, worker count, prefetch depth or world size with the same global batch.
+Another global batch size or world size, and DDP: test_loader_world.py; ShardSampler's own state
+under a stock DataLoader and torchdata: test_sampler_state.py."""
 
 
 import json
@@ -13,31 +15,16 @@ import pytest
 import torch
 
 import helpers
-from helpers import make_tree, run_ranks
+from helpers import make_tree
+from loader_runs import (BATCH, N, PER_EPOCH, assert_same, aug, digest, expected_batches, expected_state, make,
+                         per_image, state_output, take, uninterrupted)
 from shardpack.readers import ShardDataset, ShardSampler
 from shardpack.readers.loading import make_loader
-from shardpack.readers.transforms import Compose, RandomCrop, RandomHorizontalFlip
-
-N = 23  # samples: 5 batches of 4 and a short one, so epoch ends with and without drop_last are both met
 
 
 @pytest.fixture(scope="module")
 def out(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("state")
-    src = make_tree(tmp / "src", {"a": 9, "b": 8, "c": 6})
-    return helpers.packed("npy", src, tmp / "npy", size=16)
-
-
-def aug():
-    return Compose([RandomCrop(12), RandomHorizontalFlip()])
-
-
-def expected_batches(sampler, epoch, batch_size, drop_last=True):
-    """This rank's batches of ``epoch`` (sorted inside each, as make_loader gives them)."""
-    sampler.set_epoch(epoch)
-    order = list(sampler)
-    cut = len(order) - len(order) % batch_size if drop_last else len(order)
-    return [sorted(order[a:a + batch_size]) for a in range(0, cut, batch_size)]
+    return state_output(tmp_path_factory)
 
 
 def test_make_loader_draws_are_keyed_by_seed_epoch_and_sample_whatever_batch_size_or_rank(out):
@@ -68,7 +55,6 @@ def test_make_loader_draws_are_keyed_by_seed_epoch_and_sample_whatever_batch_siz
 
 # ---------------------------------------------------------------- resume: the state and what follows it
 
-SEED, BATCH, PER_EPOCH = 3, 4, N // 4  # drop_last: 5 batches an epoch
 CHILD = r"""
 import hashlib, json, os, sys, time
 from shardpack.readers import ShardDataset
@@ -99,56 +85,9 @@ with open(record, "a") as rec:
 """
 
 
-def make(out, mode="main", workers=2, prefetch=2, persistent=True, batch=BATCH, seed=SEED, **kw):
-    return make_loader(ShardDataset(out), batch, mode=mode, num_workers=workers, prefetch_factor=prefetch,
-                       persistent_workers=persistent, seed=seed, batch_transform=aug(),
-                       multiprocessing_context="fork" if mode == "processes" else None, **kw)
-
-
-def take(loader, n: int) -> list:
-    """The next ``n`` batches as (labels, imgs), across epochs (each iter() an epoch); stops right
-    after the n-th (the state is taken there, inside the epoch's loop)."""
-    got = []
-    while len(got) < n:
-        before = len(got)
-        for imgs, labels in loader:
-            got.append((labels.tolist(), imgs.clone()))
-            if len(got) == n:
-                break
-        assert len(got) > before, "an epoch without batches"
-    return got
-
-
-def digest(imgs) -> str:
-    return __import__("hashlib").sha256(imgs.contiguous().numpy().tobytes()).hexdigest()
-
-
-def assert_same(got: list, want: list) -> None:
-    assert [labels for labels, _ in got] == [labels for labels, _ in want]
-    bad = [k for k, ((_, a), (_, b)) in enumerate(zip(got, want)) if not torch.equal(a, b)]
-    assert not bad, f"batches {bad} have other pixels"
-
-
 @pytest.fixture(scope="module")
 def reference(out):
-    """3 uninterrupted epochs (15 batches), checked against the order and the keyed draws."""
-    ref = take(make(out), 3 * PER_EPOCH)
-    ds, keyed = ShardDataset(out), ShardDataset(out, batch_transform=aug(), seed=SEED)
-    for epoch in range(3):
-        keyed.set_epoch(epoch)
-        want = expected_batches(ShardSampler(ds, seed=SEED, num_replicas=1, rank=0), epoch, BATCH)
-        for (labels, imgs), idx in zip(ref[epoch * PER_EPOCH:(epoch + 1) * PER_EPOCH], want):
-            assert labels == [int(ds.targets[i]) for i in idx]
-            assert all(torch.equal(img, keyed[i][0]) for img, i in zip(imgs, idx))
-    return ref
-
-
-def expected_state(out, k: int) -> dict:
-    from shardpack.readers.integrity import content_identity
-    ds = ShardDataset(out)
-    return {"version": 1, "dataset": content_identity(ds.root, ds.manifest), "seed": SEED, "order_seed": SEED,
-            "shuffle": True, "drop_last": True, "epoch": k // PER_EPOCH, "samples": k % PER_EPOCH * BATCH,
-            "batch_size": BATCH}
+    return uninterrupted(out)
 
 
 @pytest.mark.parametrize("k, first, then", [
@@ -261,141 +200,6 @@ def test_states_that_cannot_be_honoured_are_refused_in_one_line_naming_why(out, 
         assert target.state_dict()["samples"] == 0  # nothing changed
 
 
-# ---------------------------------------------------------------- another global batch size: the next step boundary
-
-@pytest.fixture(scope="module")
-def reference8(out, reference):
-    """3 uninterrupted epochs at batch 8 (2 steps an epoch: positions 0..15), each step the samples
-    and crops of two of the batch-4 run's (draws keyed per sample)."""
-    ref8 = take(make(out, batch=8), 6)
-    for e in range(3):
-        for j in range(2):
-            four = reference[e * PER_EPOCH + 2 * j:e * PER_EPOCH + 2 * j + 2]
-            assert per_image(*ref8[2 * e + j]) == sorted(sum((per_image(*b) for b in four), []))
-    return ref8
-
-
-def resume(loader, state, message):
-    with pytest.warns(RuntimeWarning, match=message) as seen:
-        loader.load_state_dict(state)
-    assert len(seen) == 1 and "\n" not in str(seen[0].message)
-    return loader
-
-
-def test_another_global_batch_dividing_the_samples_resumes_exactly(out, reference, reference8):
-    eight = make(out, batch=8)
-    head = take(eight, 1)  # positions 0..7 of epoch 0
-    assert head[0][0] == reference8[0][0]
-    resumed = resume(make(out, mode="threads"), eight.state_dict(),
-                     r"^load_state_dict: the state's global batch size is 8, this loader's 4: epoch 0 resumes at "
-                     r"sample 8 of its order \(the state's 8 rounded up to a multiple of 4\), skipping 0 samples$")
-    assert resumed.state_dict() == expected_state(out, 2)
-    assert_same(take(resumed, 3 * PER_EPOCH - 2), reference[2:])  # from position 8 on, epochs 1 and 2 whole
-
-
-def test_another_global_batch_resumes_at_its_next_step_skipping_the_samples_between(out, reference, reference8):
-    four = make(out)
-    take(four, 1)  # positions 0..3
-    resumed = resume(make(out, batch=8), four.state_dict(),
-                     r"global batch size is 4, this loader's 8: epoch 0 resumes at sample 8 of its order "
-                     r"\(the state's 4 rounded up to a multiple of 8\), skipping 4 samples$")
-    assert resumed.state_dict() == {**expected_state(out, 0), "samples": 8, "batch_size": 8}
-    rest = take(resumed, 5)
-    assert_same(rest, reference8[1:])  # positions 8..15, then epochs 1 and 2
-    skipped = {tuple(x) for x in per_image(*reference[1])}  # positions 4..7
-    assert not skipped & {tuple(x) for x in per_image(*rest[0])}  # skipped, not delivered late
-
-
-def test_another_global_batch_past_the_epochs_last_step_starts_the_next_epoch(out, reference8):
-    four = make(out)
-    take(four, 3)  # positions 0..11; a batch of 8 has steps at 0 and 8 only (drop_last: 23 // 8)
-    resumed = resume(make(out, batch=8), four.state_dict(),
-                     r"global batch size is 4, this loader's 8: epoch 0 \(of 23 samples\) has no step of 8 left at "
-                     r"sample 16, so it resumes at epoch 1, sample 0, skipping 4 samples \(the state stood at sample "
-                     r"12\); its last 7 are dropped as in every epoch \(drop_last\)$")
-    assert resumed.state_dict() == {**expected_state(out, PER_EPOCH), "batch_size": 8}
-    assert_same(take(resumed, 4), reference8[2:])
-    whole = take(make(out, train=False, batch=8), 6)  # in order, the last batch short: 8, 8, 7
-    evaluating = make(out, train=False)
-    take(evaluating, 5)  # positions 0..19
-    resumed = resume(make(out, train=False, batch=8), evaluating.state_dict(),
-                     r"epoch 0 \(of 23 samples\) has no step of 8 left at sample 24, so it resumes at epoch 1, "
-                     r"sample 0, skipping 3 samples \(the state stood at sample 20\)$")
-    assert_same(take(resumed, 3), whole[3:])
-
-
-def test_another_world_size_and_global_batch_together_resume_at_the_next_step(out, reference8):
-    """1 rank x 4 -> 2 ranks x 4 (in one process: each rank's own ShardSampler) -> 1 x 3."""
-    four = make(out)
-    take(four, 1)
-
-    def rank(r):
-        sampler = ShardSampler(ShardDataset(out), seed=SEED, num_replicas=2, rank=r, drop_last=True)
-        return resume(make(out, sampler=sampler), four.state_dict(),
-                      r"is 4, this loader's 8: epoch 0 resumes at sample 8 .* skipping 4 samples$")
-
-    ranks = [rank(0), rank(1)]
-    steps = [take(loader, 2) for loader in ranks]  # epoch 0's step at 8, epoch 1's at 0
-    assert [sorted(per_image(*a) + per_image(*b)) for a, b in zip(*steps)] == [per_image(*b) for b in reference8[1:3]]
-    assert ranks[0].state_dict() == ranks[1].state_dict() == {**expected_state(out, PER_EPOCH), "samples": 8,
-                                                              "batch_size": 8}
-    three = resume(make(out, batch=3), ranks[1].state_dict(),
-                   r"is 8, this loader's 3: epoch 1 resumes at sample 9 of its order .* skipping 1 sample$")
-    whole3 = take(make(out, batch=3), 21)  # 7 steps an epoch
-    assert_same(take(three, 4 + 7), whole3[7 + 3:])  # epoch 1 from position 9 (step 3), epoch 2 whole
-
-
-# ---------------------------------------------------------------- DDP: 2 gloo ranks <-> 1, the same global batch
-
-def per_image(labels, imgs) -> list:
-    """A step's samples as sorted [label, pixels digest] pairs (its batches on every rank together)."""
-    return sorted([int(label), digest(img)] for label, img in zip(labels, imgs))
-
-
-def _rank(rank, out, tmp):
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"file://{tmp / 'pg'}", rank=rank, world_size=2,
-                            timeout=timedelta(seconds=60))
-    try:
-        loader = make(out, batch=BATCH // 2)  # 2 ranks x 2: the global batch of 4
-        whole, state = [], None
-        for _ in range(2):
-            for imgs, labels in loader:
-                whole.append(per_image(labels, imgs))
-                if len(whole) == 2:
-                    state = loader.state_dict()
-        resumed = make(out, batch=BATCH // 2, mode="threads", workers=1)
-        resumed.load_state_dict(json.loads((tmp / "one.json").read_text()))  # a world size 1 run's, after 3 steps
-        rest = [per_image(labels, imgs) for labels, imgs in take(resumed, 2 * PER_EPOCH - 3)]
-        (tmp / f"rank{rank}.json").write_text(json.dumps({"whole": whole, "state": state, "rest": rest}))
-    finally:
-        dist.destroy_process_group()
-
-
-def test_ddp_two_ranks_resumed_on_one_and_one_resumed_on_two_with_the_same_global_batch(out, reference, tmp_path):
-    one = make(out)
-    take(one, 3)
-    (tmp_path / "one.json").write_text(json.dumps(one.state_dict()))
-    run_ranks(_rank, lambda r: (r, out, tmp_path))
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
-    steps = [per_image(labels, imgs) for labels, imgs in reference[:2 * PER_EPOCH]]
-
-    def together(key):
-        assert all(not {tuple(x) for x in a} & {tuple(x) for x in b} for a, b in zip(ranks[0][key], ranks[1][key]))
-        return [sorted(a + b) for a, b in zip(ranks[0][key], ranks[1][key])]
-
-    # 2 ranks x 2 take, step by step, the samples of 1 x 4 with the same crops (draws keyed per sample)
-    assert together("whole") == steps
-    assert ranks[0]["state"] == ranks[1]["state"] == expected_state(out, 2)  # the same on every rank
-    assert together("rest") == steps[3:]  # 1 -> 2
-    alone = make(out, mode="processes")
-    alone.load_state_dict(ranks[1]["state"])  # 2 -> 1
-    assert [per_image(labels, imgs) for labels, imgs in take(alone, 2 * PER_EPOCH - 2)] == steps[2:]
-
-
 # ---------------------------------------------------------------- PyTorch Lightning: a fit stopped and resumed
 
 @pytest.mark.slow  # importing lightning: ~5-10 s
@@ -434,128 +238,6 @@ def test_a_lightning_fit_stopped_mid_epoch_resumes_from_its_checkpoint_with_the_
     second = Recorder(make(out, mode="threads"))
     trainer(9).fit(second, ckpt_path=ckpt)  # a new loader in another mode, restored by Lightning
     assert_same(first.seen + second.seen, reference[:9])
-
-
-# ---------------------------------------------------------------- ShardSampler's own state: stock DataLoader, torchdata
-
-def stock_run(out, loader_of, epochs, first_epoch=0, state=None, stop=None):
-    """A stock-style loop: ``sampler.set_epoch`` and ``ds.set_epoch`` every epoch (the keyed
-    draws of ShardDataset(batch_transform=...)); the batches as (labels, imgs) and, when ``stop``
-    batches are taken, the loader and sampler at that point."""
-    ds = ShardDataset(out, batch_transform=aug(), seed=SEED)
-    sampler = ShardSampler(ds, seed=SEED)
-    loader = loader_of(ds, sampler)
-    if state is not None:
-        (loader if hasattr(loader, "load_state_dict") else sampler).load_state_dict(state)
-    got = []
-    for epoch in range(first_epoch, epochs):
-        sampler.set_epoch(epoch)
-        ds.set_epoch(epoch)
-        for imgs, labels in loader:
-            got.append((labels.tolist(), imgs.clone()))
-            if len(got) == stop:
-                return got, loader, sampler
-    return got, loader, sampler
-
-
-def test_a_shard_sampler_resumes_a_stock_dataloader_exactly_on_other_workers(out):
-    from torch.utils.data import DataLoader
-
-    def stock(workers):
-        return lambda ds, sampler: DataLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=workers,
-                                              multiprocessing_context="fork" if workers else None)
-
-    whole, _, _ = stock_run(out, stock(0), 2)
-    assert len(whole) == 2 * (N // BATCH + 1)  # the stock loader keeps the short last batch: 6 an epoch
-    states = {}
-    for k, first, then in [(3, 0, 2), (6, 2, 0), (8, 2, 0)]:  # 6: right after epoch 0's last batch
-        head, _, sampler = stock_run(out, stock(first), 2, stop=k)
-        taken = k % 6 * BATCH if k % 6 else 23  # this epoch's samples the loop received (6 batches: 23)
-        state = states[k] = json.loads(json.dumps(sampler.state_dict(consumed=taken if first else None)))
-        assert state == {"version": 1, "n": N, "seed": SEED, "shuffle": True, "drop_last": False,
-                         "epoch": (k - 1) // 6, "samples": taken}
-        rest, _, _ = stock_run(out, stock(then), 2, first_epoch=state["epoch"], state=state)
-        assert_same(head + rest, whole)  # at an epoch's end its rest is empty, then the next epoch whole
-    again, _, sampler = stock_run(out, stock(2), 2, state=states[3], stop=2)  # resumed at 12, 2 batches more
-    assert sampler.state_dict(consumed=8)["samples"] == 20  # counted from where that iter() began
-    rest, _, _ = stock_run(out, stock(0), 2, state=sampler.state_dict(consumed=8))
-    assert_same(whole[:3] + again + rest, whole)  # a second resume in the epoch
-    after, _, _ = stock_run(out, stock(0), 2, first_epoch=1, state=states[6])  # a loop counting epoch 0 done
-    assert_same(after, whole[6:])  # set_epoch(1): epoch 1 from its start (the state was epoch 0's)
-
-
-def test_a_shard_sampler_resumes_torchdatas_stateful_dataloader_exactly(out):
-    stateful = pytest.importorskip("torchdata.stateful_dataloader", reason="torchdata (the test extra)")
-
-    def sdl(workers):
-        return lambda ds, sampler: stateful.StatefulDataLoader(
-            ds, batch_size=BATCH, sampler=sampler, num_workers=workers,
-            multiprocessing_context="fork" if workers else None)
-
-    whole, _, _ = stock_run(out, sdl(0), 2)
-    for k, first, then in [(3, 2, 2), (6, 0, 0), (8, 2, 2)]:  # its own state needs the same num_workers
-        head, loader, _ = stock_run(out, sdl(first), 2, stop=k)
-        state = loader.state_dict()
-        rest, _, _ = stock_run(out, sdl(then), 2, first_epoch=(k - 1) // 6, state=state)
-        assert_same(head + rest, whole)
-
-
-def test_a_shard_sampler_state_is_global_positions_and_resumes_on_another_world_size():
-    ranks = [ShardSampler(N, seed=SEED, num_replicas=2, rank=r) for r in range(2)]
-    its = [iter(s) for s in ranks]
-    taken = [[next(it) for _ in range(4)] for it in its]
-    assert ranks[0].state_dict() == ranks[1].state_dict() == {
-        "version": 1, "n": N, "seed": SEED, "shuffle": True, "drop_last": False, "epoch": 0, "samples": 8}
-    order = ranks[0].order(range(N)).tolist()
-    assert sorted(taken[0] + taken[1]) == sorted(order[:8])  # global positions 0..7
-    alone = ShardSampler(N)  # seed=None: takes the state's
-    alone.load_state_dict(ranks[0].state_dict())
-    assert alone.state_dict()["samples"] == 8 and list(alone) == order[8:]  # 2 -> 1: positions 8..22
-    halves = [ShardSampler(N, seed=SEED, num_replicas=2, rank=r) for r in range(2)]
-    for s in halves:
-        s.load_state_dict({**alone.state_dict(), "samples": 12})  # 1 -> 2
-    assert sorted(list(halves[0]) + list(halves[1])) == sorted(order[12:] + order[:1])  # padded to 24 (2 ranks)
-    for bad, message in [({**ranks[0].state_dict(), "n": 24}, "the state's n is 24, this sampler's 23"),
-                         ({**ranks[0].state_dict(), "seed": 4}, "the state's seed is 4, this sampler's 3"),
-                         ({**ranks[0].state_dict(), "samples": 46}, "samples 46 are past the end of any epoch of 23"),
-                         ({"epoch": 0}, "it has no 'version'")]:
-        with pytest.raises(ValueError, match=message):
-            ShardSampler(N, seed=SEED, num_replicas=2, rank=0).load_state_dict(bad)
-
-
-def test_a_shard_sampler_resumes_at_the_next_multiple_of_a_world_size_that_does_not_divide_its_samples(out):
-    """A sampler sees samples, not batches: a stock DataLoader with another batch_size resumes
-    exactly; only a world size W that does not divide the samples moves on to the next multiple."""
-    from torch.utils.data import DataLoader
-
-    whole, _, _ = stock_run(out, lambda ds, sampler: DataLoader(ds, batch_size=BATCH, sampler=sampler), 1)
-    _, _, sampler = stock_run(out, lambda ds, sampler: DataLoader(ds, batch_size=BATCH, sampler=sampler), 1, stop=3)
-    rest, _, _ = stock_run(out, lambda ds, sampler: DataLoader(ds, batch_size=5, sampler=sampler), 1,
-                           state=sampler.state_dict())  # 12 samples consumed, resumed in batches of 5
-    assert [len(labels) for labels, _ in rest] == [5, 5, 1]
-
-    def samples(batches):
-        return [(label, digest(img)) for labels, imgs in batches for label, img in zip(labels, imgs)]
-
-    assert samples(rest) == samples(whole)[12:]  # exactly from position 12: labels and crops
-    order = ShardSampler(N, seed=SEED).order(range(N)).tolist()
-    state = {**sampler.state_dict(), "samples": 9}  # e.g. 3 ranks x 3, resumed on 2
-    halves = [ShardSampler(N, seed=SEED, num_replicas=2, rank=r) for r in range(2)]
-    for s in halves:
-        with pytest.warns(RuntimeWarning, match=r"^ShardSampler.load_state_dict: the state's samples 9 do not split "
-                                                r"over 2 replicas: epoch 0 resumes at sample 10 of its order, "
-                                                r"skipping 1 sample$"):
-            s.load_state_dict(state)
-    assert halves[0].state_dict() == {**state, "samples": 10}
-    assert sorted(list(halves[0]) + list(halves[1])) == sorted(order[10:] + order[:1])  # padded to 24
-    quarters = [ShardSampler(N, seed=SEED, num_replicas=4, rank=r, drop_last=True) for r in range(4)]
-    for s in quarters:  # 22 of 23 taken on 1 rank; 4 ranks with drop_last have 20 positions
-        with pytest.warns(RuntimeWarning, match=r"samples 22 do not split over 4 replicas: epoch 0 resumes at its "
-                                                r"end \(sample 20 at 4 replicas\), skipping 1 sample$"):
-            s.load_state_dict({**state, "drop_last": True, "samples": 22})
-    assert [list(s) for s in quarters] == [[]] * 4
-    with pytest.raises(ValueError, match="samples 24 are past the end of any epoch of 23 samples \\(drop_last=True"):
-        quarters[0].load_state_dict({**state, "drop_last": True, "samples": 24})
 
 
 def test_an_eval_loader_resumes_around_its_short_last_batch(out):

@@ -65,7 +65,7 @@ def test_resume_with_a_changed_labels_file_is_refused_naming_it(tmp_path, monkey
 
 
 def test_splits_root_resume_with_a_changed_labels_file_is_refused_by_the_dry_run_too(tmp_path, monkeypatch):
-    import shardpack.packer.run as run
+    import shardpack.packer.run_plan as run  # pack_plan calls pack
     src = tmp_path / "ds"
     make_tree(src / "train", {"a": 2, "b": 2})
     labels = flat_folder(src)

@@ -1,8 +1,8 @@
 """pack-dataset -o s3://bucket/prefix/OUT against a real S3 server (SeaweedFS, tests/s3server.py):
 every format and encoding uploaded equal to a local pack byte for byte (npy also read back sample
 by sample), the manifest last, an interrupted upload never readable and continued by --resume
-without putting again what is up, SIGTERM and SIGKILL mid-upload, the lock object (live, stale,
-another host's, taken over), --overwrite deleting the old manifest first, one-line errors."""
+without putting again what is up, --overwrite deleting the old manifest first, one-line errors.
+SIGTERM and SIGKILL mid-upload and the lock object: test_s3_write_lock.py."""
 
 from __future__ import annotations
 
@@ -11,8 +11,6 @@ import os
 import re
 import signal
 import socket
-import subprocess
-import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -20,15 +18,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import FORMATS, PACK_SCRIPT, ROOT, all_samples, assert_same_output, make_tree, pack_quiet, packed, \
-    run_cli
-from shardpack.packer import remote_lock
-from shardpack.packer.options import OutputBusy, PackError
-from shardpack.packer.upload import Upload, part_size, staged_path
+from helpers import FORMATS, all_samples, assert_same_output, make_tree, pack_quiet, packed, run_cli
+from s3_writes import BUCKET, download, locked, objects, store
+from shardpack.packer.options import PackError
+from shardpack.packer.multipart import part_size
+from shardpack.packer.upload import Upload, staged_path
 from shardpack.readers.dataset import ShardDataset
 from shardpack.readers.manifest import ShardFormatError
 
-BUCKET = "shardpack-writes"
 PUT, DELETE = Upload._put, Upload._delete  # the real ones, whatever a test's spy put in their place
 
 
@@ -41,40 +38,6 @@ def src(tmp_path_factory):
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("SHARDPACK_CACHE", str(tmp_path / "cache"))
     return tmp_path / "cache"
-
-
-def store(s3):
-    from obstore.store import S3Store
-    return S3Store(BUCKET, endpoint=s3.endpoint, client_options={"allow_http": True})
-
-
-def objects(s3, prefix: str) -> dict[str, dict]:
-    """{key under prefix: its meta (size, e_tag, last_modified)}."""
-    import obstore
-    return {m["path"][len(prefix) + 1:]: m for page in obstore.list(store(s3), prefix=prefix) for m in page}
-
-
-def download(s3, prefix: str, dest: Path) -> Path:
-    import obstore
-    for key in objects(s3, prefix):
-        (dest / key).parent.mkdir(parents=True, exist_ok=True)
-        (dest / key).write_bytes(bytes(obstore.get(store(s3), f"{prefix}/{key}").bytes()))
-    return dest
-
-
-def lock_key(prefix: str) -> str:
-    head, _, name = prefix.rpartition("/")
-    return f"{head}/.{name}.lock"
-
-
-def locked(s3, prefix: str) -> bool:
-    """Whether the lock object beside ``prefix`` exists."""
-    import obstore
-    try:
-        obstore.head(store(s3), lock_key(prefix))
-        return True
-    except FileNotFoundError:
-        return False
 
 
 def same_samples(url: str, local: Path) -> None:
@@ -178,103 +141,6 @@ def test_an_interrupted_upload_is_never_readable_and_resume_puts_only_the_rest(s
         {k: (before[k]["e_tag"], before[k]["last_modified"]) for k in first}
     same_samples(url, packed("npy", src, tmp_path / "local"))
     assert not staged_path(url).exists()
-
-
-def start_slow_upload(s3, src, url: str, cache: Path, *extra) -> subprocess.Popen:
-    """pack-dataset SRC -o URL in a fresh interpreter whose every put waits 0.4 s first."""
-    script = ("import time\nfrom shardpack.packer.upload import Upload\nreal = Upload._put\n"
-              "def slow(self, key, path):\n    time.sleep(0.4)\n    return real(self, key, path)\n"
-              "Upload._put = slow\n" + PACK_SCRIPT)
-    return subprocess.Popen([sys.executable, "-c", script, str(src), "--format", "wds", "--size", "16", "-o", url,
-                             "--quiet", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            stdin=subprocess.DEVNULL,
-                            env={**os.environ, "PYTHONPATH": str(ROOT), "SHARDPACK_CACHE": str(cache)})
-
-
-def wait_for_objects(s3, prefix: str, n: int, proc) -> None:
-    deadline = time.monotonic() + 90
-    while len(objects(s3, prefix)) < n:
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "the upload did not begin"
-        time.sleep(0.05)
-
-
-def test_sigterm_mid_upload_leaves_nothing_readable_refuses_a_second_run_and_resume_finishes(s3, cache, src,
-                                                                                              tmp_path):
-    prefix = "sigterm/OUT"
-    url = f"s3://{BUCKET}/{prefix}"
-    proc = start_slow_upload(s3, src, url, cache)
-    try:
-        wait_for_objects(s3, prefix, 2, proc)
-        with pytest.raises(OutputBusy, match=r"is being written by another run \(pid "):  # this node: the local lock
-            pack_quiet(src, url, "wds", size=16)
-        with pytest.raises(OutputBusy, match=rf"^{url} is being written by another run \(pid {proc.pid}, started "
-                                             rf".*; its lock object s3://{BUCKET}/sigterm/.OUT.lock, refreshed \d+ s "
-                                             r"ago\)"):
-            pack_quiet(src, url, "wds", size=16, staging=str(tmp_path / "elsewhere"))  # any node: the lock object
-        os.kill(proc.pid, signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
-    assert proc.returncode == 143, err
-    assert err.strip().splitlines()[-1] == ("stopped by SIGTERM; the progress is saved: rerun the same command "
-                                            "with --resume to continue")
-    assert "manifest.json" not in objects(s3, prefix) and not locked(s3, prefix)
-    with pytest.raises(ShardFormatError, match="no manifest.json there"):
-        ShardDataset(url)
-    report = pack_quiet(src, url, "wds", size=16, resume=True)
-    assert report.resumed_at == 6
-    assert_same_output(download(s3, prefix, tmp_path / "got"), packed("wds", src, tmp_path / "local"))
-
-
-def test_a_killed_run_leaves_a_stale_lock_that_resume_takes_over(s3, cache, src, tmp_path):
-    prefix = "sigkill/OUT"
-    url = f"s3://{BUCKET}/{prefix}"
-    proc = start_slow_upload(s3, src, url, cache)
-    try:
-        wait_for_objects(s3, prefix, 1, proc)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.communicate(timeout=60)
-    finally:
-        proc.kill()
-    assert locked(s3, prefix)  # left by the killed run
-    with pytest.raises(PackError, match=rf"^s3://{BUCKET}/sigkill/.OUT.lock: left by a run that stopped \(pid "
-                                        rf"{proc.pid}, started .*, no longer running\); pass --resume to continue its "
-                                        rf"upload or --overwrite to start {url} over \(either takes the lock over\)$"):
-        pack_quiet(src, url, "wds", size=16)
-    pack_quiet(src, url, "wds", size=16, resume=True)
-    assert not locked(s3, prefix)
-    assert_same_output(download(s3, prefix, tmp_path / "got"), packed("wds", src, tmp_path / "local"))
-
-
-def test_the_lock_object_of_another_host_conditional_puts_and_a_taken_over_lock(s3, cache, src, monkeypatch):
-    import obstore
-    from obstore.exceptions import AlreadyExistsError
-    prefix = "host/OUT"
-    url = f"s3://{BUCKET}/{prefix}"
-    record = {"pid": 1, "host": "elsewhere", "started": "2026-01-01T00:00:00+0000"}
-    obstore.put(store(s3), lock_key(prefix), json.dumps(record).encode(), mode="create")
-    with pytest.raises(AlreadyExistsError):  # the server honours If-None-Match: * (what the lock rests on)
-        obstore.put(store(s3), lock_key(prefix), b"{}", mode="create")
-    with pytest.raises(OutputBusy, match=rf"^{url} is being written by another run \(pid 1 on elsewhere, started "
-                                         r"2026-01-01T00:00:00\+0000; its lock object"):
-        pack_quiet(src, url, "npy", size=16, overwrite=True)  # refreshed just now: alive, wherever it runs
-    monkeypatch.setattr(remote_lock, "STALE_S", 0.0)
-    with pytest.raises(PackError, match=r"left by a run that stopped \(pid 1 on elsewhere, .*not refreshed for "
-                                        r"\d+ s\); pass --resume"):
-        pack_quiet(src, url, "npy", size=16)
-    monkeypatch.setattr(remote_lock, "BEAT_S", 0.05)
-    real = Upload._put
-
-    def taken_over(self, key, path):  # another run judges this one dead and takes its lock over
-        obstore.put(store(s3), lock_key(prefix), json.dumps(record).encode())
-        time.sleep(0.5)
-        return real(self, key, path)
-    monkeypatch.setattr(Upload, "_put", taken_over)
-    with pytest.raises(PackError, match=rf"^{url}: another run took over the lock object s3://{BUCKET}/host/.OUT.lock"):
-        pack_quiet(src, url, "npy", size=16, overwrite=True)
-    assert "manifest.json" not in objects(s3, prefix)
-    assert json.loads(bytes(obstore.get(store(s3), lock_key(prefix)).bytes())) == record  # the other run's, kept
 
 
 def test_overwrite_deletes_the_old_manifest_first_and_old_objects_before_any_put(s3, cache, src, tmp_path,

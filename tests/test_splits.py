@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
-import shardpack.packer.run as splits_module  # pack_plan calls run.pack
+import shardpack.packer.run_plan as splits_module  # pack_plan calls pack
 from helpers import IMAGENET_SAMPLE, all_samples, make_tree, need_shared, noise_image, pack_quiet, run_cli
 from shardpack.packer import Options, PackError, Recipe
 from shardpack.packer.scan import ScanError

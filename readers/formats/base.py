@@ -230,7 +230,7 @@ class Reader:
             self.read_into(0, np.empty(first_shape, np.uint8))
 
     def record_problems(self, index) -> list[str]:
-        """The format's own records against ``index`` (a readers.manifest.Index) and the data
+        """The format's own records against ``index`` (a readers.index.Index) and the data
         files, one line each (empty: none), for ``verify``; called after :meth:`check`."""
         return []
 

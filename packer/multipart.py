@@ -1,0 +1,39 @@
+"""A file put by multipart upload (packer/upload.py): the part size, and the file read through Python."""
+
+from __future__ import annotations
+
+import threading
+
+MIN_PART = 8 << 20  # multipart part size floor; S3 allows 10,000 parts: 9,000 leaves room
+MAX_PARTS = 9000
+
+
+def part_size(size: int) -> int:
+    """The multipart part size for a file of ``size`` bytes: 8 MiB, or more (in MiB) so that
+    the file takes at most 9,000 parts (S3's limit is 10,000)."""
+    mib = 1 << 20
+    return max(MIN_PART, -(-size // MAX_PARTS) // mib * mib + mib)
+
+
+class Reader:
+    """A file read by the client through Python, so a signal (Ctrl-C, SIGTERM) raises between
+    parts instead of waiting for the whole file; ``stopped`` keeps the KeyboardInterrupt. Off
+    the main thread, ``cancel`` (an Event) set ends the upload at its next read."""
+
+    def __init__(self, f, cancel: threading.Event | None = None):
+        self.f, self.stopped, self.cancel = f, None, cancel
+
+    def read(self, n=-1):
+        if self.cancel is not None and self.cancel.is_set():
+            raise OSError("the run stopped: upload cancelled")
+        try:
+            return self.f.read(n)
+        except KeyboardInterrupt as err:
+            self.stopped = err
+            raise
+
+    def seek(self, *args):
+        return self.f.seek(*args)
+
+    def tell(self):
+        return self.f.tell()
