@@ -43,7 +43,7 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from .draws import SampleDraws, sample_keys, worker_seed
-from .loader_checks import check_arguments, check_batch_shape, check_shared_memory, positive_int
+from .loader_checks import SharedBatches, check_arguments, check_batch_shape, check_shared_memory, positive_int
 from .sampler import ShardSampler, batches_of
 from .state import ShardLoader
 from .system import usable_cpus
@@ -333,12 +333,14 @@ def make_loader(ds, batch_size: int, train: bool = True, *, batch_transform=None
     if mode == "threads":
         return ShardLoader(ThreadedBatches(view, batches, workers, prefetch_factor), batch_size=None,
                            collate_fn=_identity, pin_memory=pin, **stateful)
-    warning = check_shared_memory(_batch_bytes(view, batch_size), workers, prefetch_factor)
+    batch_bytes = _batch_bytes(view, batch_size)
+    warning = check_shared_memory(batch_bytes, workers, prefetch_factor)
     if warning:
         warnings.warn(warning, RuntimeWarning, stacklevel=2)
     if multiprocessing_context is None and getattr(ds, "url", None):
         multiprocessing_context = "forkserver"  # the S3 client does not survive fork (readers/objects.py)
-    return ShardLoader(view, batch_sampler=batches, num_workers=workers, collate_fn=_identity,
+    return ShardLoader(view, batch_sampler=batches, num_workers=workers,
+                       collate_fn=SharedBatches(batch_bytes, workers, prefetch_factor),  # a full /dev/shm raises
                        pin_memory=pin, persistent_workers=persistent_workers, prefetch_factor=prefetch_factor,
                        worker_init_fn=seed_worker, multiprocessing_context=multiprocessing_context,
                        generator=torch.Generator().manual_seed(worker_seed(base, getattr(sampler, "rank", 0))),

@@ -1,0 +1,40 @@
+"""make_loader's worker processes on a /dev/shm too small for their batches: the loop raises one
+clear error (naming /dev/shm, the space needed and the fixes) instead of waiting for ever."""
+
+import subprocess
+import sys
+import textwrap
+
+from helpers import make_tree, packed
+
+SCRIPT = textwrap.dedent("""
+    import sys, warnings
+    from shardpack.readers import ShardDataset
+    from shardpack.readers.loading import make_loader
+    warnings.simplefilter("ignore", RuntimeWarning)
+    loader = make_loader(ShardDataset(sys.argv[1]), 64, mode="processes", num_workers=2, prefetch_factor=2)
+    try:
+        for imgs, labels in loader:
+            pass
+    except Exception as e:
+        print(f"{type(e).__name__}: {e}")
+        sys.exit(3)
+    print("no error")
+""")
+
+
+def test_a_full_dev_shm_raises_one_clear_error_not_a_hang(can_mount, tmp_path):
+    """320 samples of 64 px (5 batches): 0.75 MiB a batch of 64, 3 MiB for 2 workers x prefetch 2, on a 1 MiB
+    /dev/shm (a tmpfs of a private mount namespace): the loop ends within the timeout with the error."""
+    out = packed("npy", make_tree(tmp_path / "src", {"a": 160, "b": 160}), tmp_path / "npy", size=64)
+    script = tmp_path / "loop.py"
+    script.write_text(SCRIPT)
+    res = subprocess.run(["unshare", "-m", "sh", "-c", 'mount -t tmpfs -o size=1m tmpfs /dev/shm && exec "$0" "$@"',
+                          sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=120)
+    lines = res.stdout.strip().splitlines()
+    assert res.returncode == 3 and lines, (res.returncode, res.stdout, res.stderr[-2000:])
+    line = lines[-1]
+    assert line.startswith("SharedMemoryFull: make_loader: a worker process could not put its batch into /dev/shm")
+    assert "need about 3 MiB" in line and "0.8 MiB per batch x 2 workers x prefetch 2" in line, line
+    assert "/dev/shm has 1 MiB free" in line or "/dev/shm has 0 MiB free" in line, line
+    assert "mode='threads'" in line and "fewer num_workers" in line and "Traceback" not in line, line
