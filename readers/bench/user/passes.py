@@ -57,6 +57,24 @@ def run_pass(loader, feed: Feed | None, warmup: int, seconds: float, min_batches
     t0 = time.perf_counter()
     it = iter(loader)
     try:
+        return _timed(it, feed, warmup, seconds, min_batches, dev, consume, t0)
+    except BaseException:
+        shut_down(it)
+        raise
+
+
+def shut_down(it) -> None:
+    """End a failed pass's worker processes now. Left to the garbage collector (the exception's
+    traceback keeps the iterator in a cycle), the iterator could be collected in a worker forked
+    later for another setting, whose ``__del__`` then printed "AssertionError: can only test a
+    child process" over the bench's one-line error."""
+    shutdown = getattr(it, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
+
+
+def _timed(it, feed, warmup, seconds, min_batches, dev, consume, t0) -> UserPass:
+    try:
         batch = next(it)
         first_s = time.perf_counter() - t0
         for _ in range(warmup - 1):
@@ -83,7 +101,6 @@ def run_pass(loader, feed: Feed | None, warmup: int, seconds: float, min_batches
         feed.stop()
         for _ in it:  # drain: what was in flight
             pass
-    del it
     return UserPass(first_s, b, n, end - start, warmup=warmup)
 
 
@@ -148,7 +165,11 @@ def epoch_starts(base: Base, workers: list[int], prefetch: int, epochs: int = 2,
                 for _ in range(epochs):
                     t0 = time.perf_counter()
                     it = iter(loader)
-                    next(it)
+                    try:
+                        next(it)
+                    except BaseException:
+                        shut_down(it)
+                        raise
                     row["starts_s"].append(time.perf_counter() - t0)
                     if feed is not None:
                         feed.stop()
