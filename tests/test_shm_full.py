@@ -38,3 +38,38 @@ def test_a_full_dev_shm_raises_one_clear_error_not_a_hang(can_mount, tmp_path):
     assert "need about 3 MiB" in line and "0.8 MiB per batch x 2 workers x prefetch 2" in line, line
     assert "/dev/shm has 1 MiB free" in line or "/dev/shm has 0 MiB free" in line, line
     assert "mode='threads'" in line and "fewer num_workers" in line and "Traceback" not in line, line
+
+
+DEATH = textwrap.dedent("""
+    import os, signal, sys
+    import torch
+    from shardpack.readers import ShardDataset
+    from shardpack.readers.loading import make_loader
+
+    def dies(img):  # a worker killed mid-epoch, as by a bus error or the OOM killer
+        if torch.utils.data.get_worker_info() is not None:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return img
+
+    loader = make_loader(ShardDataset(sys.argv[1], transform=dies), 8, mode="processes", num_workers=2,
+                         multiprocessing_context="fork")
+    try:
+        for imgs, labels in loader:
+            pass
+    except Exception as e:
+        print(f"{type(e).__name__}: {str(e).splitlines()[0]}")
+        sys.exit(3)
+    print("no error")
+""")
+
+
+def test_a_worker_that_dies_ends_the_loop_with_an_error(tmp_path):
+    """A worker killed (SIGKILL) while reading: the loop raises, naming the worker, within the timeout."""
+    out = packed("npy", make_tree(tmp_path / "src", {"a": 20, "b": 20}), tmp_path / "npy", size=16)
+    script = tmp_path / "death.py"
+    script.write_text(DEATH)
+    res = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=120)
+    line = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
+    assert res.returncode == 3, (res.returncode, res.stdout, res.stderr[-2000:])
+    assert line.startswith("RuntimeError: DataLoader worker (pid"), line
+    assert "exited unexpectedly" in line or "killed by signal: Killed" in line, line  # torch says one or the other
