@@ -159,10 +159,10 @@ class SharedBatches:
             need = self.batch_bytes * self.workers * self.prefetch
             free = shm_free()
             raise SharedMemoryFull(
-                f"make_loader: a worker process could not put its batch into {SHM} ({e.__class__.__name__}: "
-                f"{str(e).splitlines()[0][:120]}): the workers need about {need / 2**20:.0f} MiB of shared memory "
-                f"({self.batch_bytes / 2**20:.1f} MiB per batch x {self.workers} workers x prefetch "
-                f"{self.prefetch}) and {SHM} has {'?' if free is None else f'{free / 2**20:.0f}'} MiB free; use "
-                f"mode='threads' (no shared memory), fewer num_workers or a smaller prefetch_factor or batch, "
-                f"or give the container more (docker run --shm-size=...)") from None
+                f"make_loader: a worker could not put its batch into {SHM} "
+                f"({'?' if free is None else f'{free / 2**20:.0f}'} MiB free): the workers need about "
+                f"{need / 2**20:.0f} MiB ({self.batch_bytes / 2**20:.1f} MiB per batch x "
+                f"{self.workers} workers x prefetch {self.prefetch}); use mode='threads' (no shared memory), fewer "
+                f"num_workers or a smaller prefetch_factor or batch, or give the container more (docker run "
+                f"--shm-size=...) [{e.__class__.__name__}: {str(e).splitlines()[0][:120]}]") from None
         return batch

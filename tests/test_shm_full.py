@@ -34,9 +34,10 @@ def test_a_full_dev_shm_raises_one_clear_error_not_a_hang(can_mount, tmp_path):
     lines = res.stdout.strip().splitlines()
     assert res.returncode == 3 and lines, (res.returncode, res.stdout, res.stderr[-2000:])
     line = lines[-1]
-    assert line.startswith("SharedMemoryFull: make_loader: a worker process could not put its batch into /dev/shm")
+    assert line.startswith("SharedMemoryFull: make_loader: a worker could not put its batch into /dev/shm")
+    assert "into /dev/shm (1 MiB free)" in line or "into /dev/shm (0 MiB free)" in line, line
     assert "need about 3 MiB" in line and "0.8 MiB per batch x 2 workers x prefetch 2" in line, line
-    assert "/dev/shm has 1 MiB free" in line or "/dev/shm has 0 MiB free" in line, line
+    assert "No space left on device" in line, line  # the cause, last
     assert "mode='threads'" in line and "fewer num_workers" in line and "Traceback" not in line, line
 
 
@@ -73,3 +74,22 @@ def test_a_worker_that_dies_ends_the_loop_with_an_error(tmp_path):
     assert res.returncode == 3, (res.returncode, res.stdout, res.stderr[-2000:])
     assert line.startswith("RuntimeError: DataLoader worker (pid"), line
     assert "exited unexpectedly" in line or "killed by signal: Killed" in line, line  # torch says one or the other
+
+
+def test_bench_on_a_full_dev_shm_reports_the_process_cells_and_measures_the_rest(can_mount, tmp_path):
+    """``shardpack bench OUT --mode main,processes`` on a 1 MiB /dev/shm: the process cells are
+    errors naming the fix (they waited for ever before), the main cells are measured, and nothing
+    else is printed (no worker iterator collected in a later worker)."""
+    out = packed("npy", make_tree(tmp_path / "src", {"a": 16, "b": 16}), tmp_path / "npy", size=128)
+    cmd = [sys.executable, "-c", "from shardpack.cli import main; main()", "bench", str(out), "--mode",
+           "main,processes", "--workers", "2", "--batch-size", "16", "--seconds", "0.1", "--repeats", "2",
+           "--quiet", "--no-check"]
+    res = subprocess.run(["unshare", "-m", "sh", "-c", 'mount -t tmpfs -o size=1m tmpfs /dev/shm && exec "$0" "$@"',
+                          *cmd], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, (res.stdout, res.stderr[-2000:])
+    rows = [ln for ln in res.stdout.splitlines() if ln.startswith("| processes |")]
+    assert len(rows) == 4 and all("error: SharedMemoryFull: make_loader: a worker could not put its batch "
+                                  "into /dev/shm" in r and "mode='threads'" in r for r in rows), rows
+    main_rows = [ln for ln in res.stdout.splitlines() if ln.startswith("| main |")]
+    assert main_rows and not any("error" in r for r in main_rows), main_rows
+    assert res.stderr.strip() == "", res.stderr[-2000:]

@@ -15,7 +15,7 @@ import warnings
 import torch
 
 from ..cells import UserCell, UserSetting, warmup_batches
-from ..timing import MIN_BATCHES, UserPass
+from ..timing import MIN_BATCHES, UserPass, shut_down
 from .loader import Base, Feed
 
 
@@ -61,16 +61,6 @@ def run_pass(loader, feed: Feed | None, warmup: int, seconds: float, min_batches
     except BaseException:
         shut_down(it)
         raise
-
-
-def shut_down(it) -> None:
-    """End a failed pass's worker processes now. Left to the garbage collector (the exception's
-    traceback keeps the iterator in a cycle), the iterator could be collected in a worker forked
-    later for another setting, whose ``__del__`` then printed "AssertionError: can only test a
-    child process" over the bench's one-line error."""
-    shutdown = getattr(it, "_shutdown_workers", None)
-    if shutdown is not None:
-        shutdown()
 
 
 def _timed(it, feed, warmup, seconds, min_batches, dev, consume, t0) -> UserPass:
