@@ -288,7 +288,10 @@ def make_loader(ds, batch_size: int, train: bool = True, *, batch_transform=None
       ones to new memory. ``pin_memory`` hands you pinned copies; batch transforms new memory.
 
     Before returning a process-based loader it warns (RuntimeWarning) when batch bytes x workers
-    x prefetch exceeds the free /dev/shm. Raises, each in one line naming the argument:
+    x prefetch exceeds the free /dev/shm; a worker that then finds /dev/shm full makes the loop
+    raise ``loader_checks.SharedMemoryFull`` (one line: the space needed and free, the fixes), and
+    one that dies makes it raise torch's RuntimeError naming its pid, never a hang. Raises, each in
+    one line naming the argument:
     ValueError for an unknown ``mode``; TypeError for a ``batch_size``, ``num_workers`` or
     ``prefetch_factor`` that is not an int (floats, bools, strings), ValueError when one is
     below 1; TypeError for a ``ds`` that is not a ShardDataset (a path, say), a ``train`` that
