@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from ..readers.manifest import FILE_LAYOUT, LAYOUT_PARTS, LAYOUTS, PARTS_DIR, PARTS_VERSION, part_name
-from .options import PackError
+from .options import ConflictingOptions, PackError
 from .parts_rows import FixedPart, files_of
 from .runners import Decoded, Decoder, Handover
 
@@ -70,11 +70,12 @@ PART_FORMATS = ("npy", "hdf5")  # the formats --layout parts writes (any shape, 
 
 def check_layout(fmt: str, recipe, layout: str) -> None:
     """Refuse (PackError, one line) a layout this version cannot write for ``fmt`` before
-    anything is written: the part layout is written for PART_FORMATS, for now."""
+    anything is written: the part layout is written for PART_FORMATS, for now (ConflictingOptions:
+    a usage error, exit 2 on the command line, decided from the arguments alone)."""
     if layout not in LAYOUTS:
         raise PackError(f"unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
     if layout == LAYOUT_PARTS and fmt not in PART_FORMATS:
-        raise PackError(f"--layout parts is written for --format {' and '.join(PART_FORMATS)}; "
+        raise ConflictingOptions(f"--layout parts is written for --format {' and '.join(PART_FORMATS)}; "
                         f"not yet for --format {fmt}: use --layout single")
 
 

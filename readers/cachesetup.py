@@ -1,25 +1,33 @@
 """Which block cache a dataset opened from object storage reads through (readers/blockcache.py):
 ``cache_dir`` and ``cache_limit`` checked and given their defaults, and the line that says which
-case a run is in (the cache holds all the pixels, or every epoch fetches part of them), warned
-when the dataset is opened and kept as ``objects.cache_text``."""
+case a run is in (the cache holds all the pixels, or every epoch fetches part of them), logged
+(all) or warned (part) when the dataset is opened and kept as ``objects.cache_text``."""
 
 from __future__ import annotations
 
+import logging
 import warnings
 from pathlib import Path
 
 from . import cachespace
 from .blockcache import BlockCache
 
+log = logging.getLogger("shardpack")
+
 
 def attach(objects, cache_dir=None, cache_limit=None) -> str:
     """Give ``objects`` (an objects.Objects opened by open_url) its block cache (``objects.cache``,
-    None for none) and ``objects.cache_text`` (:func:`describe`'s line, which is also
-    warned once, as a RuntimeWarning, so a run says which case it is in). Objects without an
-    ETag are read uncached (nothing to key them by). Raises ValueError as :func:`open_cache`."""
+    None for none) and ``objects.cache_text`` (:func:`describe`'s line), which also says which case
+    a run is in: a RuntimeWarning where every epoch fetches (a cache smaller than the data, none,
+    a store without ETags), an info log record (logger ``shardpack``; good news is no warning)
+    where the cache holds all the pixels. Objects without an ETag are read uncached (nothing to
+    key them by). Raises ValueError as :func:`open_cache`."""
     cache, text = choose(objects, cache_dir, cache_limit)
     objects.cache, objects.cache_text = cache, text
-    warnings.warn(text, RuntimeWarning, stacklevel=3)
+    if cache is not None and cache.limit >= sum(size for size, _ in objects.pixels.values()):
+        log.info(text)
+    else:
+        warnings.warn(text, RuntimeWarning, stacklevel=3)
     return text
 
 

@@ -97,8 +97,9 @@ class ShardDataset(Dataset):
     (readers/blockcache.py, docs/cache.md): ``cache_dir`` (default ``$SHARDPACK_CACHE``, else
     ``~/.cache/shardpack``; False: none) of at most ``cache_limit`` bytes (an int or a size such
     as ``"50GB"``; default the cache filesystem's free space plus what the cache holds, less 10 %
-    of the filesystem; 0: none); opening warns (RuntimeWarning) whether the cache holds all the
-    pixels or every epoch fetches part of them. Raises ValueError for a ``cache_limit`` that is
+    of the filesystem; 0: none); opening warns (RuntimeWarning) when every epoch fetches part of
+    the pixels (a smaller cache, or none) and logs (info, logger ``shardpack``) when the cache
+    holds them all. Raises ValueError for a ``cache_limit`` that is
     not a size, a ``cache_dir`` that is a file, or either given for a local path.
     Errors then name the URL. For a splits root (packed from SRC/train, SRC/val, ...) pass
     ``split="val"`` or open ``path/val`` directly. All splits share one class list.

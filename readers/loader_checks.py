@@ -131,3 +131,38 @@ def check_shared_memory(batch_bytes: int, workers: int, prefetch: int) -> str | 
             f"but {SHM} has {free / 2**20:.0f} MiB free: workers would die with a bus error. "
             f"Use mode='threads' (no shared memory), fewer workers or a smaller prefetch_factor "
             f"or batch, or give the container more (docker run --shm-size=...)")
+
+
+class SharedMemoryFull(RuntimeError):
+    """A worker process could not put its batch into /dev/shm (full): one line, the space needed
+    and the fixes. Raised in the worker; the loop gets it (readers/state.py keeps the one line)."""
+
+
+class SharedBatches:
+    """The ``collate_fn`` of make_loader's worker processes: moves each batch's tensors into
+    shared memory inside the worker's fetch, where a failure is an exception the DataLoader hands
+    to the loop. Left to the queue's feeder thread (after fetch), a full /dev/shm only printed a
+    traceback there and the batch never came: the loop waited for ever. ``batch_bytes``,
+    ``workers``, ``prefetch``: for the message."""
+
+    def __init__(self, batch_bytes: int, workers: int, prefetch: int):
+        self.batch_bytes, self.workers, self.prefetch = batch_bytes, workers, prefetch
+
+    def __call__(self, batch):
+        try:
+            for part in batch if isinstance(batch, (tuple, list)) else (batch,):
+                if hasattr(part, "share_memory_"):
+                    part.share_memory_()
+        except RuntimeError as e:
+            if "shared memory" not in str(e) and "No space left" not in str(e):
+                raise
+            need = self.batch_bytes * self.workers * self.prefetch
+            free = shm_free()
+            raise SharedMemoryFull(
+                f"make_loader: a worker could not put its batch into {SHM} "
+                f"({'?' if free is None else f'{free / 2**20:.0f}'} MiB free): the workers need about "
+                f"{need / 2**20:.0f} MiB ({self.batch_bytes / 2**20:.1f} MiB per batch x "
+                f"{self.workers} workers x prefetch {self.prefetch}); use mode='threads' (no shared memory), fewer "
+                f"num_workers or a smaller prefetch_factor or batch, or give the container more (docker run "
+                f"--shm-size=...) [{e.__class__.__name__}: {str(e).splitlines()[0][:120]}]") from None
+        return batch

@@ -43,7 +43,7 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from .draws import SampleDraws, sample_keys, worker_seed
-from .loader_checks import check_arguments, check_batch_shape, check_shared_memory, positive_int
+from .loader_checks import SharedBatches, check_arguments, check_batch_shape, check_shared_memory, positive_int
 from .sampler import ShardSampler, batches_of
 from .state import ShardLoader
 from .system import usable_cpus
@@ -288,7 +288,10 @@ def make_loader(ds, batch_size: int, train: bool = True, *, batch_transform=None
       ones to new memory. ``pin_memory`` hands you pinned copies; batch transforms new memory.
 
     Before returning a process-based loader it warns (RuntimeWarning) when batch bytes x workers
-    x prefetch exceeds the free /dev/shm. Raises, each in one line naming the argument:
+    x prefetch exceeds the free /dev/shm; a worker that then finds /dev/shm full makes the loop
+    raise ``loader_checks.SharedMemoryFull`` (one line: the space needed and free, the fixes), and
+    one that dies makes it raise torch's RuntimeError naming its pid, never a hang. Raises, each in
+    one line naming the argument:
     ValueError for an unknown ``mode``; TypeError for a ``batch_size``, ``num_workers`` or
     ``prefetch_factor`` that is not an int (floats, bools, strings), ValueError when one is
     below 1; TypeError for a ``ds`` that is not a ShardDataset (a path, say), a ``train`` that
@@ -333,12 +336,14 @@ def make_loader(ds, batch_size: int, train: bool = True, *, batch_transform=None
     if mode == "threads":
         return ShardLoader(ThreadedBatches(view, batches, workers, prefetch_factor), batch_size=None,
                            collate_fn=_identity, pin_memory=pin, **stateful)
-    warning = check_shared_memory(_batch_bytes(view, batch_size), workers, prefetch_factor)
+    batch_bytes = _batch_bytes(view, batch_size)
+    warning = check_shared_memory(batch_bytes, workers, prefetch_factor)
     if warning:
         warnings.warn(warning, RuntimeWarning, stacklevel=2)
     if multiprocessing_context is None and getattr(ds, "url", None):
         multiprocessing_context = "forkserver"  # the S3 client does not survive fork (readers/objects.py)
-    return ShardLoader(view, batch_sampler=batches, num_workers=workers, collate_fn=_identity,
+    return ShardLoader(view, batch_sampler=batches, num_workers=workers,
+                       collate_fn=SharedBatches(batch_bytes, workers, prefetch_factor),  # a full /dev/shm raises
                        pin_memory=pin, persistent_workers=persistent_workers, prefetch_factor=prefetch_factor,
                        worker_init_fn=seed_worker, multiprocessing_context=multiprocessing_context,
                        generator=torch.Generator().manual_seed(worker_seed(base, getattr(sampler, "rank", 0))),

@@ -144,10 +144,7 @@ class Objects:
         be started with spawn or forkserver."""
         global _client_pid
         if self._pid != os.getpid():
-            if _client_pid is not None and _client_pid != os.getpid():
-                raise ShardFormatError(f"{self.url}: read in a process forked after its parent used the S3 client "
-                                       "(obstore is not fork-safe): pass multiprocessing_context='spawn' or "
-                                       "'forkserver' to make_loader or the DataLoader")
+            self.check_process()
             try:
                 from obstore import store as stores
                 from obstore.exceptions import BaseError
@@ -173,6 +170,15 @@ class Objects:
                                        f"client ({one_line(err)})") from None
             self._pid = os.getpid()
         return self._store
+
+    def check_process(self) -> None:
+        """Raise ShardFormatError in a process forked after its parent used the S3 client (see
+        :meth:`store`). Called at every read, before the block cache is asked, so a forked worker
+        is refused at its first read whatever the cache holds (not only on a miss)."""
+        if self._pid != os.getpid() and _client_pid is not None and _client_pid != os.getpid():
+            raise ShardFormatError(f"{self.url}: read in a process forked after its parent used the S3 client "
+                                   "(obstore is not fork-safe): pass multiprocessing_context='spawn' or "
+                                   "'forkserver' to make_loader or the DataLoader")
 
     def name(self, key: str) -> str:
         return f"{self.url}/{key}"
@@ -333,6 +339,7 @@ class ObjectFile:
         """Fill each ``(offset, buffers)`` of ``reads`` from the node's block cache alone (no GET,
         so diskio.submit calls it in the caller's thread before handing reads to the pool):
         which were served (none without a cache; the others then go to :meth:`read`)."""
+        self.objects.check_process()  # a forked worker is refused, cache hit or not
         cache = getattr(self.objects, "cache", None)
         return [False] * len(reads) if cache is None else cache.read_many(self, reads)
 
@@ -345,6 +352,7 @@ class ObjectFile:
         views = [memoryview(b).cast("B") for b in buffers]
         want = sum(len(v) for v in views)
         marks = sample if isinstance(sample, list) else [(0, sample)]
+        self.objects.check_process()  # a forked worker is refused, cache hit or not
         cache = getattr(self.objects, "cache", None)
         if cache is not None and cache.read_many(self, [(offset, views)])[0]:
             return

@@ -44,6 +44,7 @@ from torch.utils.data import DataLoader
 
 from .draws import worker_seed
 from .integrity import IDENTITY_PARTS, content_identity
+from .loader_checks import SharedMemoryFull
 from .sampler import ShardSampler, check_fields
 
 VERSION = 1
@@ -272,6 +273,8 @@ class _Counted:
         except StopIteration:
             self._loader._ended(self._generation)
             raise
+        except SharedMemoryFull as e:  # a worker's /dev/shm was full: its one line, not the worker's traceback
+            raise SharedMemoryFull(str(e).rsplit("SharedMemoryFull: ", 1)[-1].strip()) from None
         self._loader._took(self._generation)
         return batch
 

@@ -235,3 +235,25 @@ def test_a_model_without_parameters_runs_forward_only(odd):
     assert rc == 0, stdout + stderr
     assert "empty parameter list" not in stdout + stderr
     assert "forward only: the model has no trainable parameters" in stdout, stdout
+
+
+def test_a_dataset_that_raises_in_workers_gives_only_the_one_line(tmp_path):
+    """A map-style Dataset whose __getitem__ raises at index 77, over 0 and 2 workers: rc 1 and the
+    one "no setting could be measured" line naming the ValueError; no worker iterator collected in a
+    later forked worker ("AssertionError: can only test a child process" from DataLoader.__del__)."""
+    (tmp_path / "myds.py").write_text(
+        "import torch\n"
+        "class Boom(torch.utils.data.Dataset):\n"
+        "    def __len__(self):\n"
+        "        return 200\n"
+        "    def __getitem__(self, i):\n"
+        "        if i == 77:\n"
+        "            raise ValueError('bad sample 77')\n"
+        "        return torch.zeros(3, 8, 8), 0\n"
+        "boom = Boom()\n")
+    rc, stdout, stderr = bench(f"{tmp_path / 'myds.py'}:boom", "--workers", "0,2", "--seconds", "0.1",
+                               "--repeats", "2", "--quiet", "--no-check")
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert rc == 1 and lines == [lines[-1]], stderr
+    assert "no setting could be measured" in lines[0] and "ValueError: bad sample 77" in lines[0], lines
+    assert "Traceback" not in stderr and "AssertionError" not in stderr

@@ -131,6 +131,14 @@ def test_exit_status_1_for_errors_2_for_usage(tree, tmp_path):
     assert cli("verify", tree).returncode == 1  # a folder, not an output: an error, not usage
     res = cli("pack", tree, "--format", "npy", "--size", "16", "-o", tree / "inside")
     assert res.returncode == 1 and res.stderr.startswith("Error:")
+    # values that cannot go together, decided from the arguments alone: usage (2), the one line, nothing written
+    res = cli("pack", tree, "--format", "npy", "--size", "256", "--max-pixels", "100", "-o", tmp_path / "mp")
+    assert res.returncode == 2 and res.stderr.strip().splitlines() == [
+        "Error: max_pixels 100 is below 256x256 = 65536, the size of every center-crop sample; use shorter-side "
+        "or longer-side"], res.stderr
+    res = cli("pack", tree, "--format", "lmdb", "--size", "32", "--layout", "parts", "-o", tmp_path / "zp.lmdb")
+    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1].startswith("Error: --layout parts is written")
+    assert not (tmp_path / "mp").exists() and not (tmp_path / "zp.lmdb").exists()
 
 
 def test_presets_by_name_and_path(tree, tmp_path):

@@ -77,3 +77,24 @@ def test_every_extra_is_in_the_install_table_and_the_install_page():
     install = (ROOT / "docs" / "install.md").read_text()
     assert set(extras) <= table, set(extras) - table
     assert [e for e in extras if f"`{e}`" not in install] == []
+
+
+def test_the_tour_says_how_to_reach_its_commands_and_its_folder(tmp_path):
+    """After the Quick start, the tour's first command works as written once the reader does what
+    the text before it says: activate .venv (the commands are not on PATH) and make ``photos``
+    the quick start's sample tree, whose image count the text names, as ``shardpack demo`` makes it."""
+    from click.testing import CliRunner
+
+    from shardpack.cli import main
+    text = (ROOT / "README.md").read_text()
+    tour = text[text.index("## A five-minute tour\n"):]
+    before = tour[:tour.index("pack-dataset photos")]
+    assert "source .venv/bin/activate" in before and ".venv/bin/pack-dataset" in before
+    assert "ln -s demo-out/sample photos" in before
+    said = int(re.search(r"on the (\d+) images the quick start made", before).group(1))
+    work = tmp_path / "demo-out"  # the quick start's `shardpack demo` (scripts/quickstart.sh), its default workdir
+    assert "shardpack demo" in (ROOT / "scripts" / "quickstart.sh").read_text()
+    r = CliRunner().invoke(main, ["demo", "--workdir", str(work), "--format", "npy"])
+    assert r.exit_code == 0, r.output
+    images = [p for p in (work / "sample").rglob("*") if p.is_file()]
+    assert len(images) == said, (len(images), said)

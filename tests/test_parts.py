@@ -16,8 +16,8 @@ from click.testing import CliRunner
 
 from helpers import assert_same_output, awkward_tree, checkpointed, make_tree, pack_quiet
 from shardpack.cli import pack_dataset
-from shardpack.packer import PackError, units
-from shardpack.packer.options import StrictError
+from shardpack.packer import units
+from shardpack.packer.options import ConflictingOptions, StrictError
 from shardpack import ShardDataset, make_loader
 from shardpack.readers.manifest import MANIFEST, ShardFormatError, load_manifest, partial_dir
 
@@ -141,13 +141,17 @@ def test_strict_leaves_nothing(src, tmp_path):
 
 def test_layouts_not_written_yet_are_refused_in_one_line(src, tmp_path):
     for fmt in ("wds", "lmdb"):
-        with pytest.raises(PackError, match="--layout parts is written for --format npy") as err:
+        with pytest.raises(ConflictingOptions, match="--layout parts is written for --format npy") as err:
             pack_quiet(src, tmp_path / "o", fmt, **KW)
         assert "\n" not in str(err.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == []
-    r = CliRunner().invoke(pack_dataset, [str(src), "--format", "wds", "--size", "16", "-o", str(tmp_path / "o"),
-                                          "--layout", "parts", "--quiet"])
-    assert r.exit_code == 1 and r.output.strip().splitlines()[-1].startswith("Error: --layout parts is written")
+    for fmt in ("wds", "lmdb"):  # a usage error, decided from the arguments alone: exit 2, the one line
+        r = CliRunner().invoke(pack_dataset, [str(src), "--format", fmt, "--size", "32", "-o", str(tmp_path / "o"),
+                                              "--layout", "parts", "--quiet"])
+        lines = r.output.strip().splitlines()
+        assert r.exit_code == 2 and lines == [f"Error: --layout parts is written for --format npy and hdf5; "
+                                              f"not yet for --format {fmt}: use --layout single"], r.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 def test_command_line_writes_the_part_layout(src, outputs, tmp_path):

@@ -158,6 +158,29 @@ def test_a_forked_worker_is_refused_in_one_line_not_left_hanging(s3, cache, outp
         batches._shutdown_workers()  # forkserver stop (test_forkserver_workers_...) waited on it forever
 
 
+def test_a_forked_worker_is_refused_at_its_first_read_whatever_the_cache_holds(s3, cache, outputs):
+    """The same outcome on a warm block cache as on a cold one: every sample read in the parent
+    (the second pass served from the cache alone), then a forked worker's first batch, all cache
+    hits, is refused as a miss is (a stock DataLoader with fork read them before)."""
+    url = upload(s3, outputs["raw"], "fork-warm/OUT")
+    ds = ShardDataset(url)
+    local = ShardDataset(outputs["raw"])
+    cached = ds.reader.objects.cache
+    for _ in range(2):
+        assert [ds[i][1] for i in range(len(ds))] == [local[i][1] for i in range(len(local))]
+    fetched, hits = cached.fetched, cached.hits
+    assert torch.equal(ds[3][0], local[3][0]) and cached.hits > hits and cached.fetched == fetched  # warm
+    loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=1, multiprocessing_context="fork")
+    batches = iter(loader)
+    try:
+        with pytest.raises(ShardFormatError, match=r"s3://shardpack-tests/fork-warm/OUT: read in a process forked "
+                                                   r"after its parent used the S3 client .*context='spawn'"):
+            next(batches)
+    finally:
+        batches._shutdown_workers()
+    assert torch.equal(ds[5][0], local[5][0])  # the parent still reads
+
+
 def test_an_object_replaced_under_a_live_reader_is_refused_not_mixed(s3, cache, outputs):
     import obstore
     from obstore.store import S3Store

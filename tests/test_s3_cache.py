@@ -6,6 +6,8 @@ that cannot be written read through with one warning, the limit's forms."""
 from __future__ import annotations
 
 import json
+import logging
+import re
 import warnings
 from pathlib import Path
 
@@ -205,13 +207,19 @@ def test_a_cache_folder_that_cannot_be_written_is_read_through_with_one_warning(
     assert proxy.counts("cache/readonly/OUT/images.npy")[1] >= N * SAMPLE
 
 
-def test_the_cache_arguments_and_what_a_run_is_told(s3, proxy, output, tmp_path):
+def test_the_cache_arguments_and_what_a_run_is_told(s3, proxy, output, tmp_path, caplog):
     url = upload(s3.endpoint, output, "cache/args/OUT")
     opts = {"endpoint": proxy.endpoint}
-    with pytest.warns(RuntimeWarning, match=r"^s3://shardpack-tests/cache/args/OUT: block cache .* \(50\.0 GB limit\) "
-                                            r"holds all 4\.7 MB of pixels: the first epoch fetches each byte at most "
-                                            r"once, later epochs nothing"):
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.INFO, logger="shardpack"):
+        warnings.simplefilter("always")
         ds = ShardDataset(url, storage_options=opts, cache_dir=tmp_path / "c", cache_limit="50GB")
+    assert [str(w.message) for w in caught if "block cache" in str(w.message)] == []  # good news: no warning
+    said = [r for r in caplog.records if r.name == "shardpack" and "block cache" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.INFO, said
+    assert re.match(r"^s3://shardpack-tests/cache/args/OUT: block cache .* \(50\.0 GB limit\) holds all 4\.7 MB of "
+                    r"pixels: the first epoch fetches each byte at most once, later epochs nothing",
+                    said[0].getMessage())
+    assert said[0].getMessage() == ds.reader.objects.cache_text
     assert ds.reader.objects.cache.limit == 50 * 10**9
     with pytest.warns(RuntimeWarning, match=r"no block cache \(cache_limit=0\): every epoch fetches all"):
         assert ShardDataset(url, storage_options=opts, cache_limit=0).reader.objects.cache is None

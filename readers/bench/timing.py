@@ -95,6 +95,24 @@ def time_pass(loader, warmup: int = 2, device=None) -> Pass:
     t0 = time.perf_counter()
     it = iter(loader)
     try:
+        return _timed(it, arrive, warmup, dev, t0)
+    except BaseException:
+        shut_down(it)
+        raise
+
+
+def shut_down(it) -> None:
+    """End a failed pass's worker processes now. Left to the garbage collector (the exception's
+    traceback keeps the iterator in a cycle), the iterator could be collected in a worker forked
+    later for another setting, whose ``__del__`` then printed "AssertionError: can only test a
+    child process" over the bench's one-line error."""
+    shutdown = getattr(it, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
+
+
+def _timed(it, arrive, warmup: int, dev, t0: float) -> Pass:
+    try:
         first = arrive(next(it))
         first_s = time.perf_counter() - t0
         for _ in range(warmup - 1):

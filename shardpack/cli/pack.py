@@ -207,10 +207,13 @@ def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_siz
         say(f"note: --shard-size applies to --format wds (tar shards); an {fmt} output is not sharded, so it is unused")
     setup, on_term = None, stop_on_sigterm()
     try:
-        recipe = Recipe(size=size, resize=resize, background=background, draft=draft,
-                        allow_truncated=allow_truncated, decoder=decoder, max_pixels=max_pixels,
-                        encoding=encoding, quality=quality, subsampling=subsampling,
-                        max_source_pixels=max_source_pixels)
+        try:
+            recipe = Recipe(size=size, resize=resize, background=background, draft=draft,
+                            allow_truncated=allow_truncated, decoder=decoder, max_pixels=max_pixels,
+                            encoding=encoding, quality=quality, subsampling=subsampling,
+                            max_source_pixels=max_source_pixels)
+        except ValueError as err:  # values that cannot go together, from the arguments alone: exit 2
+            raise ConflictingOptions(str(err)) from None
         opts = Options(fmt=fmt, workers=workers, shard_size=shard_size, overwrite=overwrite,
                        resume=resume, strict=strict, space_check=not no_space_check, progress=not quiet,
                        io_threads=io_threads, allow_unsafe_output=allow_unsafe_output, engine=engine,

@@ -15,7 +15,7 @@ import warnings
 import torch
 
 from ..cells import UserCell, UserSetting, warmup_batches
-from ..timing import MIN_BATCHES, UserPass
+from ..timing import MIN_BATCHES, UserPass, shut_down
 from .loader import Base, Feed
 
 
@@ -57,6 +57,14 @@ def run_pass(loader, feed: Feed | None, warmup: int, seconds: float, min_batches
     t0 = time.perf_counter()
     it = iter(loader)
     try:
+        return _timed(it, feed, warmup, seconds, min_batches, dev, consume, t0)
+    except BaseException:
+        shut_down(it)
+        raise
+
+
+def _timed(it, feed, warmup, seconds, min_batches, dev, consume, t0) -> UserPass:
+    try:
         batch = next(it)
         first_s = time.perf_counter() - t0
         for _ in range(warmup - 1):
@@ -83,7 +91,6 @@ def run_pass(loader, feed: Feed | None, warmup: int, seconds: float, min_batches
         feed.stop()
         for _ in it:  # drain: what was in flight
             pass
-    del it
     return UserPass(first_s, b, n, end - start, warmup=warmup)
 
 
@@ -148,7 +155,11 @@ def epoch_starts(base: Base, workers: list[int], prefetch: int, epochs: int = 2,
                 for _ in range(epochs):
                     t0 = time.perf_counter()
                     it = iter(loader)
-                    next(it)
+                    try:
+                        next(it)
+                    except BaseException:
+                        shut_down(it)
+                        raise
                     row["starts_s"].append(time.perf_counter() - t0)
                     if feed is not None:
                         feed.stop()
