@@ -103,7 +103,7 @@ def prepare(src: str | Path, out: str | Path | None, recipe: Recipe, opts: Optio
         raise PackError(f"unknown engine {opts.engine!r}; choose one of {', '.join(ENGINES)}")
     check_layout(opts.fmt, recipe, opts.layout)  # --layout parts: npy raw fixed shapes for now (parts.py)
     if opts.address is not None and opts.engine != "ray":
-        raise PackError(f"--address {opts.address!r} names a Ray cluster: it needs --engine ray")
+        raise ConflictingOptions(f"--address {opts.address!r} names a Ray cluster: it needs --engine ray")
     if opts.engine == "ray":  # before anything is written: a missing extra, a dead address or a token refused
         from .engine_ray import check_cluster
         check_cluster(opts.address)

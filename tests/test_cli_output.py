@@ -138,7 +138,10 @@ def test_exit_status_1_for_errors_2_for_usage(tree, tmp_path):
         "or longer-side"], res.stderr
     res = cli("pack", tree, "--format", "lmdb", "--size", "32", "--layout", "parts", "-o", tmp_path / "zp.lmdb")
     assert res.returncode == 2 and res.stderr.strip().splitlines()[-1].startswith("Error: --layout parts is written")
-    assert not (tmp_path / "mp").exists() and not (tmp_path / "zp.lmdb").exists()
+    res = cli("pack", tree, "--format", "npy", "--size", "32", "--address", "127.0.0.1:1", "-o", tmp_path / "ad")
+    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1] == (
+        "Error: --address '127.0.0.1:1' names a Ray cluster: it needs --engine ray")
+    assert not any((tmp_path / n).exists() for n in ("mp", "zp.lmdb", "ad"))
 
 
 def test_presets_by_name_and_path(tree, tmp_path):
