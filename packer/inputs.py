@@ -19,7 +19,7 @@ from .lock import busy_error, holder, read_record
 from .options import Options
 from .plan import Plan
 from .sizing import plan_run_bytes
-from .staging import Staging, check_complete, check_existing, check_place
+from .staging import Staging, check_complete, check_existing, check_place, space_need
 
 
 # ---------------------------------------------------------------- the dry run
@@ -40,5 +40,5 @@ def dry_run_after_scan(plan: Plan, out: Path, recipe: Recipe, opts: Options, wor
     """What opening the partial directory of ``out`` would refuse for ``plan``, and the space
     check: the real run's own Staging.check with the real run's fingerprint. Writes nothing."""
     Staging.check(out, plan.fingerprint(recipe, opts), opts,
-                  need=lambda: plan_run_bytes(plan, recipe, opts.fmt, workers),
+                  need=space_need(lambda w: plan_run_bytes(plan, recipe, opts.fmt, w), workers, opts.engine == "local"),
                   count=sum(len(p.listing) for p in plan.parts), previous=read_record(out), listings=plan.listings())

@@ -44,7 +44,7 @@ from .scan import Listing, scan
 from .sizing import SizeEstimate, estimate_size, output_bytes, scratch_bytes
 from .sameness import dataset_fingerprint
 from .upload import open_upload, url_of
-from .staging import COMPACTING, Staging, check_complete, check_existing, check_place
+from .staging import COMPACTING, Staging, check_complete, check_existing, check_place, space_need
 from .writers import open_writer
 from .writers.manifest import dataset_manifest, run_info, write_index
 
@@ -212,10 +212,11 @@ def _pack(src, recipe: Recipe, opts: Options, listing: Listing | None, extra: di
     notes += _case_clash_notes(listing)
     n = len(listing)
 
-    def need() -> int:
+    def run_bytes(workers: int) -> int:
         estimate = setup.estimate() if setup.estimate else estimate_size(listing, recipe)
         return (output_bytes(listing, recipe, opts.fmt, estimate)
-                + scratch_bytes(listing, recipe, opts.fmt, setup.workers, estimate, opts.engine))
+                + scratch_bytes(listing, recipe, opts.fmt, workers, estimate, opts.engine))
+    need = space_need(run_bytes, setup.workers, opts.engine == "local")
     # 2. the partial directory: fresh, resumed, replaced or refused
     staging = Staging.open(setup.out, dataset_fingerprint(recipe, opts, listing, labels), opts, count=n, need=need,
                            previous=setup.lock.previous if setup.lock else None, listings={"": listing})

@@ -15,7 +15,7 @@ from .plan import Plan
 from .imaging import Recipe
 from .run import Setup, _report_of, _staged_reports, _uploaded, pack, prepare
 from .sizing import plan_run_bytes
-from .staging import Staging
+from .staging import Staging, space_need
 from .writers.manifest import run_info, splits_manifest
 
 __all__ = ["pack_plan"]
@@ -51,7 +51,8 @@ def _pack_plan(plan: Plan, recipe: Recipe, opts: Options, extra: dict, setup: Se
                      setup=replace(setup, estimate=lambda: plan.estimates(recipe)[0]), labels=part.labels)]
     splits = {p.split: len(p.listing) for p in plan.parts}
     staging = Staging.open(setup.out, plan.fingerprint(recipe, opts), opts,
-                           need=lambda: plan_run_bytes(plan, recipe, opts.fmt, setup.workers),
+                           need=space_need(lambda w: plan_run_bytes(plan, recipe, opts.fmt, w), setup.workers,
+                                            opts.engine == "local"),
                            count=sum(splits.values()), previous=setup.lock.previous if setup.lock else None,
                            listings=plan.listings())
     notes = [say(note) for note in (*setup.notes, *staging.notes)]

@@ -32,7 +32,7 @@ from typing import Callable
 
 from ..readers.encoding import RAW
 from ..readers.manifest import MANIFEST, partial_dir, write_json_atomic
-from ..readers.text import sizes_apart
+from ..readers.text import size_text, sizes_apart
 
 from .imaging import Recipe
 from .lock import holder_text
@@ -144,6 +144,17 @@ def boot_id() -> str | None:
         return None
 
 
+def space_need(bytes_for: Callable[[int], int], workers: int, local: bool = True) -> Callable[[], int]:
+    """The ``need`` a Staging checks: ``need()`` is ``bytes_for(workers)``, the bytes a run of
+    ``workers`` processes needs free; for a local run of K > 1 also ``need.one_worker()``, the
+    same for one worker (no ring buffer), so a refusal it would pass says ``--workers 1``."""
+    def need() -> int:
+        return bytes_for(workers)
+    if local and workers > 1:
+        need.one_worker = lambda: bytes_for(1)
+    return need
+
+
 class Staging:
     """The partial directory ``tmp`` of the output ``out``, open for one run.
 
@@ -194,7 +205,7 @@ class Staging:
             staging.notes.append(f"--resume: no interrupted run at {tmp} (nothing was begun): starting a fresh run")
         staging.done = int(staging.start["done"])
         if opts.space_check and need is not None and not (tmp.exists() and opts.resume):
-            staging._check_space(need(), count)
+            staging._check_space(need, count)
         return staging
 
     @classmethod
@@ -213,7 +224,7 @@ class Staging:
         if replace:
             shutil.rmtree(tmp)
             if opts.space_check and need is not None:
-                staging._check_space(need(), count)
+                staging._check_space(need, count)
         fresh = not tmp.exists()
         try:
             tmp.mkdir(parents=True, exist_ok=True)
@@ -264,13 +275,21 @@ class Staging:
             return json.loads(d.read_text())
         return dict(FRESH)
 
-    def _check_space(self, need: int, count: int) -> None:
+    def _check_space(self, need: Callable[[], int], count: int) -> None:
+        """Refuse (PackError) a run whose ``need()`` bytes exceed the free space at OUT's parent;
+        where ``need.one_worker()`` (a local run of K > 1: the ring buffer's share) would fit,
+        the line says ``--workers 1``."""
         parent = self.out.parent
         free = shutil.disk_usage(nearest_existing(parent)).free  # writes nothing: a dry run checks too
-        if need > free:
-            need_text, free_text = sizes_apart(need, free)
+        total = need()
+        if total > free:
+            need_text, free_text = sizes_apart(total, free)
+            one = getattr(need, "one_worker", None)
+            one = one() if one is not None else None
+            fix = (f"pass --workers 1 (about {size_text(one)}: no samples in flight between processes), "
+                   if one is not None and one <= free else "")
             raise PackError(f"{parent}: about {need_text} needed for {count} samples but only "
-                            f"{free_text} free; free space or pass --no-space-check")
+                            f"{free_text} free; {fix}free space or pass --no-space-check")
 
     @property
     def run_dir(self) -> Path:

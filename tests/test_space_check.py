@@ -83,6 +83,21 @@ def test_the_plans_fit_advice_is_what_its_own_space_check_accepts(can_mount, tin
     assert res.returncode == 1 and "needed for 12 samples" in res.stderr  # the largest size that fits
 
 
+def test_a_refusal_that_one_worker_would_pass_says_workers_1_and_that_passes(can_mount, tiny_and_256, tmp_path):
+    """12 JPEG records at 256 px take ~0.3 MB with one worker, ~1.9 MB with two (the ring buffer
+    holds each slot's worst-case record): on a 1 MiB disk the refusal names --workers 1, which
+    then passes the same check (a trial found a pack that fitted refused without that hint)."""
+    disk, src = tmp_path / "disk", tiny_and_256[1]
+    args = [src, "--format", "npy", "--size", 256, "--encoding", "jpeg", "--dry-run", "-o", disk / "out"]
+    res = on_tmpfs("1m", disk, *args, "--workers", 2)
+    line = res.stderr.strip().splitlines()[-1]
+    assert res.returncode == 1 and "needed for 12 samples" in line and "pass --workers 1 (about 0.3 MB" in line, line
+    res = on_tmpfs("1m", disk, *args, "--workers", 1)
+    assert res.returncode == 0 and "needed for" not in res.stderr, res.stdout + res.stderr
+    res = on_tmpfs("100k", disk, *args, "--workers", 2)  # one worker would not fit either: no such hint
+    assert res.returncode == 1 and "--workers 1" not in res.stderr.strip().splitlines()[-1], res.stderr
+
+
 def test_the_plan_and_summary_say_jpeg_per_split_extrapolation_and_only_the_skips_that_occurred(tmp_path):
     """A JPEG run's output line says the pixels are decoded from JPEG, a val split is extrapolated
     to ImageNet-1k's val (50,000), train to train, only the kinds of skipped entries that occurred
