@@ -74,6 +74,13 @@ def cluster():
         assert not left, f"Ray processes left: {left}"
 
 
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    """The node cache (SHARDPACK_CACHE) of one test: its own folder, never ~/.cache."""
+    monkeypatch.setenv("SHARDPACK_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
     """A real S3 server (SeaweedFS, tests/s3server.py) on 127.0.0.1, started once per test session

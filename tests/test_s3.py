@@ -39,12 +39,6 @@ def outputs(tmp_path_factory):
             "jpeg": packed("npy", src, d / "jpeg", size=16, encoding="jpeg")}
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("SHARDPACK_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
 def pixels(ds, i) -> tuple[np.ndarray, int]:
     img, label = ds[i]
     return img.permute(1, 2, 0).numpy().copy(), label

@@ -25,12 +25,6 @@ def outputs(tmp_path_factory):
             "jpeg": packed("lmdb", src, d / "jpeg", size=16, encoding="jpeg"), "splits": d / "splits"}
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("SHARDPACK_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
 def put(s3, key: str, data: bytes) -> None:
     import obstore
     from obstore.store import S3Store

@@ -36,12 +36,6 @@ def outputs(tmp_path_factory):
 
 
 @pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("SHARDPACK_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
-@pytest.fixture
 def fetches(monkeypatch):
     """The ranged GETs of this process, as (URL, first byte, end byte), while the test runs."""
     record: list = []

@@ -34,12 +34,6 @@ def src(tmp_path_factory):
     return make_tree(tmp_path_factory.mktemp("s3w") / "src", {"cat": 3, "dog": 3})
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("SHARDPACK_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
 def same_samples(url: str, local: Path) -> None:
     a, la = all_samples(ShardDataset(url))
     b, lb = all_samples(ShardDataset(local))

@@ -28,12 +28,6 @@ def src(tmp_path_factory):
     return make_tree(tmp_path_factory.mktemp("s3w") / "src", {"cat": 3, "dog": 3})
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("SHARDPACK_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
 def start_slow_upload(s3, src, url: str, cache: Path, *extra) -> subprocess.Popen:
     """pack-dataset SRC -o URL in a fresh interpreter whose every put waits 0.4 s first."""
     script = ("import time\nfrom shardpack.packer.upload import Upload\nreal = Upload._put\n"
