@@ -149,15 +149,23 @@ def inflight(args, server, tmp: Path) -> None:
         proxy.stop()
 
 
-def cache_epochs(args, server, tmp: Path) -> None:
-    from shardpack import ShardDataset
+def warmed(args, server, tmp: Path, name: str, key: str):
+    """The cache benches' start: ``--mode processes`` into MODE, ``--mb`` of random 256 px pixels
+    packed under ``tmp/name`` and uploaded as ``key``, the index cache under ``tmp``, and the
+    output opened with its own cache folder and read once (every byte cached): (out, url, warm)."""
     if args.mode == "processes":
         MODE.update(mode="processes", num_workers=2)
-    out = _output(tmp, args.mb, "cache")
-    url = _upload(server, out, "cache")
+    out = _output(tmp, args.mb, name)
+    url = _upload(server, out, key)
     os.environ["SHARDPACK_CACHE"] = str(tmp / "idx-cache")
     warm = _open(url, cache_dir=tmp / "warm")
-    _epoch(warm, 99)  # warmed
+    _epoch(warm, 99)
+    return out, url, warm
+
+
+def cache_epochs(args, server, tmp: Path) -> None:
+    from shardpack import ShardDataset
+    out, url, warm = warmed(args, server, tmp, "cache", "cache")
     from shardpack import make_loader
     kept = {}  # processes mode: one loader per contender, its workers started before the timed epochs
 

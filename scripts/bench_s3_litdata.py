@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 import bench_s3_cache as cache
-from bench_s3_cache import BUCKET, MODE, _epoch, _open, _output, _table, _upload
+from bench_s3_cache import BUCKET, MODE, _epoch, _open, _table
 
 PEER = Path(__file__).resolve().parent / "litdata_peer.py"
 
@@ -65,13 +65,7 @@ class Peer:
 
 def litdata_vs(args, server, tmp: Path) -> None:
     from shardpack import make_loader
-    if args.mode == "processes":
-        MODE.update(mode="processes", num_workers=2)
-    out = _output(tmp, args.mb, "litdata")
-    url = _upload(server, out, "shardpack")
-    os.environ["SHARDPACK_CACHE"] = str(tmp / "idx-cache")
-    warm = _open(url, cache_dir=tmp / "warm")
-    _epoch(warm, 99)  # every byte cached
+    out, url, warm = cache.warmed(args, server, tmp, "litdata", "shardpack")
     kept = make_loader(warm, 64, seed=0, **MODE) if MODE["mode"] != "main" else None
     if kept is not None:
         sum(len(i) for i, _ in kept)  # its workers started, untimed
