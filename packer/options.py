@@ -171,6 +171,14 @@ class Report:
     case_clashes: list = field(default_factory=list)  # see scan.Listing.case_clashes
     resumed_at: int = 0  # files already done by the interrupted run this one resumed
     late_signal: int = 0  # a signal that landed once every file was decoded (the output was finished)
+    fixed_bytes: int = 0  # of ``bytes``, those that do not grow with the samples (footprint.fixed_bytes)
+
+    @property
+    def sample_bytes(self) -> float:
+        """Bytes one sample takes on disk (float): ``bytes`` less ``fixed_bytes``, over ``count``
+        (all of ``bytes`` over ``count`` if that leaves none); what the summary extrapolates."""
+        grown = self.bytes - self.fixed_bytes
+        return (grown if grown > 0 else self.bytes) / max(1, self.count)
 
     @property
     def images_per_s(self) -> float:

@@ -36,6 +36,7 @@ from .ledger import Ledger, skipped_json, split_skipped_json
 from .lock import OutputLock
 from .mounts import MountTable, UnsafeOutput, check_output, source_note
 from .parts import check_layout, part_sizes
+from .footprint import fixed_bytes
 from .options import (DISK_FULL, ENGINES, RESUME_AND_OVERWRITE, ConflictingOptions, Options, PackError, Report,
                       StrictError, default_out, errno_of, resume_advice, say)
 from .prefetch import DEFAULT_THREADS
@@ -260,7 +261,7 @@ def _pack(src, recipe: Recipe, opts: Options, listing: Listing | None, extra: di
     total = bytes_on_disk(setup.out)
     return Report(setup.out, int(len(kept)), n, skips, listing.ignored, len(listing.classes), total,
                   seconds, setup.workers, notes=notes, case_clashes=listing.case_clashes, resumed_at=start,
-                  late_signal=decoding.late)
+                  late_signal=decoding.late, fixed_bytes=fixed_bytes(setup.out))
 
 
 def write_failure(err: OSError, staging: Staging, n: int, finishing: bool = False, overwrite: bool = False) -> str:
@@ -341,4 +342,4 @@ def _report_of(d: Path) -> Report:
     m = json.loads((d / MANIFEST).read_text())
     skipped, ignored = split_skipped_json(json.loads((d / SKIPPED).read_text()))
     return Report(d, m["count"], m["scanned"], skipped, ignored, len(m["classes"]),
-                  bytes_on_disk(d), 0.0, m["run"]["workers"])
+                  bytes_on_disk(d), 0.0, m["run"]["workers"], fixed_bytes=fixed_bytes(d))

@@ -279,8 +279,8 @@ def summary(report, split: str | None = None) -> str:
              f"into {report.out}: {mb(report.bytes)}",
              f"  {plural(decoded, 'file')} decoded in {report.seconds:.1f} s{resumed} "
              f"({report.images_per_s:.0f} images/s, {plural(report.workers, 'worker')})",
-             f"  {report.bytes / max(1, report.count) / 1e3:.1f} KB per image on disk; "
-             + imagenet_text(report.bytes / max(1, report.count), split)]
+             f"  {report.sample_bytes / 1e3:.1f} KB per image on disk (besides {report.fixed_bytes / 1e3:.1f} KB "
+             f"of manifest and headers); " + imagenet_text(report.sample_bytes, split)]
     if report.skipped or report.ignored:
         kinds = Counter(ignored_row(p)["kind"] for p in report.ignored)  # only the kinds that occurred
         said = ([plural(len(report.skipped), "unusable file")] if report.skipped else []) + [
