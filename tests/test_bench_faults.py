@@ -2,6 +2,8 @@
 undecodable files in a raw folder, SIGTERM, unbatched loaders, the recommendation's wording,
 odd sample and model types. Each through the real command line, grids kept tiny."""
 
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -257,3 +259,36 @@ def test_a_dataset_that_raises_in_workers_gives_only_the_one_line(tmp_path):
     assert rc == 1 and lines == [lines[-1]], stderr
     assert "no setting could be measured" in lines[0] and "ValueError: bad sample 77" in lines[0], lines
     assert "Traceback" not in stderr and "AssertionError" not in stderr
+
+
+def test_an_error_cell_keeps_the_whole_one_line_error(tmp_path):
+    """A Dataset that fails only in worker processes, with a 400-character message whose end names
+    the fix: the workers-2 row of the table carries it whole (it was cut at 200 characters), its
+    "|" escaped, and the JSON the unescaped line; the main-process row is measured."""
+    fix = "pass --workers 0 or give each worker its own handle (the last words of the message)"
+    message = "worker cannot reopen the store | " + "x" * 300 + " " + fix
+    (tmp_path / "myds.py").write_text(
+        "import torch\n"
+        "class OnlyMain(torch.utils.data.Dataset):\n"
+        "    def __len__(self):\n"
+        "        return 64\n"
+        "    def __getitem__(self, i):\n"
+        "        if torch.utils.data.get_worker_info() is not None:\n"
+        f"            raise RuntimeError({message!r} + '\\nsecond line, not shown')\n"
+        "        return torch.zeros(3, 8, 8), 0\n"
+        "ds = OnlyMain()\n")
+    rc, stdout, stderr = bench(f"{tmp_path / 'myds.py'}:ds", "--workers", "0,2", "--seconds", "0.1", "--repeats", "1",
+                               "--batch-size", "8", "--quiet", "--no-check", "--json", tmp_path / "b.json")
+    assert rc == 0, stdout + stderr
+    rows = [ln for ln in stdout.splitlines() if ln.startswith("| 2 ")]
+    assert len(rows) == 6, stdout  # prefetch 2 and 8 x persistent off and on, and the two epoch-start rows
+    for row in rows:  # each cell whole, between the row's own column bars
+        cell = re.search(r"\| error: (.*) \(in DataLoader worker process \d\) \|", row)
+        assert cell and cell.group(1) == "RuntimeError: " + message.replace("|", "\\|"), row
+    assert "second line" not in stdout
+    measured = [ln for ln in stdout.splitlines() if ln.startswith("| 0 ")]
+    assert measured and "error" not in measured[0], stdout
+    bench_json = json.loads((tmp_path / "b.json").read_text())
+    errors = [c["error"] for c in bench_json["cells"] if c.get("error")]
+    assert len(errors) == 4 and all(re.fullmatch(re.escape("RuntimeError: " + message)
+                                                 + r" \(in DataLoader worker process \d\)", e) for e in errors), errors

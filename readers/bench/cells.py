@@ -10,12 +10,38 @@ no mode but may swap the collate (:class:`UserSetting`), each pass starting its 
 
 from __future__ import annotations
 
+import re
 import statistics
 from dataclasses import dataclass, field
 
 from ..system import usable_cpus
 from .noise import Spread
 from .timing import Pass, UserPass
+
+
+def error_text(err: BaseException) -> str:
+    """A failed cell's error as the table and the JSON carry it: ``"ValueError: <message>"``,
+    the message's first non-blank line whole (never cut: the end of a message often names the
+    fix); the bare type name for an empty message. An error torch re-raised from a DataLoader
+    worker ("Caught ValueError in DataLoader worker process 0." and the worker's traceback) is
+    the worker's own error line, then ``(in DataLoader worker process 0)``."""
+    text = str(err)
+    worker = WORKER_ERROR.match(text)
+    if worker:
+        return f"{worker.group(2).strip()} (in {worker.group(1)})"
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    return f"{type(err).__name__}: {line}" if line else type(err).__name__
+
+
+def table_cell(text: str) -> str:
+    """``text`` as one markdown table cell: its ``|`` escaped (the table keeps its columns)."""
+    return text.replace("|", "\\|")
+
+
+# torch's _utils.ExceptionWrapper.reraise: "Caught X in DataLoader worker process N.\nOriginal Traceback
+# (most recent call last):\n" and the worker's frames (indented), then its error line at column 0
+WORKER_ERROR = re.compile(r"Caught \S+ in (DataLoader worker process \d+)\.\nOriginal Traceback[^\n]*\n"
+                          r"(?:[ \t][^\n]*\n|\n)*(\S[^\n]*)")
 
 # --- settings ---------------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from torch.utils.data import Sampler
 
 from ..loading import MODES, BatchedDataset, make_loader
 from ..transforms import CenterCrop, Compose, RandomCrop, RandomHorizontalFlip, RandomResizedCrop
-from .cells import PathCell, PathSetting, warmup_batches
+from .cells import PathCell, PathSetting, error_text, warmup_batches
 from .noise import TOLERANCE
 from .timing import MIN_BATCHES, NO_CUDA, Pass, time_pass
 
@@ -185,7 +185,7 @@ def measure_cell(ds, setting: PathSetting, batch_size: int, augment: str = "none
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as err:  # noqa: BLE001 -- a setting that fails (e.g. shared memory) is a result, not a crash
-        cell.error = f"{type(err).__name__}: {err}".splitlines()[0][:200]
+        cell.error = error_text(err)
     finally:
         del loader  # persistent workers end with their loader
         cell.wall_s = time.perf_counter() - start
@@ -242,7 +242,7 @@ def run_grid(ds, settings: list[PathSetting], *, source: str, kind: str, descrip
         except (KeyboardInterrupt, SystemExit):
             raise
         except Exception as err:  # noqa: BLE001 -- a setting that fails (e.g. shared memory) is a result, not a crash
-            cell.error = f"{type(err).__name__}: {err}".splitlines()[0][:200]
+            cell.error = error_text(err)
             open_.pop(k, None)
             return None
         finally:

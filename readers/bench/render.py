@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .advice import curves, knee_choices, knees, recommend, speedups
-from .cells import PathSetting, line_label
+from .cells import PathSetting, line_label, table_cell
 from .grid import Grid
 from .noise import Spread
 from .plotting import model_rate, pyplot, save, star
@@ -54,7 +54,7 @@ def render(grid: Grid, compare: Grid | None = None) -> str:
             row += [f"{c.rate:,.0f}", Spread([p.rate for p in c.passes]).text(), f"{c.ms_per_batch:.1f}",
                     f"{cold} / {c.epoch_start_ms:.0f}"]
         else:
-            row += [f"error: {c.error}" if c.error else "not measured", "", "", ""]
+            row += [f"error: {table_cell(c.error)}" if c.error else "not measured", "", "", ""]
         if compare is not None:
             row.append(f"{ups[s]:.1f}x" if s in ups else "-")
         row.append(_knee_mark(s, knee_of) if c.ok else "")

@@ -14,7 +14,7 @@ import warnings
 
 import torch
 
-from ..cells import UserCell, UserSetting, warmup_batches
+from ..cells import UserCell, UserSetting, error_text, warmup_batches
 from ..timing import MIN_BATCHES, UserPass, shut_down
 from .loader import Base, Feed
 
@@ -127,7 +127,7 @@ def measure_interleaved(base: Base, settings: list[UserSetting], seconds: float,
                 except (KeyboardInterrupt, SystemExit):
                     raise
                 except Exception as err:  # noqa: BLE001 -- a setting that fails (shared memory, pickling) is a result
-                    cell.error = f"{type(err).__name__}: {err}".splitlines()[0][:200]
+                    cell.error = error_text(err)
                     kept.pop(k, None)
                 if bar is not None:
                     bar.update(1)
@@ -170,7 +170,7 @@ def epoch_starts(base: Base, workers: list[int], prefetch: int, epochs: int = 2,
             except (KeyboardInterrupt, SystemExit):
                 raise
             except Exception as err:  # noqa: BLE001 -- a setting that fails under spawn is a row, not a crash
-                row["error"] = f"{type(err).__name__}: {err}".splitlines()[0][:200]
+                row["error"] = error_text(err)
             out.append(row)
             if bar is not None:
                 bar.update(1)

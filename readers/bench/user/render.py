@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..advice import BOTTLENECK_SHARE
+from ..cells import table_cell
 from ..noise import Spread, load_average
 from ..plotting import model_rate, pyplot, save, star
 from ..timing import machine
@@ -45,7 +46,7 @@ def _row(c, rec, knee_at, given=None) -> str:
         cells += [f"{sp.median:,.0f}", sp.text(), f"{c.ms_per_batch:.1f}",
                   f"{first:.0f} / {'-' if later is None else format(later, '.0f')}"]
     else:
-        cells += [f"error: {c.error}" if c.error else "not measured", "", "", ""]
+        cells += [f"error: {table_cell(c.error)}" if c.error else "not measured", "", "", ""]
     mark = []
     if c.ok and s in knee_at:
         mark.append("knee" if knee_at[s] else "knee?")
@@ -69,7 +70,7 @@ def epoch_rows(res) -> list[str]:
     for row in res.epoch:
         if row["error"]:
             lines.append(f"| {row['num_workers']} | {'on' if row['persistent_workers'] else 'off'} | "
-                         f"error: {row['error']} | | |")
+                         f"error: {table_cell(row['error'])} | | |")
             continue
         later = row["starts_s"][-1]
         share = row.get("share")

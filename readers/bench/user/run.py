@@ -19,7 +19,7 @@ import torch
 
 from ...system import usable_cpus
 from ..advice import BOTTLENECK_SHARE
-from ..cells import UserCell, UserSetting, default_workers
+from ..cells import UserCell, UserSetting, default_workers, error_text
 from ..noise import TOLERANCE, Choice, choose, load_average, physical_cores
 from ..result import BenchResult
 from ..timing import NO_CUDA
@@ -271,6 +271,8 @@ def run_user_bench(target, model=None, *, batch_size: int | None = None, workers
                         res.packing = pack_fix(base, res.rec.setting, res.breakdown, seconds, repeats, cores, device)
             except ValueError as err:
                 res.skipped.append(f"where a batch's time goes: not measured ({str(err).splitlines()[0]})")
+            except Exception as err:  # noqa: BLE001 -- the user's code failing in a worker: the grid said so per cell
+                res.skipped.append(f"where a batch's time goes: not measured ({error_text(err)})")
             if epoch_start and base.kind == "dataset":
                 res.epoch = epoch_starts(base, workers, 2, bar=bar)
             elif epoch_start:
