@@ -114,3 +114,14 @@ def s3(s3_server, monkeypatch):
     for name, value in s3_server.env().items():
         monkeypatch.setenv(name, value)
     return s3_server
+
+
+@pytest.fixture
+def user_file(tmp_path):
+    """(FILE.py, counter): bench_user_code.USER_CODE written to a module of a name unique to the
+    test (workers import it by name), and the file each of its __getitem__ calls appends to."""
+    from bench_user_code import USER_CODE
+    counter = tmp_path / "calls"
+    path = tmp_path / f"userdata_{tmp_path.name[-8:].replace('-', '_')}.py"
+    path.write_text(USER_CODE.format(counter=str(counter)))
+    return path, counter

@@ -1,6 +1,7 @@
 """shardpack bench on the user's own code: FILE.py:NAME through the CLI and shardpack.bench, the
-breakdown and its flags, the paste-able DataLoader line, spawn epoch starts, one-line errors, and
-the noise rules (not resolved, never more workers than cores silently) on synthetic timings."""
+breakdown and its flags, the paste-able DataLoader line, an IterableDataset, spawn epoch starts,
+Ctrl-C, and a loader's own sampler, collate and worker_init kept. The one-line errors and the noise
+rules: tests/test_bench_user_rules.py."""
 
 import json
 import os
@@ -10,128 +11,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from click.testing import CliRunner
 
 import shardpack
-from shardpack.cli import main
-from shardpack.readers.bench.cells import UserCell, UserSetting
-from shardpack.readers.bench.noise import Spread, choose
-from shardpack.readers.bench.timing import UserPass
+from bench_user_code import build_from_line, pasted
+from shardpack.readers.bench.cells import UserSetting
 from shardpack.readers.bench.user.loader import Base
 from shardpack.readers.bench.user.passes import epoch_starts
-from shardpack.readers.bench.user.run import recommend_user
-from shardpack.readers.bench.user.target import TargetError, load_data
+from shardpack.readers.bench.user.target import load_data
 
 ROOT = Path(__file__).resolve().parents[1]
-
-USER_CODE = '''
-import os
-import numpy as np
-import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset
-
-COUNTER = {counter!r}
-
-
-class HwcFloat(Dataset):
-    """HWC float32 numpy images, as a new user writes them; every __getitem__ leaves a byte."""
-
-    def __len__(self):
-        return 96
-
-    def __getitem__(self, i):
-        with open(COUNTER, "ab") as f:
-            f.write(b"x")
-        return np.full((16, 16, 3), i / 96, np.float32), i % 5
-
-
-class ChwU8(Dataset):
-    def __len__(self):
-        return 64
-
-    def __getitem__(self, i):
-        return torch.full((3, 8, 8), i, dtype=torch.uint8), i % 4
-
-
-class Stream(IterableDataset):
-    def __iter__(self):
-        for i in range(10 ** 6):
-            yield torch.full((3, 4, 4), i % 256, dtype=torch.uint8), i % 3
-
-
-class PidLog(Dataset):
-    """Records which process read each sample (the workers' pids)."""
-
-    def __len__(self):
-        return 16
-
-    def __getitem__(self, i):
-        with open(COUNTER + ".pids", "a") as f:
-            f.write(f"{{os.getpid()}}\\n")
-        return torch.zeros(3, 4, 4), 0
-
-
-def loader():
-    return DataLoader(ChwU8(), batch_size=8, shuffle=True, drop_last=True)
-
-
-class HwcNet(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = torch.nn.Conv2d(3, 4, 3)
-        self.fc = torch.nn.Linear(4, 5)
-
-    def forward(self, x):
-        return self.fc(self.conv(x.permute(0, 3, 1, 2)).mean((2, 3)))
-
-
-def stack_dicts(items):
-    return torch.stack([d["x"] for d in items]), torch.tensor([d["y"] for d in items])
-
-
-class Dicts(Dataset):
-    def __len__(self):
-        return 40
-
-    def __getitem__(self, i):
-        return {{"x": torch.full((3, 4, 4), i, dtype=torch.uint8), "y": i % 2}}
-
-
-def batched():
-    """A loader with its own batch_sampler and collate_fn (neither can be written as a literal)."""
-    from torch.utils.data import BatchSampler, SequentialSampler
-    return DataLoader(Dicts(), batch_sampler=BatchSampler(SequentialSampler(range(40)), 5, False),
-                      collate_fn=stack_dicts)
-
-
-def seed_workers(worker_id):
-    torch.manual_seed(worker_id)
-
-
-def stack_pairs(items):
-    return torch.stack([x for x, _ in items]), torch.tensor([y for _, y in items])
-
-
-chw = ChwU8()
-custom = DataLoader(chw, batch_size=8, sampler=torch.utils.data.RandomSampler(chw, num_samples=24),
-                    collate_fn=stack_pairs, drop_last=True, worker_init_fn=seed_workers)
-
-
-def broken():
-    raise RuntimeError("no data here")
-
-
-def not_data():
-    return 42
-'''
-
-
-@pytest.fixture
-def user_file(tmp_path):
-    counter = tmp_path / "calls"
-    path = tmp_path / f"userdata_{tmp_path.name[-8:].replace('-', '_')}.py"
-    path.write_text(USER_CODE.format(counter=str(counter)))
-    return path, counter
 
 
 @pytest.mark.slow
@@ -182,24 +70,6 @@ def test_cli_runs_the_users_dataset_and_model(user_file, tmp_path):
     assert report["recommended"]["dataloader"] == line
     if not torch.cuda.is_available():
         assert "pin_memory=True not measured: no CUDA device" in text and "skipped: GPU utilisation" in text
-
-
-def build_from_line(line, dataset):
-    """Build what a user would by pasting ``line`` after ``import torch, shardpack``."""
-    assert line.count("DataLoader(") == 1 and line.startswith("torch.utils.data.DataLoader(dataset, ")
-    return eval(line, {"torch": torch, "shardpack": shardpack, "dataset": dataset})  # noqa: S307
-
-
-def pasted(res, module):
-    """The recommended line run as a user pastes it: after only ``import torch, shardpack``, with
-    the names the report says it needs taken from the user's module."""
-    scope: dict = {}
-    exec("import torch, shardpack", scope)  # noqa: S102
-    note = next(ln for ln in res.text().splitlines() if "runs after `import torch, shardpack`" in ln)
-    for need in note.split("in scope: ", 1)[1].split(", "):
-        name = need.split(" ")[0]
-        scope[name] = getattr(module, name)
-    return eval(res.paste(), scope)  # noqa: S307
 
 
 def test_api_on_a_users_dataloader_pastes_a_working_line(user_file):
@@ -254,81 +124,6 @@ def test_spawn_epoch_starts_restart_workers_unless_persistent(user_file):
     order = list(dict.fromkeys(int(p) for p in pids.read_text().split()))
     assert os.getpid() not in order
     assert len(order) == 3  # two processes for the two non-persistent epochs, one for both persistent ones
-
-
-CASES = [
-    ("nofile.py:HwcFloat", "no such file nofile.py"),
-    ("{path}:Missing", "has no name 'Missing'"),
-    ("{path}:broken", "calling it raised RuntimeError: no data here"),
-    ("{path}:not_data", "gave a builtins.int, not a torch Dataset or DataLoader"),
-    ("no_such_module_xyz:thing", "no module named 'no_such_module_xyz'"),
-]
-
-
-@pytest.mark.parametrize("spec,message", CASES)
-def test_bad_targets_are_one_line_errors(user_file, spec, message):
-    path, _ = user_file
-    result = CliRunner().invoke(main, ["bench", spec.format(path=path), "--quiet"])
-    assert result.exit_code == 1, result.output
-    lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0] and lines[0].startswith("Error: ")
-
-
-def test_bad_model_and_misplaced_options(user_file, tmp_path):
-    path, _ = user_file
-    with pytest.raises(TargetError, match="no name 'Nope'"):
-        shardpack.bench(f"{path}:ChwU8", model=f"{path}:Nope", workers=[0])
-    result = CliRunner().invoke(main, ["bench", f"{path}:ChwU8", "--augment", "crop4", "--quiet"])
-    assert result.exit_code == 2 and "--augment applies to a PATH only" in result.output
-    result = CliRunner().invoke(main, ["bench", str(tmp_path), "--trace", "t.json", "--quiet"])
-    assert result.exit_code == 2 and "--trace applies to your code" in result.output
-
-
-# --- the noise rules on synthetic timings ---------------------------------------------------------
-
-def test_choose_reports_not_resolved_within_the_noise():
-    clear = choose({0: [100, 101, 99], 1: [180, 200, 220], 2: [195, 205, 240]}, 0.10)
-    assert (clear.pick, clear.best, clear.rivals) == (1, 2, []) and clear.resolved
-    # 1 worker's median is 13% under 2 workers', but its fastest pass reaches 2 workers' slowest
-    noisy = choose({1: [150, 200, 250], 2: [200, 230, 260]}, 0.10)
-    assert noisy.pick == 2 and noisy.rivals == [1] and not noisy.resolved
-    tight = choose({1: [199, 200, 201], 2: [229, 230, 231]}, 0.10)
-    assert tight.pick == 2 and tight.resolved
-    assert Spread([90, 100, 110]).rel == pytest.approx(0.2) and Spread([90, 100, 110]).text() == "±10%"
-
-
-def cell(workers, rates, prefetch=2):
-    s = UserSetting(workers, prefetch if workers else None, True if workers else None, False)
-    return UserCell(s, [UserPass(0.01, 10, 10 * 8, 10 * 8 / r, warmup=2) for r in rates])
-
-
-def test_never_more_workers_than_cores_without_saying_why():
-    cells = [cell(0, [100, 100, 100]), cell(1, [190, 200, 210]), cell(2, [280, 300, 310]),
-             cell(4, [300, 320, 340])]
-    choice, pick, why = recommend_user(cells, 0.10, cores=2)
-    assert pick.setting.workers == 2 and "4 workers (more than the 2 usable cores) were measured but not chosen" in why
-    # far beyond the spread: chosen, and said why
-    cells[3] = cell(4, [600, 620, 640])
-    choice, pick, why = recommend_user(cells, 0.10, cores=2)
-    assert pick.setting.workers == 4 and "more than the 2 usable cores: chosen because" in why
-
-
-def test_report_says_not_resolved(user_file):
-    """The report of a grid whose lighter cell lies within the noise names it instead of claiming a pick."""
-    from shardpack.readers.bench.user.run import UserBenchResult, knees_of
-    path, _ = user_file
-    ds, kind, _ = load_data(f"{path}:ChwU8")
-    res = UserBenchResult("x", kind, Base.of(ds, kind, 8), 1.0, 3, 0.10, None,
-                          cells=[cell(0, [100, 101, 99]), cell(1, [150, 200, 250]), cell(2, [200, 230, 260])],
-                          cores={"usable": 2, "physical": 2, "logical": 2})
-    res.choice, res.rec, res.why = recommend_user(res.cells, 0.10, 2)
-    res.knees = knees_of(res.cells, 0.10)
-    text = res.text()
-    assert "NOT RESOLVED at this noise: lighter settings came within the spread of the fastest" in text
-    assert "fastest (2 workers, prefetch 2, persistent, pin off): 1 worker, prefetch 2, persistent, pin off." in text
-    assert "knee at 2 workers (not resolved at this noise: 1 workers lie within the spread)" in text
-    line = next(ln for ln in text.splitlines() if ln.startswith("torch.utils.data.DataLoader("))
-    assert "num_workers=2" in line
 
 
 def test_ctrl_c_keeps_the_cells_measured(user_file, monkeypatch):
@@ -398,12 +193,6 @@ def test_the_pasted_line_keeps_a_custom_sampler_collate_and_worker_init(user_fil
     assert "in scope: ChwU8 (it builds your Dataset)" in res.text()
     x, y = next(iter(pasted(res, module)))
     assert x.shape == (16, 3, 8, 8) and y.tolist() == [int(v) % 4 for v in x[:, 0, 0, 0]]
-
-
-def test_a_str_or_dict_is_not_taken_for_a_dataset_but_a_list_of_samples_is():
-    from shardpack.readers.bench.user.target import kind_of
-    assert kind_of("/data/train") is None and kind_of({"a": 1}) is None and kind_of(b"xy") is None
-    assert kind_of([(1, 0), (2, 1)]) == "dataset"
 
 
 def test_the_real_loop_starts_a_new_epoch_of_a_short_loader():
