@@ -355,6 +355,7 @@ def open_upload(src, url: str, recipe, opts, dry_run: bool, mounts=None):
     notes = (f"packing into {local} first (the output's full size is needed there; --staging DIR puts it "
              f"elsewhere), then uploading it to {url}, its manifest last",)
     lock = None
+    made = [p for p in (local.parent, *local.parent.parents) if not p.exists()]  # this run's folders, deepest first
     if not dry_run:
         check_place(src, local)
         lock = OutputLock.take(local)
@@ -363,8 +364,19 @@ def open_upload(src, url: str, recipe, opts, dry_run: bool, mounts=None):
     except BaseException:
         if lock is not None:
             lock.release()
+        _remove_empty(made)  # a refused run (403, no bucket, an existing URL) leaves no empty <hash>/ folder
         raise
     return local, mounts, notes, lock, upload
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove each of ``folders`` (deepest first) that is now empty; stop at the first that is
+    not (something else is in it) or cannot be removed. Never removes a file."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
 
 
 def no_bucket(objects: Objects, err: BaseException) -> str | None:

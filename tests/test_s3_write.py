@@ -164,6 +164,29 @@ def test_overwrite_deletes_the_old_manifest_first_and_old_objects_before_any_put
     same_samples(url, local)
 
 
+def _tree(root: Path) -> list[str]:
+    return sorted(p.relative_to(root).as_posix() + ("/" if p.is_dir() else "") for p in root.rglob("*"))
+
+
+def test_a_refused_run_leaves_the_staging_folder_as_it_was(s3, cache, src, tmp_path, monkeypatch):
+    """Wrong credentials (HTTP 403 at the lock object): no empty <staging>/<hash>/ folder left,
+    in a --staging folder of the user's (another run's folder in it kept) or the cache's uploads/
+    (made by this run, so removed too); only what the run made is removed."""
+    url = f"s3://{BUCKET}/refused/OUT"
+    staging = tmp_path / "staging"
+    (staging / "another-run").mkdir(parents=True)
+    (staging / "another-run" / "keep.txt").write_text("x")
+    before, cache_before = _tree(staging), _tree(cache) if cache.exists() else None
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+    with pytest.raises(PackError, match=r"403 Forbidden"):
+        pack_quiet(src, url, "npy", size=16, staging=staging)
+    assert _tree(staging) == before == ["another-run/", "another-run/keep.txt"]
+    r = run_cli(src, "--format", "npy", "--size", 16, "-o", url, "--workers", 1, "--quiet")
+    assert r.exit_code == 1 and "403 Forbidden" in r.output, r.output
+    assert not staged_path(url).parent.exists() and not (cache / "uploads").exists()
+    assert (_tree(cache) if cache.exists() else None) == cache_before
+
+
 def test_errors_are_one_line_naming_the_url(s3, cache, src, tmp_path, monkeypatch):
     url = f"s3://{BUCKET}/errors/OUT"
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
