@@ -40,6 +40,14 @@ class Recorder(L.LightningModule):
         with open(f"{self.record}-{self.global_rank}.json", "w") as f:
             json.dump(self.seen, f)
 
+    def teardown(self, stage):
+        """The rank's gloo process group destroyed before its process exits: Lightning only does
+        so at exit for nccl, and a group left to the interpreter's shutdown once aborted rank 1
+        ("terminate called without an active exception": its C++ threads destroyed still running).
+        Nothing of the spawn launcher's collection after fit needs the group."""
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
 
 def trainer(root, max_steps: int, every: int, **kw):
     return L.Trainer(max_steps=max_steps, accelerator="cpu", logger=False, enable_progress_bar=False,
