@@ -246,7 +246,7 @@ def driver_written_note(fmt: str, writer, files: int) -> str | None:
     return (f"--format {fmt} is written by the driver alone (one {fmt} file takes one writer): {us:.0f} us of "
             f"driver CPU per image (measured, scripts/bench_ray.py --driver-cost), so these {files:,} files take "
             f"at least {files * us / 60e6:.0f} min however many nodes decode; for a cluster-scale job use "
-            "--format npy --layout parts (the nodes write the part files)")
+            "--layout parts with --format npy, hdf5 or wds (the nodes write the part files)")
 
 
 class RayExecutor:

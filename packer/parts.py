@@ -36,6 +36,7 @@ from .runners import Decoded, Decoder, Handover
 
 PATHS = "paths.bin"  # the listing's relative paths, NUL-separated, in units_dir (save_paths), with PATH_OFFSETS
 PATH_OFFSETS = "path_offsets.npy"
+LABELS = "labels.npy"  # the listing's labels, int64 (n,) in scan order, in units_dir (save_paths): wds writes each
 PART_BYTES = 1 << 30  # a part's planned pixels without --shard-size: ImageNet-21k at 256 px is ~2,800 parts
 
 
@@ -65,7 +66,7 @@ def part_sizes(recipe, opts) -> dict:
     return {"layout": LAYOUT_PARTS, "unit_files": unit, "part_files": part_files(recipe, opts.shard_size, unit)}
 
 
-PART_FORMATS = ("npy", "hdf5")  # the formats --layout parts writes (any shape, raw or jpeg)
+PART_FORMATS = ("npy", "hdf5", "wds")  # the formats --layout parts writes (any shape, raw or jpeg)
 
 
 def check_layout(fmt: str, recipe, layout: str) -> None:
@@ -75,18 +76,21 @@ def check_layout(fmt: str, recipe, layout: str) -> None:
     if layout not in LAYOUTS:
         raise PackError(f"unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
     if layout == LAYOUT_PARTS and fmt not in PART_FORMATS:
-        raise ConflictingOptions(f"--layout parts is written for --format {' and '.join(PART_FORMATS)}; "
+        raise ConflictingOptions(f"--layout parts is written for --format {', '.join(PART_FORMATS[:-1])} and "
+                                 f"{PART_FORMATS[-1]}; "
                         f"not yet for --format {fmt}: use --layout single")
 
 
-def save_paths(units_dir: Path, paths) -> None:
-    """Write the listing's ``paths`` (relative, scan order) into ``units_dir`` once, for the
-    tasks to read their ranges from (PATHS: the bytes, PATH_OFFSETS: int64 (n + 1,) where each
-    starts); each tmp + fsync + rename, the offsets last."""
+def save_paths(units_dir: Path, paths, labels) -> None:
+    """Write the listing's ``paths`` (relative, scan order) and ``labels`` (integers (n,)) into
+    ``units_dir`` once, for the tasks to read their ranges from (PATHS: the bytes, PATH_OFFSETS:
+    int64 (n + 1,) where each starts, LABELS: int64 (n,)); each tmp + fsync + rename, the offsets last."""
     encoded = [os.fsencode(p) for p in paths]
     offsets = np.zeros(len(encoded) + 1, np.int64)
     np.cumsum([len(b) for b in encoded], out=offsets[1:])
-    for name, write in ((PATHS, lambda f: f.write(b"".join(encoded))), (PATH_OFFSETS, lambda f: np.save(f, offsets))):
+    for name, write in ((PATHS, lambda f: f.write(b"".join(encoded))),
+                        (LABELS, lambda f: np.save(f, np.asarray(labels, np.int64))),
+                        (PATH_OFFSETS, lambda f: np.save(f, offsets))):
         tmp = Path(units_dir) / f"{name}.{os.getpid()}.tmp"
         with open(tmp, "wb") as f:
             write(f)
@@ -106,6 +110,11 @@ def load_paths(units_dir: str, start: int, count: int) -> tuple[str, ...]:
     return tuple(os.fsdecode(blob[cuts[k]:cuts[k + 1]]) for k in range(count))
 
 
+def load_labels(units_dir: str, start: int, count: int) -> list[int]:
+    """Labels ``start`` .. start + count - 1 of the listing save_paths wrote."""
+    return np.load(os.path.join(units_dir, LABELS), mmap_mode="r")[start:start + count].tolist()
+
+
 def run_part(spec, node: str) -> dict:
     """Decode part ``spec.unit`` (files spec.start .. start + len(paths) - 1, ``spec.sub`` at a
     time) and commit it: the part file, then the unit record (each tmp + fsync + rename).
@@ -119,6 +128,7 @@ def run_part(spec, node: str) -> dict:
     shape = spec.recipe.shape()
     name, attempt = part_name(spec.unit, cls.part_suffix), f"{uuid.uuid4().hex[:12]}.{os.getpid()}"
     out = cls.part_file(Path(spec.parts) / name, attempt, shape)
+    labels = load_labels(spec.units_dir, spec.start, len(spec.paths))
     decoded, skipped = [], []
     try:
         for a in range(0, len(spec.paths), spec.sub or len(spec.paths)):
@@ -127,7 +137,7 @@ def run_part(spec, node: str) -> dict:
             for r in Decoder(spec.root, spec.recipe, rows).run(
                     [(spec.start + a + k, rel, k) for k, rel in enumerate(chunk)]):
                 if isinstance(r, Decoded):
-                    out.add(rows.take(r.index - spec.start - a))
+                    out.add(rows.take(r.index - spec.start - a), r.index, labels[r.index - spec.start])
                     decoded.append([r.index, r.mode, *r.size, r.checksum, *r.shape, r.record])
                 else:
                     skipped.append([r.index, r.kind, r.reason, r.errno])

@@ -60,7 +60,9 @@ class FixedPart:
         self.f = open(self.tmp, "wb")
         self.f.write(header(0, shape))  # rewritten with the count at the end (same length)
 
-    def add(self, stored: np.ndarray) -> None:
+    def add(self, stored: np.ndarray, index: int, label: int) -> None:
+        """Append sample ``stored`` (its stored bytes; ``index``: its scan position, ``label``: its class, which
+        only the tar part keeps)."""
         self.f.write(stored.data)
         self.count += 1
 
@@ -92,7 +94,7 @@ class RowsPart(FixedPart):
         super().__init__(path, attempt, (), header)
         self.offsets = [0]
 
-    def add(self, stored):
+    def add(self, stored, index, label):
         self.f.write(np.ascontiguousarray(stored).data)
         self.offsets.append(self.offsets[-1] + stored.nbytes)
         self.count += 1
@@ -105,18 +107,25 @@ class RowsPart(FixedPart):
         size = _synced(f)
         f.close()
         digest = _digest_after(self.tmp, head)
-        table = io.BytesIO()
-        np.save(table, np.array(self.offsets, np.int64))
-        rows = self.path.with_name(rows_name(self.path.name))
-        rows_tmp = f"{rows}.{self.attempt}.tmp"
-        with open(rows_tmp, "wb") as r:
-            r.write(table.getvalue())
-            _synced(r)
-        os.replace(rows_tmp, rows)
+        rows = save_table(self.path.with_name(rows_name(self.path.name)), self.attempt,
+                          np.array(self.offsets, np.int64))
         os.replace(self.tmp, self.path)
         return {"name": f"{PARTS_DIR}/{self.path.name}", "count": self.count, "bytes": size, "xxh3": digest,
-                "rows": {"name": f"{PARTS_DIR}/{rows.name}", "bytes": len(table.getvalue()),
-                         "xxh3": xxhash.xxh3_128_hexdigest(table.getvalue())}}
+                "rows": rows}
+
+
+def save_table(path: Path, attempt: str, table: np.ndarray) -> dict:
+    """Write ``table`` as the .npy ``path`` (a part's row table; tmp + fsync + rename) and return
+    its summary {"name" (under PARTS_DIR), "bytes", "xxh3"}."""
+    buf = io.BytesIO()
+    np.save(buf, table)
+    tmp = f"{path}.{attempt}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(buf.getvalue())
+        _synced(f)
+    os.replace(tmp, path)
+    return {"name": f"{PARTS_DIR}/{Path(path).name}", "bytes": len(buf.getvalue()),
+            "xxh3": xxhash.xxh3_128_hexdigest(buf.getvalue())}
 
 
 def files_of(part: dict) -> list[tuple[str, int, str]]:

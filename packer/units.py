@@ -221,7 +221,7 @@ class UnitRunner:
         self.node_written = getattr(writer, "node_written", False)  # the part layout: parts.py
         if self.node_written:
             from .parts import save_paths
-            save_paths(self.dir, listing.paths)
+            save_paths(self.dir, listing.paths, listing.labels)
         self.streamed = not writer.in_place and not self.node_written
         self.writes = Writes(writer, threaded=False)  # inline: the driver only commits; a thread cost ~35 us/image
         self.sink = writer.sink() if writer.in_place else None

@@ -137,6 +137,7 @@ def load_manifest(root: str | os.PathLike, elsewhere: dict | None = None) -> dic
 
 # The files each format's reader opens, which its manifest's "files" must list.
 DATA_FILES = {"lmdb": ("data.mdb",), "npy": (NPY_IMAGES,), "hdf5": (HDF5_FILE,), "wds": (WDS_OFFSETS,)}
+PART_DATA_FILES = {"wds": (WDS_OFFSETS,)}  # the part layout's, besides the parts (readers/layout.py part_files)
 
 
 def _is_int(v) -> bool:
@@ -178,7 +179,8 @@ def manifest_problems(m: dict) -> list[str]:
         out.append("files is not a map of file names to sizes")
     else:
         out += parts_problems(m)
-        need = [*(part_files(m) if layout_of(m) == LAYOUT_PARTS else DATA_FILES.get(fmt, ())),
+        need = [*(part_files(m) + list(PART_DATA_FILES.get(fmt, ())) if layout_of(m) == LAYOUT_PARTS
+                  else DATA_FILES.get(fmt, ())),
                 f"{INDEX_DIR}/{COLUMNS['labels']}"]
         if shape is None:
             single = layout_of(m) == LAYOUT_SINGLE  # (the part layout: each part's row table, listed above)

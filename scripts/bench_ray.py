@@ -95,6 +95,8 @@ def driver_cost(cluster, src: Path, work: Path, sizes, size: int, repeat: int, f
     paths = {f"{fmt} single (driver writes)": dict(fmt=fmt) for fmt in formats if "single" in layouts}
     if "npy" in formats and "parts" in layouts:
         paths[PARTS] = dict(fmt="npy", layout="parts", shard_size=PARTS_BENCH)
+    for fmt in [f for f in formats if f in ("wds", "hdf5") and "parts" in layouts]:  # their nodes write tars / .h5
+        paths[f"{fmt} parts (nodes write)"] = dict(fmt=fmt, layout="parts", shard_size=PARTS_BENCH)
     cpu, main_cpu, wall, loads, units = {}, {}, {}, [], {}
     idle = [idle_rate(cluster)]
 
@@ -199,10 +201,10 @@ def task_cost(cpu, main_cpu, wall, units, r0, sizes, size) -> None:
               help="Instead: the driver's CPU per image as the slope between jobs of SMALL and LARGE images "
                    "(e.g. 800,5000), driver-written vs the part layout, and the ImageNet-21k projection.")
 @click.option("--layout", "layouts", default=None,
-              help="the layouts every engine writes, comma-separated: single, parts (npy only; parts of 64 MiB); "
+              help="the layouts every engine writes, comma-separated: single, parts (npy, hdf5, wds; parts of 64 MiB); "
                    "default single (with --driver-cost: single,parts)")
 def main(src, min_images, size, repeat, formats, slope, layouts):
-    from test_ray import Cluster
+    from raycluster import Cluster  # (tests/raycluster.py, the tests' one cluster)
     import ray
     layouts = (layouts or ("single,parts" if slope else "single")).split(",")
     if set(layouts) - {"single", "parts"}:
@@ -231,7 +233,7 @@ def main(src, min_images, size, repeat, formats, slope, layouts):
                    "ray 2 nodes": dict(engine="ray", address=cluster.address)}
         kinds = {"single": {}, "parts": dict(layout="parts", shard_size=PARTS_BENCH)}
         keys = [(fmt, lay, e) for fmt in formats.split(",") for lay in layouts for e in engines
-                if lay == "single" or fmt == "npy"]
+                if lay == "single" or fmt in ("npy", "hdf5", "wds")]
         nodes, cpu, whole, loads = {}, {k: [] for k in keys}, {k: [] for k in keys}, {k: [] for k in keys}
 
         def packing(fmt, lay, name):

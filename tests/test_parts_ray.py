@@ -19,27 +19,29 @@ def src(tmp_path_factory):
     return awkward_tree(tmp_path_factory.mktemp("partsraysrc") / "src")
 
 
-def test_ray_writes_the_local_part_files(cluster, src, tmp_path):
+@pytest.mark.parametrize("fmt", ["npy", "wds"])
+def test_ray_writes_the_local_part_files(cluster, src, tmp_path, fmt):
     kw = dict(size=24, unit_files=4, shard_size=ROW * 4 * 3, layout="parts")
-    local = pack_quiet(src, tmp_path / "local", "npy", workers=1, **kw)
-    r = pack_quiet(src, tmp_path / "ray", "npy", workers=1, engine="ray", address=cluster.address, **kw)
+    local = pack_quiet(src, tmp_path / "local", fmt, workers=1, **kw)
+    r = pack_quiet(src, tmp_path / "ray", fmt, workers=1, engine="ray", address=cluster.address, **kw)
     assert (r.count, len(r.skipped)) == (local.count, 2) == (39, 2)
     assert_same_output(local.out, r.out)
     run = json.loads((r.out / MANIFEST).read_text())["run"]
     assert (run["engine"], run["nodes"], run["units"], run["units_run"]) == ("ray", 2, 4, 4)
 
 
-@pytest.mark.parametrize("fmt", ["npy", "hdf5"])
+@pytest.mark.parametrize("fmt", ["npy", "hdf5", "wds"])
 def test_ray_writes_the_local_part_files_with_row_tables(cluster, src, tmp_path, fmt):
     """Variable shapes as JPEG records: each part a flat array and its row table (npy: beside it,
-    parts_rows.py; HDF5: inside it, with images.h5's virtual dataset, writers/hdf5_parts.py)."""
+    parts_rows.py; HDF5: inside it, with images.h5's virtual dataset, writers/hdf5_parts.py), or
+    a tar shard and its member table (wds: writers/wds_parts.py)."""
     kw = dict(size=24, unit_files=4, shard_size=24 * 24 * 3 // 10 * 12, layout="parts", resize="shorter-side",
               encoding="jpeg")
     local = pack_quiet(src, tmp_path / "local", fmt, workers=2, **kw)
     r = pack_quiet(src, tmp_path / "ray", fmt, workers=1, engine="ray", address=cluster.address, **kw)
     assert (r.count, len(r.skipped)) == (local.count, 2) == (39, 2)
     assert_same_output(local.out, r.out)
-    assert len(list((r.out / "parts").glob("*.offsets.npy" if fmt == "npy" else "*.h5"))) == 4
+    assert len(list((r.out / "parts").glob({"npy": "*.offsets.npy", "hdf5": "*.h5", "wds": "*.tar"}[fmt]))) == 4
 
 
 def test_worker_node_killed_mid_run_gives_the_same_files(cluster, tmp_path_factory, tmp_path):

@@ -1,7 +1,8 @@
 """The part layout beyond npy of one shape (packer/parts_rows.py, packer/writers/hdf5_parts.py,
-readers/formats/parts.py): npy of variable shapes and ``--encoding jpeg`` (row tables beside the
-parts), HDF5 of each (one .h5 per part, images.h5 a virtual dataset over them); the same files
-for any K and engine, resumable, read like the single-file layout on every reader path."""
+packer/writers/wds_parts.py, readers/formats/parts.py): npy of variable shapes and ``--encoding
+jpeg`` (row tables beside the parts), HDF5 of each (one .h5 per part, images.h5 a virtual dataset
+over them), wds of each (one tar shard per part, keys the scan positions); the same files for any
+K and engine, resumable, read like the single-file layout on every reader path."""
 
 import json
 import shutil
@@ -24,11 +25,14 @@ from shardpack.readers.transforms import CenterCrop
 RECIPES = {"fixed": dict(shard_size=24 * 24 * 3 * 12),
            "variable": dict(resize="shorter-side", shard_size=24 * 24 * 3 * 12),
            "jpeg": dict(encoding="jpeg", shard_size=24 * 24 * 3 // 10 * 12)}
-CASES = [("npy", "variable"), ("npy", "jpeg"), ("hdf5", "fixed"), ("hdf5", "variable"), ("hdf5", "jpeg")]
+CASES = [("npy", "variable"), ("npy", "jpeg"), ("hdf5", "fixed"), ("hdf5", "variable"), ("hdf5", "jpeg"),
+         ("wds", "fixed"), ("wds", "variable"), ("wds", "jpeg")]
 IDS = [f"{fmt}-{case}" for fmt, case in CASES]
 READERS = {("npy", "variable"): "RowsNpyPartsReader", ("npy", "jpeg"): "EncodedNpyPartsReader",
            ("hdf5", "fixed"): "Hdf5PartsReader", ("hdf5", "variable"): "RowsHdf5PartsReader",
-           ("hdf5", "jpeg"): "EncodedHdf5PartsReader"}
+           ("hdf5", "jpeg"): "EncodedHdf5PartsReader", ("wds", "fixed"): "WdsPartsReader",
+           ("wds", "variable"): "WdsPartsReader", ("wds", "jpeg"): "EncodedWdsPartsReader"}
+SUFFIX = {"npy": ".npy", "hdf5": ".h5", "wds": ".tar"}
 
 
 def kw(case, **more):
@@ -62,11 +66,11 @@ def test_any_k_and_engine_give_the_same_part_files(src, outputs, tmp_path, monke
         assert_same_output(ref, r.out)
     m = json.loads((ref / MANIFEST).read_text())
     assert (m["format_version"], m["file_layout"], m["count"]) == (3, "parts", 39)
-    suffix = {"npy": ".npy", "hdf5": ".h5"}[fmt]
-    assert [p["name"] for p in m["parts"]] == [f"parts/p{g:07d}{suffix}" for g in range(4)]
+    assert [p["name"] for p in m["parts"]] == [f"parts/p{g:07d}{SUFFIX[fmt]}" for g in range(4)]
     assert [p["count"] for p in m["parts"]] == [12, 11, 11, 5]  # 41 files in runs of 12; the 2 skipped in b, c
-    if fmt == "npy":  # the row table beside each part, digested by its node
-        assert [p["rows"]["name"] for p in m["parts"]] == [f"parts/p{g:07d}.offsets.npy" for g in range(4)]
+    if fmt != "hdf5":  # the row table (wds: the part's member table) beside each part, digested by its node
+        table = ".offsets.npy" if fmt == "npy" else ".index.npy"
+        assert [p["rows"]["name"] for p in m["parts"]] == [f"parts/p{g:07d}{table}" for g in range(4)]
         assert set(m["digests"]) >= {p["rows"]["name"] for p in m["parts"]}
     else:  # in each part's .h5; images.h5 is the driver's (labels, the virtual dataset)
         assert all("rows" not in p for p in m["parts"]) and "images.h5" in m["digests"]
@@ -126,8 +130,8 @@ def test_hdf5_images_h5_over_the_parts_is_the_single_layouts(outputs, tmp_path, 
 @pytest.mark.parametrize("fmt,case", CASES, ids=IDS)
 def test_readers_give_the_same_samples_from_both_layouts(outputs, monkeypatch, fmt, case, in_ram):
     if not in_ram:  # beyond RAM: preadv of each sample's bytes (diskio), for both layouts
-        from shardpack.readers.formats import parts as parts_reader
-        for module in (base_reader, parts_reader):
+        from shardpack.readers.formats import parts as parts_reader, wds as wds_reader
+        for module in (base_reader, parts_reader, wds_reader):
             monkeypatch.setattr(module, "larger_than_ram", lambda paths: "too big")
     a, b = ShardDataset(outputs[fmt, case, "parts"]), ShardDataset(outputs[fmt, case, "single"])
     assert type(a.reader).__name__ == READERS[fmt, case]
@@ -185,14 +189,14 @@ def test_stopped_mid_part_resumes_to_the_same_files(src, outputs, tmp_path, monk
         pack_quiet(src, tmp_path / "o", fmt, **kw(case, workers=2))
     monkeypatch.setattr(run.Decoding, "maybe_checkpoint", real)
     kept = partial_dir(tmp_path / "o") / "parts"
-    assert (kept / f"p0000000{'.npy' if fmt == 'npy' else '.h5'}").exists()  # the finished part is kept
+    assert (kept / f"p0000000{SUFFIX[fmt]}").exists()  # the finished part is kept
     assert (kept / "p0000000.offsets.npy").exists() == (fmt == "npy")
     r = pack_quiet(src, tmp_path / "o", fmt, **kw(case, workers=1, engine="units", resume=True))
     assert r.resumed_at >= 17 and r.count == 39
     assert_same_output(outputs[fmt, case, "parts"], r.out)
 
 
-@pytest.mark.parametrize("fmt", ["npy", "hdf5"])
+@pytest.mark.parametrize("fmt", ["npy", "hdf5", "wds"])
 def test_a_part_whose_files_were_all_skipped_is_empty_and_reads(tmp_path, fmt):
     from helpers import make_tree
     src = make_tree(tmp_path / "src", {"a": 12, "c": 5})

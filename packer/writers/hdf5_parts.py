@@ -50,7 +50,7 @@ class Hdf5Part:
         self.f = open(self.raw, "wb")
         self.offsets, self.shapes, self.count = [0], [], 0
 
-    def add(self, stored: np.ndarray) -> None:
+    def add(self, stored: np.ndarray, index: int, label: int) -> None:
         self.f.write(np.ascontiguousarray(stored).data)
         self.offsets.append(self.offsets[-1] + stored.nbytes)
         if self.with_shapes:

@@ -11,6 +11,10 @@ member's .npy header carries its sample's shape.
 Encoded (EncodedWdsWriter, ``--encoding jpeg``): members ``<key>.jpg`` and ``<key>.cls``, so
 stock ``webdataset ... .decode("rgb8")`` reads them; ``wds_offsets.npy`` int64 (count, 3):
 shard, byte offset and length of each JPEG.
+
+The part layout (WdsPartsWriter, ``--layout parts``, packer/parts.py): ``parts/pNNNNNNN.tar``
+each written by the node that decoded it, keys the samples' scan positions, and the driver's
+``wds_offsets.npy`` (count, 4) (writers/wds_parts.py).
 """
 
 from __future__ import annotations
@@ -189,3 +193,8 @@ class EncodedWdsWriter(WdsWriter):
 # What open_writer builds, by (encoding, samples differ in shape): members carry their shapes.
 WRITERS = {(RAW, False): WdsWriter, (RAW, True): WdsWriter,
            (JPEG, False): EncodedWdsWriter, (JPEG, True): EncodedWdsWriter}
+
+from .wds_parts import EncodedWdsPartsWriter, WdsPartsWriter  # noqa: E402 (it imports this module's tar helpers lazily)
+
+PART_WRITERS = {(RAW, False): WdsPartsWriter, (RAW, True): WdsPartsWriter,  # --layout parts (wds_parts.py)
+                (JPEG, False): EncodedWdsPartsWriter, (JPEG, True): EncodedWdsPartsWriter}

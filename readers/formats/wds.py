@@ -19,6 +19,9 @@ byte offset and length of member ``<key>.jpg``, whose tar header (the 512 bytes 
 name the sample; from disk each sample's header and record are read by one preadv
 (readers/formats/encoded.py).
 
+The part layout (``--layout parts``): shards ``parts/pNNNNNNN.tar`` written by the nodes, keys
+that are scan positions and a wider wds_offsets.npy (readers/formats/wds_parts.py).
+
 In object storage each shard is one object (``Reader.pixel_files``: the manifest's shards); a
 sample's tar header, .npy header and pixels are read by one ranged GET and checked the same way.
 """
@@ -38,6 +41,7 @@ from ..system import larger_than_ram
 from .. import diskio
 from .base import Reader, check_indices, check_out, check_value, flagged, npy_value, open_data, read_exact
 from .encoded import EncodedReader
+from .wds_parts import InParts
 
 BLOCK = tarfile.BLOCKSIZE
 
@@ -58,9 +62,26 @@ class _Shards(Reader):
 
     fmt = "wds"
     head_bytes = 0  # no header: each sample's tar header comes in its own GET (a HEAD per shard at open)
+    _keys = None  # the part layout (wds_parts.py): int64 (count,) each sample's key; None: the key is i
 
     def data_paths(self):
         return sorted(self.root.glob("shard-*.tar"))
+
+    def _shard_name(self, shard: int) -> str:
+        """The file name (relative to OUT) of shard number ``shard`` as wds_offsets.npy numbers it."""
+        return WDS_SHARD.format(shard)
+
+    def _key(self, i: int) -> int:
+        """The number in sample i's member names (``sample_key``): i itself in the single layout."""
+        return i if self._keys is None else int(self._keys[i])
+
+    def _keys_of(self, idx: np.ndarray) -> list[int]:
+        """The keys of samples ``idx`` (int64 (B,), checked), as :meth:`_key`."""
+        return idx.tolist() if self._keys is None else self._keys[idx].tolist()
+
+    def _load_table(self, columns: int) -> np.ndarray:
+        """wds_offsets.npy as a read-only map, (count, ``columns``) integers (raises ShardFormatError otherwise)."""
+        return load_npy(self.root / WDS_OFFSETS, "i", (self.count, columns))
 
     @classmethod
     def pixel_files(cls, manifest):
@@ -71,7 +92,7 @@ class _Shards(Reader):
         m = self._maps.get(shard)
         if m is None:
             self.check_unchanged()  # shards open one by one, long after the others
-            path = self.root / WDS_SHARD.format(shard)
+            path = self.root / self._shard_name(shard)
             try:
                 with open(path, "rb") as f:
                     m = self._maps[shard] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -103,7 +124,7 @@ class _Shards(Reader):
             try:
                 if self.objects is None:
                     self._map(shard)  # checks the output is unchanged; raises for a missing shard
-                f = self._files[shard] = open_data(self, None, WDS_SHARD.format(shard), fits=False)[0]
+                f = self._files[shard] = open_data(self, None, self._shard_name(shard), fits=False)[0]
             except (OSError, ShardFormatError):
                 return None
         return f
@@ -112,24 +133,28 @@ class _Shards(Reader):
         """Raise ShardFormatError: sample i's shard cannot be opened (missing, or not listed)."""
         if self.objects is None and shard >= 0:
             self._map(shard)  # raises naming why it cannot be mapped
-        raise ShardFormatError(f"{self.where(WDS_SHARD.format(max(shard, 0)))}: cannot open this shard"
+        raise ShardFormatError(f"{self.where(self._shard_name(max(shard, 0)))}: cannot open this shard"
                                f"{'' if shard >= 0 else f' (shard {shard})'}; {WDS_OFFSETS} puts sample {i} there")
 
 
 class WdsReader(_Shards):
-    _handles = ("_maps", "_files", "_offsets", "_header", "_in_ram")
+    _handles = ("_maps", "_files", "_offsets", "_header", "_in_ram", "_keys")
 
     def __init__(self, root, manifest):
         super().__init__(root, manifest)
         self._listed = manifest.get("files") or {}  # the shards the manifest lists, for record_problems
 
+    def _shard_sizes(self) -> dict[int, int]:
+        """{shard number: its size in bytes} of the shards the manifest lists."""
+        return {int(n[6:12]): s for n, s in self._listed.items() if n.startswith("shard-")}
+
     def record_problems(self, index):
         """Offsets name shards the manifest lists, rise sample by sample and stay inside their shard."""
         at, need = np.asarray(self._offsets, np.int64), index.shapes.astype(np.int64).prod(axis=1)
-        sizes = {int(n[6:12]): s for n, s in self._listed.items() if n.startswith("shard-")}
+        sizes = self._shard_sizes()
         shard_size = np.array([sizes.get(int(s), -1) for s in at[:, 0].clip(0, max(sizes, default=0))])
         missing = sorted({int(s) for s in at[:, 0]} - set(sizes))
-        out = [f"{self.root / WDS_OFFSETS}: names {WDS_SHARD.format(missing[0])}, not in the manifest's files"
+        out = [f"{self.root / WDS_OFFSETS}: names {self._shard_name(missing[0])}, not in the manifest's files"
                ] if missing else []
         order = at[:, 0] * (1 << 40) + at[:, 1]
         if (np.diff(order) <= 0).any():
@@ -140,7 +165,7 @@ class WdsReader(_Shards):
 
     def _open(self):
         self._maps, self._files, self._header = {}, {}, None  # _header: the .npy header every fixed-shape member has
-        self._offsets = load_npy(self.root / WDS_OFFSETS, "i", (self.count, 2))
+        self._offsets = self._load_table(2)
         self._in_ram, self._fits = {}, larger_than_ram(self.data_paths()) is None
 
     def _head(self, i: int, shard: int, start: int, offset: int):
@@ -158,7 +183,7 @@ class WdsReader(_Shards):
             raise ShardFormatError(f"{err}; {WDS_OFFSETS} puts sample {i} there") from None
         f = self._file(shard) if m is not None else None
         if f is not None and os.fstat(f.fd).st_size < len(m):  # the map's tail would be SIGBUS now
-            raise ShardFormatError(f"{self.root / WDS_SHARD.format(shard)}: sample {i}: the shard is shorter "
+            raise ShardFormatError(f"{self.root / self._shard_name(shard)}: sample {i}: the shard is shorter "
                                    f"than when it was opened ({len(m)} bytes; cut short or rewritten?)")
         if m is None:
             return None, 0, b""
@@ -170,9 +195,10 @@ class WdsReader(_Shards):
         inside the shard."""
         start = offset - offset % BLOCK
         m, size, head = self._head(i, shard, start, offset)
-        name, path = _member(i), self.where(WDS_SHARD.format(max(shard, 0)))
+        key = self._key(i)
+        name, path = _member(key), self.where(self._shard_name(max(shard, 0)))
         if size == 0 or start < BLOCK or head[:len(name)] != name:
-            raise ShardFormatError(f"{path}: no member {sample_key(i)}.npy "
+            raise ShardFormatError(f"{path}: no member {sample_key(key)}.npy "
                                    f"before offset {offset}, where {WDS_OFFSETS} puts sample {i}")
         if self._header is not None and head[BLOCK:] == self._header:  # fixed shape: all alike
             got = self.shape
@@ -225,7 +251,7 @@ class WdsReader(_Shards):
                 jobs.append((f, start - BLOCK, [heads[k], flat[k]], i))
 
         def check():
-            name = np.frombuffer(b"".join(_member(i) for i in idx.tolist()), np.uint8).reshape(len(idx), -1)
+            name = np.frombuffer(b"".join(_member(k) for k in self._keys_of(idx)), np.uint8).reshape(len(idx), -1)
             ok = (heads[:, :_MEMBER_LEN] == name).all(axis=1)
             if header is not None:
                 ok &= (heads[:, BLOCK:] == np.frombuffer(header, np.uint8)).all(axis=1)
@@ -244,10 +270,10 @@ class WdsReader(_Shards):
         is :meth:`_pixels_at`'s, its common case inlined: a mapped shard, the member named for
         the sample, the header every member of this shape has."""
         size, maps = flat.shape[1], self._maps
-        for k, (i, (shard, offset)) in enumerate(zip(idx.tolist(), at)):
+        for k, (i, key, (shard, offset)) in enumerate(zip(idx.tolist(), self._keys_of(idx), at)):
             m, start = maps.get(shard), offset - offset % BLOCK
             if (m is None or self._header is None or start < BLOCK or offset + size > len(m)
-                    or m[start:offset] != self._header or m[start - BLOCK:start - BLOCK + _MEMBER_LEN] != _member(i)):
+                    or m[start:offset] != self._header or m[start - BLOCK:start - BLOCK + _MEMBER_LEN] != _member(key)):
                 m = self._pixels_at(i, shard, offset, self.shape)
             flat[k] = np.frombuffer(m, np.uint8, size, offset)
 
@@ -256,11 +282,11 @@ class EncodedWdsReader(EncodedReader, _Shards):
     """Members ``<key>.jpg``, read as readers/formats/encoded.py says: in RAM out of the shard
     maps, from disk with one preadv per sample of the member's tar header and its record."""
 
-    _handles = ("_maps", "_table", "_files", "_in_ram")
+    _handles = ("_maps", "_table", "_files", "_in_ram", "_keys")
 
     def _open(self):
         self._maps, self._files, self._in_ram = {}, {}, {}
-        self._table = load_npy(self.root / WDS_OFFSETS, "i", (self.count, 3))
+        self._table = self._load_table(3)
         self._fits = larger_than_ram(self.data_paths()) is None
 
     def _in_ram_for(self, idx):
@@ -284,12 +310,11 @@ class EncodedWdsReader(EncodedReader, _Shards):
         if head[:len(name)].tobytes() != name:
             self._no_member(i, path, int(self._table[i, 1]))
 
-    @staticmethod
-    def _name(i: int) -> bytes:
-        return f"{sample_key(i)}.{JPEG_MEMBER}".encode() + b"\0"
+    def _name(self, i: int) -> bytes:
+        return f"{sample_key(self._key(i))}.{JPEG_MEMBER}".encode() + b"\0"
 
     def _no_member(self, i, path, offset):
-        raise ShardFormatError(f"{path}: no member {sample_key(i)}.{JPEG_MEMBER} before offset {offset}, "
+        raise ShardFormatError(f"{path}: no member {sample_key(self._key(i))}.{JPEG_MEMBER} before offset {offset}, "
                                f"where {WDS_OFFSETS} puts sample {i}")
 
     def _sample_map(self, shard: int, i: int):
@@ -301,7 +326,7 @@ class EncodedWdsReader(EncodedReader, _Shards):
     def _locate(self, i):
         shard, offset, n = self._table[i].tolist()
         m = self._sample_map(shard, i)
-        path = self.root / WDS_SHARD.format(shard)
+        path = self.root / self._shard_name(shard)
         name = self._name(i)
         if offset < BLOCK or offset % BLOCK or m[offset - BLOCK:offset - BLOCK + len(name)] != name:
             self._no_member(i, path, offset)
@@ -319,4 +344,17 @@ class EncodedWdsReader(EncodedReader, _Shards):
         return out
 
 
+class WdsPartsReader(InParts, WdsReader):
+    """The part layout (readers/formats/wds_parts.py): raw pixels, one shape or many."""
+
+
+class EncodedWdsPartsReader(InParts, EncodedWdsReader):
+    """The part layout of ``--encoding jpeg``."""
+
+    raw = False
+
+
 READERS = {RAW: WdsReader, JPEG: EncodedWdsReader}  # what open_reader builds, by encoding
+# the part layout (manifest "file_layout": "parts"), by (encoding, samples differ in shape)
+PART_READERS = {(RAW, False): WdsPartsReader, (RAW, True): WdsPartsReader,
+                (JPEG, False): EncodedWdsPartsReader, (JPEG, True): EncodedWdsPartsReader}
