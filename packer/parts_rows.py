@@ -50,6 +50,17 @@ def _synced(f) -> int:
     return f.seek(0, os.SEEK_END)
 
 
+def drop_attempt(f, *paths) -> None:
+    """A failed part attempt's cleanup: close its open file ``f`` and remove ``paths`` (its
+    temporary files; ones already gone are fine), so a retry writes its own."""
+    f.close()
+    for p in paths:
+        try:
+            os.unlink(p)
+        except OSError:
+            pass
+
+
 class FixedPart:
     """A part of samples of one ``shape``: a valid (count, *shape) uint8 .npy (``header``: the
     format's fixed-length header of (count, shape))."""
@@ -79,11 +90,7 @@ class FixedPart:
 
     def abort(self) -> None:
         """After a failure: close and remove this attempt's file (a retry writes its own)."""
-        self.f.close()
-        try:
-            os.unlink(self.tmp)
-        except OSError:
-            pass
+        drop_attempt(self.f, self.tmp)
 
 
 class RowsPart(FixedPart):

@@ -37,6 +37,7 @@ from ...readers.integrity import file_digest
 from ...readers.manifest import HDF5_FILE, PARTS_DIR
 
 from ..parts import PartsWriter
+from ..parts_rows import drop_attempt
 from .base import Writer, fsync_path
 
 
@@ -78,12 +79,7 @@ class Hdf5Part:
         return {"name": f"{PARTS_DIR}/{self.path.name}", "count": self.count, "bytes": size, "xxh3": digest}
 
     def abort(self) -> None:
-        self.f.close()
-        for p in (self.raw, self.tmp):
-            try:
-                os.unlink(p)
-            except OSError:
-                pass
+        drop_attempt(self.f, self.raw, self.tmp)
 
 
 class Hdf5PartsWriter(PartsWriter, Writer):

@@ -35,7 +35,7 @@ from ...readers.encoding import JPEG_MEMBER
 from ...readers.manifest import PARTS_DIR, WDS_OFFSETS, sample_key
 
 from ..parts import PartsWriter
-from ..parts_rows import save_table
+from ..parts_rows import drop_attempt, save_table
 from .base import Writer, npy_header, save_synced
 
 BLOCK, RECORD = tarfile.BLOCKSIZE, tarfile.RECORDSIZE
@@ -96,11 +96,7 @@ class TarPart:
 
     def abort(self) -> None:
         """After a failure: close and remove this attempt's file (a retry writes its own)."""
-        self.f.close()
-        try:
-            os.unlink(self.tmp)
-        except OSError:
-            pass
+        drop_attempt(self.f, self.tmp)
 
 
 class WdsPartsWriter(PartsWriter, Writer):
