@@ -7,7 +7,8 @@ otherwise be divided by a handful of samples (1 image as lmdb at 32 px: 37 KB "a
 for ImageNet where 4 KB a sample, 5 GB, is right). Each file is read for its own fixed part:
 
 - ``*.npy``: the header (the file's bytes beyond the array's);
-- ``*.tar``: what follows the last member's data (the end-of-archive blocks, the record padding);
+- ``*.tar``: the zero blocks after the last member's data (the end-of-archive blocks, the
+  record padding), found in the file's last 11 KiB (a member ending in zero bytes counts them too);
 - ``*.h5``: what is not a dataset's stored data (superblock, object headers, B-trees);
 - ``data.mdb``: LMDB's two meta pages and its root page;
 - every other file except ``*.bin``: whole (manifest.json, manifest.xxh3,
@@ -17,12 +18,12 @@ for ImageNet where 4 KB a sample, 5 GB, is right). Each file is read for its own
 from __future__ import annotations
 
 import os
-import tarfile
 from pathlib import Path
 
 import numpy as np
 
 BLOCK = 512  # a tar block
+TAIL = 10_240 + 2 * BLOCK  # a tar's end: two zero blocks, then zeros up to its 10 KiB record
 LMDB_FIXED_PAGES = 3  # two meta pages and the root (one leaf page holds a tiny output's keys)
 
 
@@ -45,9 +46,12 @@ def _fixed_of(f: Path) -> int:
     size = f.stat().st_size
     if f.suffix == ".npy":
         return size - np.load(f, mmap_mode="r").nbytes
-    if f.suffix == ".tar":
-        with tarfile.open(f) as tar:
-            end = max((m.offset_data + -(-m.size // BLOCK) * BLOCK for m in tar), default=0)
+    if f.suffix == ".tar":  # only the tail is read: a shard's members are never walked at the end of a pack
+        tail = min(size, TAIL)
+        with open(f, "rb") as fh:
+            fh.seek(size - tail)
+            data = fh.read(tail).rstrip(b"\0")
+        end = size - tail + -(-len(data) // BLOCK) * BLOCK
         return size - end
     if f.suffix == ".h5":
         import h5py
