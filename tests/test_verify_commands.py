@@ -169,3 +169,27 @@ def test_verify_json_gives_one_document_whatever_the_moment_of_a_signal(tmp_path
     doc = json.loads("".join(lines) + rest)
     assert doc["ok"] is True and doc["interrupted"] is False and doc["datasets"][0]["count"] == 4
     assert proc.returncode == 0 and stderr == "", (proc.returncode, stderr)
+
+
+def test_a_sigterm_landing_in_a_finalizer_still_stops_the_command_without_a_traceback():
+    """A signal handler's exception raised inside a ``__del__`` (or the import system's weakref
+    callback) is printed as "Exception ignored ... Traceback" and lost: CI met it once. The
+    handler sends the signal again once out of there, so the command is still stopped."""
+    import subprocess
+    import sys
+    code = (
+        "import os, signal, time\n"
+        "from shardpack.cli import document\n"
+        "document.stop_on_sigterm()\n"
+        "class Lands:\n"
+        "    def __del__(self):\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        for _ in range(1000): pass\n"
+        "try:\n"
+        "    Lands()\n"
+        "    time.sleep(5)\n"
+        "    print('not stopped')\n"
+        "except document.Interrupted as err:\n"
+        "    print('stopped', err.signum)\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (run.stdout.strip(), run.stderr) == (f"stopped {15}", "")

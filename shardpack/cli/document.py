@@ -14,8 +14,10 @@ Light on purpose (no click, no numpy): entry.py uses it before the commands are 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
+import threading
 
 SCHEMA = 1  # every document's "schema"; bumped when a field changes meaning
 
@@ -95,7 +97,19 @@ class Interrupted(KeyboardInterrupt):
         self.signum = int(signum)
 
 
-def _raise(signum, _frame):
+def _swallowed_here(frame) -> bool:
+    """Whether an exception raised in ``frame`` would be printed as "Exception ignored" and lost:
+    a weakref callback of the import system (the module locks' ``cb``) or a ``__del__``."""
+    if frame is None:
+        return False
+    code = frame.f_code
+    return code.co_name == "__del__" or (code.co_name == "cb" and "importlib" in code.co_filename)
+
+
+def _raise(signum, frame):
+    if _swallowed_here(frame):  # raised there it is lost with a traceback: send it again in 1 ms
+        threading.Timer(0.001, os.kill, (os.getpid(), signum)).start()
+        return
     raise Interrupted(signum)
 
 
