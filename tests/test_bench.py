@@ -312,3 +312,18 @@ def test_cli_accepts_inprocess_as_main(tiny):
                                        "--pin-memory", "off", "--no-check", "--quiet"])
     assert result.exit_code == 0, result.output
     assert "| main | 0 |" in result.output and 'make_loader(ds, 4, mode="main"' in result.output
+
+
+def test_a_recommendation_of_worker_processes_ends_in_its_advice_not_a_traceback(tiny):
+    """The /dev/shm notice for a processes-mode recommendation read a field the grid does not
+    have (`batch_shape`): every bench whose answer was worker processes ended in a traceback,
+    its table lost (found by a new-user trial)."""
+    _, out = tiny
+    result = subprocess.run([
+        sys.executable, "-c", "from shardpack.cli import main; main()",
+        "bench", str(out), "--mode", "processes", "--workers", "1", "--prefetch", "2", "--persistent", "off",
+        "--batch-size", "4", "--seconds", "0.1", "--repeats", "1", "--pin-memory", "off", "--no-check", "--quiet"],
+        capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])
+    assert (result.returncode, "Traceback" in result.stderr) == (0, False), result.stdout + result.stderr
+    assert "| processes | 1 | 2 | off |" in result.stdout
+    assert 'mode="processes"' in result.stdout

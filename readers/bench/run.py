@@ -195,7 +195,7 @@ def path_notices(path, ds, kind: str, grid: Grid, rec, compare=None) -> list[str
         files, what = [], ""
     shm = None
     if rec is not None and rec.setting.mode == "processes":
-        mb = grid.batch_size * prod(grid.batch_shape) / 1e6  # uint8 batches
+        mb = grid.batch_size * prod(grid.shape) / 1e6  # uint8 batches
         shm = notices.shm_tight(mb, rec.setting.workers, rec.setting.prefetch)
     return notices.all_of(notices.slow_mount(path), compare is not None and notices.slow_mount(compare),
                           files and notices.larger_than_ram(files, what), shm, notices.rocm())
