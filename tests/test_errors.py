@@ -135,7 +135,7 @@ def make_case(name, tree, photos, tmp):
                     r"^Error: /proc: cannot make files there \(a proc filesystem: No such file or directory\); "
                     r"choose another -o$")
     if name == "out-inside-a-class-folder":
-        return Case([tree, "--format", "npy", "--size", 16, "-o", tree / "cat" / "restarts.jpg", *base], 1,
+        return Case([tree, "--format", "npy", "--size", 16, "-o", tree / "cat" / "restarts.jpg", *base], 2,
                     rf"restarts\.jpg is inside SRC {tree}, in its folder cat: the next scan would walk it as "
                     r"part of cat; choose an -o outside SRC$")
     if name == "disk-full-at-lock-time":
@@ -198,7 +198,7 @@ def make_case(name, tree, photos, tmp):
         return Case([tree, "--format", "npy", "--size", 16, "-o", out, *base], 1,
                     r"already exists; pass --overwrite")
     if name == "out-is-src":
-        return Case([tree, "--format", "npy", "--size", 16, "-o", tree, *base], 1, r"is or contains SRC")
+        return Case([tree, "--format", "npy", "--size", 16, "-o", tree, *base], 2, r"is or contains SRC")
     raise AssertionError(name)
 
 

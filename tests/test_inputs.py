@@ -127,7 +127,8 @@ def test_dry_run_refuses_a_bad_place_for_out(tree, tmp_path, where):
     (tmp_path / "afile").write_text("x")
     out = {"inside SRC": tree / "cat" / "o", "SRC itself": tree, "under a file": tmp_path / "afile" / "o"}[where]
     dry, real = both(tree, out)
-    same_refusal(dry, real)
+    same_refusal(dry, real, 1 if where == "under a file" else 2)  # OUT and SRC alone decide: a usage error
+    assert last_line(dry).startswith("Error: ") and str(tree) in last_line(dry), dry.output
 
 
 def test_dry_run_refuses_an_interrupted_run_and_resume_without_one(tree, tmp_path):
