@@ -347,7 +347,7 @@ def test_a_photo_above_pillows_pixel_limit_is_skipped_naming_max_source_pixels_w
     from PIL import Image
     src = make_tree(tmp_path / "src", {"a": 2, "b": 2})
     Image.new("RGB", (250, 250), (10, 200, 30)).save(src / "a" / "huge.png")
-    base = [src, "--format", "npy", "--size", 16, "--workers", 1, "--quiet"]
+    base = [src, "--format", "npy", "--size", 16, "--workers", 1, "--no-progress"]
     res = run_cli(*base, "-o", tmp_path / "default", script=LOW_PILLOW_LIMIT)
     assert res.returncode == 0, res.stderr
     (line,) = [ln for ln in res.stdout.splitlines() if "huge.png" in ln]
