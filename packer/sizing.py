@@ -139,7 +139,7 @@ def estimate_encoded(listing, recipe, raw_estimate):
     mean bytes of ESTIMATE_FILES files encoded, times the raw estimate's mean sample size
     (``raw_estimate``, over more files for variable shapes). Above ``--size ESTIMATE_SIDE`` the
     files are encoded at ESTIMATE_SIDE and the ratio scaled by (ESTIMATE_SIDE / size) **
-    ESTIMATE_EXPONENT (measured within 0.83-1.18x of encoding at the full size). Falls back to
+    ESTIMATE_EXPONENT (measured within 0.83-1.19x of encoding at the full size). Falls back to
     ``raw_estimate`` (an upper bound) when no file can be encoded."""
     big = recipe.size > ESTIMATE_SIDE
     raw, enc, measured = estimate_record_bytes(listing.root, listing.paths,
