@@ -9,7 +9,7 @@ import click
 import numpy as np
 from PIL import Image
 
-from ..readers.text import mb
+from ..readers.text import size_text
 
 from .imaging import Recipe
 from .options import Options
@@ -57,7 +57,7 @@ def run_demo(workdir: str, fmt: str) -> None:
     make_sample_tree(src)
     click.echo(f"1. made a sample ImageFolder tree: {src} ({len(CLASSES)} classes x 8 images)")
     report = pack(src, out, Recipe(size=64), Options(fmt=fmt, overwrite=True))
-    click.echo(f"2. packed it: {report.count} images -> {out} ({mb(report.bytes)}, "
+    click.echo(f"2. packed it: {report.count} images -> {out} ({size_text(report.bytes)}, "
                f"{report.images_per_s:.0f} images/s, {report.workers} workers)")
     ds = ShardDataset(out)
     img, label = ds[0]

@@ -18,11 +18,21 @@ from .imaging import Recipe
 from .lock import busy_error, holder, read_record
 from .options import Options
 from .plan import Plan
-from .sizing import plan_run_bytes
+from ..readers.encoding import RAW
+
+from .sizing import as_jpeg, plan_run_bytes
 from .staging import Staging, check_complete, check_existing, check_place, space_need
 
 
 # ---------------------------------------------------------------- the dry run
+
+def plan_jpeg_bytes(plan: Plan, recipe: Recipe, opts: Options):
+    """For a raw ``recipe``: workers -> the bytes a run of ``plan`` would need free as --encoding
+    jpeg (the space check's ``jpeg_for``: asked only on a refusal); None for a jpeg recipe."""
+    if recipe.encoding != RAW:
+        return None
+    return lambda w: plan_run_bytes(plan, as_jpeg(recipe), opts.fmt, w)
+
 
 def dry_run_before_scan(src, out: Path, recipe: Recipe, opts: Options) -> None:
     """What run.prepare() refuses before the scan, for a dry run (``out``: setup.out): OUT's
@@ -40,5 +50,6 @@ def dry_run_after_scan(plan: Plan, out: Path, recipe: Recipe, opts: Options, wor
     """What opening the partial directory of ``out`` would refuse for ``plan``, and the space
     check: the real run's own Staging.check with the real run's fingerprint. Writes nothing."""
     Staging.check(out, plan.fingerprint(recipe, opts), opts,
-                  need=space_need(lambda w: plan_run_bytes(plan, recipe, opts.fmt, w), workers, opts.engine == "local"),
+                  need=space_need(lambda w: plan_run_bytes(plan, recipe, opts.fmt, w), workers, opts.engine == "local",
+                                  plan_jpeg_bytes(plan, recipe, opts)),
                   count=sum(len(p.listing) for p in plan.parts), previous=read_record(out), listings=plan.listings())

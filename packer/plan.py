@@ -34,7 +34,7 @@ from .labels import LabelsReport, flat_listing, is_flat, read_classes, unknown_c
 from .mounts import MountTable
 from .options import Options
 from .scan import SPLIT_NAMES, Listing, ScanError, SplitsError, find_classes, loose_images, scan
-from .sizing import SizeEstimate, estimate_size, plan_output_bytes, storage_lines
+from .sizing import OUTPUT_MARGIN, SizeEstimate, estimate_size, plan_output_bytes, storage_lines, stored_what
 from .sameness import dataset_fingerprint, splits_fingerprint
 from .staging import nearest_existing
 
@@ -277,13 +277,16 @@ def plan_text(plan: Plan, out: Path, recipe: Recipe, opts: Options, workers: int
     shape = "x".join(map(str, recipe.shape())) + " uint8" if recipe.shape() else "variable-shape uint8"
     if recipe.encoding != RAW:  # stored as JPEG, decoded when read: the size is the JPEG's, not the pixels'
         shape = f"JPEG q{recipe.quality}, decoded to {shape}"
-    lines.append(f"  output: about {size_text(plan_output_bytes(plan, recipe, opts.fmt))} for {total} images "
-                 f"({opts.fmt}, {shape}, {recipe.resize})")
+    whole = plan_output_bytes(plan, recipe, opts.fmt)
+    stored = sum(e.total_bytes for e in plan.estimates(recipe))  # the per-image line's, summed over the parts
+    lines.append(f"  output: about {size_text(whole)} for {total} images ({opts.fmt}, {shape}, {recipe.resize}): "
+                 f"{size_text(stored)} of {stored_what(recipe)}, {size_text(max(0, whole - stored))} of index/ "
+                 f"(labels, paths, checksums), manifest, {opts.fmt}'s own headers and a {OUTPUT_MARGIN - 1:.0%} margin")
     lines.append("  per image: " + plan.estimates(recipe)[0].per_image_text(recipe, plan.parts[0].split))
     free_at = nearest_existing(staging if staging is not None else out)
     where = f"staging {free_at}" if staging is not None else "OUT"
     lines.append(f"  free space: {size_text(shutil.disk_usage(free_at).free)} at {where if staging else free_at}")
     lines += storage_lines([p.listing for p in plan.parts], recipe, shutil.disk_usage(free_at).free, opts.fmt,
-                           workers, where)
+                           workers, where, plan.estimates)
     lines.append(f"  workers: {workers}")
     return "\n".join(lines)

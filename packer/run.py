@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
+from ..readers.encoding import RAW
 from ..readers.folder import clash_text
 from ..readers.manifest import FORMATS, MANIFEST, SKIPPED, SPLITS_KIND, bytes_on_disk, write_json_atomic
 from ..readers.system import usable_cpus
@@ -42,7 +43,7 @@ from .options import (DISK_FULL, ENGINES, RESUME_AND_OVERWRITE, ConflictingOptio
 from .prefetch import DEFAULT_THREADS
 from .runners import keep_freed_memory, start_forkserver
 from .scan import Listing, scan
-from .sizing import SizeEstimate, estimate_size, output_bytes, scratch_bytes
+from .sizing import SizeEstimate, as_jpeg, estimate_size, output_bytes, scratch_bytes
 from .sameness import dataset_fingerprint
 from .upload import open_upload, url_of
 from .staging import COMPACTING, Staging, check_complete, check_existing, check_place, space_need
@@ -213,11 +214,12 @@ def _pack(src, recipe: Recipe, opts: Options, listing: Listing | None, extra: di
     notes += _case_clash_notes(listing)
     n = len(listing)
 
-    def run_bytes(workers: int) -> int:
-        estimate = setup.estimate() if setup.estimate else estimate_size(listing, recipe)
-        return (output_bytes(listing, recipe, opts.fmt, estimate)
-                + scratch_bytes(listing, recipe, opts.fmt, workers, estimate, opts.engine))
-    need = space_need(run_bytes, setup.workers, opts.engine == "local")
+    def run_bytes(workers: int, r: Recipe = recipe) -> int:
+        estimate = setup.estimate() if setup.estimate and r is recipe else estimate_size(listing, r)
+        return (output_bytes(listing, r, opts.fmt, estimate)
+                + scratch_bytes(listing, r, opts.fmt, workers, estimate, opts.engine))
+    need = space_need(run_bytes, setup.workers, opts.engine == "local",  # a raw run's refusal says jpeg's bytes
+                      (lambda w: run_bytes(w, as_jpeg(recipe))) if recipe.encoding == RAW else None)
     # 2. the partial directory: fresh, resumed, replaced or refused
     staging = Staging.open(setup.out, dataset_fingerprint(recipe, opts, listing, labels), opts, count=n, need=need,
                            previous=setup.lock.previous if setup.lock else None, listings={"": listing})

@@ -13,6 +13,7 @@ from .encode import encoding_manifest
 from .options import Options, Report, Stopped, say
 from .plan import Plan
 from .imaging import Recipe
+from .inputs import plan_jpeg_bytes
 from .run import Setup, _report_of, _staged_reports, _uploaded, pack, prepare
 from .sizing import plan_run_bytes
 from .staging import Staging, space_need
@@ -52,7 +53,7 @@ def _pack_plan(plan: Plan, recipe: Recipe, opts: Options, extra: dict, setup: Se
     splits = {p.split: len(p.listing) for p in plan.parts}
     staging = Staging.open(setup.out, plan.fingerprint(recipe, opts), opts,
                            need=space_need(lambda w: plan_run_bytes(plan, recipe, opts.fmt, w), setup.workers,
-                                            opts.engine == "local"),
+                                            opts.engine == "local", plan_jpeg_bytes(plan, recipe, opts)),
                            count=sum(splits.values()), previous=setup.lock.previous if setup.lock else None,
                            listings=plan.listings())
     notes = [say(note) for note in (*setup.notes, *staging.notes)]

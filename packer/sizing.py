@@ -9,7 +9,9 @@ raw-vs-JPEG lines of the plan, and the memory K decode processes take with the b
 Fixed-shape modes are exact (N*N*3 bytes a sample). For the variable-shape modes the sizes of
 up to ``HEADERS`` files spread evenly over the listing are read from their headers (Pillow opens
 lazily: no pixel is decoded) and put through the same ``scaled_size`` the packer uses. For
---encoding jpeg ``ESTIMATE_FILES`` files are decoded, resized and encoded as the run will.
+--encoding jpeg ``ESTIMATE_FILES`` files are decoded, resized and encoded as the run will; above
+``--size ESTIMATE_SIDE`` at ESTIMATE_SIDE instead, their JPEG/raw ratio scaled (estimate_encoded):
+16 files at 16384 px took 2 min 39 s, at 1024 px under 1 s.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from PIL import Image
 
 from ..readers.encoding import JPEG, RAW
 from ..readers.system import ram_bytes
-from ..readers.text import mb, memory_text, size_text
+from ..readers.text import memory_text, size_text
 
 from .encode import encode
 from .imaging import DecodeError, Recipe, decode
@@ -34,6 +36,14 @@ IMAGENET_1K_TRAIN = 1_281_167  # images in ILSVRC-2012 train
 IMAGENET_1K = {"train": IMAGENET_1K_TRAIN, "val": 50_000, "test": 100_000}  # images in each ILSVRC-2012 split
 HEADERS = 256  # files whose headers are read for a variable-shape estimate
 ESTIMATE_FILES = 16  # files encoded to estimate the JPEG size of a run (the plan's estimate)
+# The largest side encoded for that estimate. Above it the JPEG/raw ratio measured at ESTIMATE_SIDE is taken
+# times (ESTIMATE_SIDE / size) ** ESTIMATE_EXPONENT: a JPEG's bytes grow about as the side, not its square, as
+# a picture is scaled up (smoother 8x8 blocks). Against encoding the same 16 files at the full side
+# (scripts/jpeg_estimate.py): the ImageNet sample (~500x375) center-crop 1.07x at 2048, 1.11x at 4096, 1.09x
+# at 8192, shorter-side 1.06x, 1.09x; 450-1920 px photos 1.10x, 1.19x; 64x48 noise 1.01x, 1.00x, 0.97x and
+# 0.83x at 16384. Flat (no exponent) it was 1.5-3.1x; a slope fitted through 512 and 1024 px 0.72-1.06x.
+ESTIMATE_SIDE = 1024
+ESTIMATE_EXPONENT = 0.5
 RECORD_SLACK = 64 << 10  # a ring slot's bytes beyond the pixels' (headers, a JPEG larger than raw)
 # A decode worker's own memory (USS), measured while packing 640x480 JPEGs with K = 2: 22 MB at
 # --size 224 and 37 MB at --size 1024, i.e. about 20 MB (Python, numpy, Pillow, this package)
@@ -72,10 +82,19 @@ class SizeEstimate:
     def per_image_text(self, recipe: Recipe, split: str | None = None) -> str:
         """The plan's per-image line for the part ``split`` (None: one dataset)."""
         how = "exact" if not self.measured else f"from {self.measured} {self.how}"
-        what = "pixels" if recipe.encoding == RAW else f"JPEG q{recipe.quality} {recipe.subsampling}"
-        return (f"{recipe.resize} {recipe.size}: about {mb(self.total_bytes)} of {what} for "
-                f"{self.files} images ({self.sample_bytes / 1e3:.1f} KB each, {how}); "
+        return (f"{recipe.resize} {recipe.size}: about {size_text(self.total_bytes)} of {stored_what(recipe)} for "
+                f"{self.files} images ({size_text(self.sample_bytes, smallest='KB')} each, {how}); "
                 + imagenet_text(self.sample_bytes, split))
+
+
+def stored_what(recipe: Recipe) -> str:
+    """What a sample is stored as, in words: 'pixels', 'JPEG q90 4:2:0'."""
+    return "pixels" if recipe.encoding == RAW else f"JPEG q{recipe.quality} {recipe.subsampling}"
+
+
+def as_jpeg(recipe: Recipe) -> Recipe:
+    """``recipe`` stored as --encoding jpeg (its quality and subsampling, else the defaults)."""
+    return recipe if recipe.encoding == JPEG else replace(recipe, encoding=JPEG)
 
 
 def imagenet_text(sample_bytes: float, split: str | None) -> str:
@@ -116,14 +135,26 @@ def estimate_size(listing: Listing, recipe: Recipe, headers: int = HEADERS) -> S
 
 
 def estimate_encoded(listing, recipe, raw_estimate):
-    """The SizeEstimate of ``listing`` packed as ``recipe``'s JPEG: the mean JPEG
-    bytes of ESTIMATE_FILES files encoded, scaled by the raw estimate's mean sample size
-    (``raw_estimate``, over more files for variable shapes) over theirs. Falls back to
+    """The SizeEstimate of ``listing`` packed as ``recipe``'s JPEG: the JPEG/raw ratio of the
+    mean bytes of ESTIMATE_FILES files encoded, times the raw estimate's mean sample size
+    (``raw_estimate``, over more files for variable shapes). Above ``--size ESTIMATE_SIDE`` the
+    files are encoded at ESTIMATE_SIDE and the ratio scaled by (ESTIMATE_SIDE / size) **
+    ESTIMATE_EXPONENT (measured within 0.83-1.19x of encoding at the full size). Falls back to
     ``raw_estimate`` (an upper bound) when no file can be encoded."""
-    raw, enc, measured = estimate_record_bytes(listing.root, listing.paths, recipe)
+    big = recipe.size > ESTIMATE_SIDE
+    raw, enc, measured = estimate_record_bytes(listing.root, listing.paths,
+                                               at_side(recipe, ESTIMATE_SIDE) if big else recipe)
     if not measured:
         return raw_estimate
-    return SizeEstimate(enc * raw_estimate.sample_bytes / raw, raw_estimate.files, measured, "files encoded")
+    ratio = enc / raw * ((ESTIMATE_SIDE / recipe.size) ** ESTIMATE_EXPONENT if big else 1.0)
+    how = f"files encoded at {ESTIMATE_SIDE} px, scaled" if big else "files encoded"
+    return SizeEstimate(ratio * raw_estimate.sample_bytes, raw_estimate.files, measured, how)
+
+
+def at_side(recipe: Recipe, side: int) -> Recipe:
+    """``recipe`` at ``--size side`` (a given --max-pixels scaled with the square of the side)."""
+    scale = (side / recipe.size) ** 2
+    return replace(recipe, size=side, max_pixels=max(1, int(recipe.max_pixels * scale)))
 
 
 def estimate_record_bytes(root, paths, recipe, files: int = ESTIMATE_FILES) -> tuple[float, float, int]:
@@ -233,22 +264,24 @@ def plan_run_bytes(plan, recipe: Recipe, fmt: str, workers: int) -> int:
     return run_bytes([p.listing for p in plan.parts], recipe, fmt, workers, plan.estimates(recipe))
 
 
-def storage_lines(listings, recipe, free: int, fmt: str, workers: int, where: str = "OUT") -> list[str]:
+def storage_lines(listings, recipe, free: int, fmt: str, workers: int, where: str = "OUT",
+                  estimates=None) -> list[str]:
     """The plan's raw-vs-JPEG lines for ``listings`` (one per split) packed with ``recipe``
     (either encoding) as ``fmt`` by ``workers`` processes, with ``free`` bytes free at ``where``
     (OUT, or "staging DIR" for an OUT in object storage, packed there first): both
     sizes, the RAM, and when raw would not fit in RAM (every epoch would read from disk) or on the
     disk (the free-space check's own sum, run_bytes), what --encoding jpeg or a smaller --size
-    would take instead: only those that would fit, as the check would count them."""
+    would take instead: only those that would fit, as the check would count them. ``estimates``:
+    a recipe -> the listings' SizeEstimates (Plan.estimates: each taken once), else estimate_size."""
     raw_recipe = replace(recipe, encoding=RAW, quality=None, subsampling=None)
-    jpeg_recipe = recipe if recipe.encoding == JPEG else replace(recipe, encoding=JPEG)
-    raw_est = [estimate_size(lst, raw_recipe) for lst in listings]
-    jpeg_est = [estimate_size(lst, jpeg_recipe) for lst in listings]
+    jpeg_recipe = as_jpeg(recipe)
+    estimates = estimates or (lambda r: [estimate_size(lst, r) for lst in listings])
+    raw_est, jpeg_est = estimates(raw_recipe), estimates(jpeg_recipe)
     raw, jpeg = (sum(e.total_bytes for e in est) for est in (raw_est, jpeg_est))
     ram = ram_bytes()
     lines = [f"  raw vs jpeg: raw would take {size_text(raw)}, "
              f"JPEG q{jpeg_recipe.quality} {jpeg_recipe.subsampling} about "
-             f"{size_text(jpeg)} ({raw / max(1, jpeg):.1f}x smaller, from files encoded); "
+             f"{size_text(jpeg)} ({raw / max(1, jpeg):.1f}x smaller, from {jpeg_est[0].how}); "
              f"RAM {size_text(ram) if ram else 'unknown'}, "
              f"free at {where} {size_text(free)}"]
     if recipe.encoding != RAW:

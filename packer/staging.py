@@ -36,7 +36,7 @@ from ..readers.text import size_text, sizes_apart
 
 from .imaging import Recipe
 from .lock import holder_text
-from .options import AlreadyComplete, Options, PackError
+from .options import AlreadyComplete, ConflictingOptions, Options, PackError
 from .sameness import (SOURCE_SAMPLE, dataset_fingerprint, differences, fingerprint, save_listings, source_difference,
                        source_identity)
 from .scan import Listing
@@ -54,17 +54,18 @@ FRESH = {"done": 0, "written": 0, "writer": {}}  # the checkpoint of a run that 
 
 
 def check_place(src: str | os.PathLike, out: Path) -> None:
-    """Refuse, before anything is written, an OUT that is or holds SRC, lies inside it, or lies
-    under a regular file (``-o somefile/out.npy``)."""
+    """Refuse, before anything is written, an OUT that is or holds SRC, or lies inside it
+    (ConflictingOptions: a usage error, exit 2, as the two paths alone decide it), or lies under
+    a regular file (``-o somefile/out.npy``: PackError)."""
     s, o = Path(src).resolve(), Path(out).resolve()
     if o == s or o in s.parents:
-        raise PackError(f"{out} is or contains SRC {src}: writing there would delete the images; "
+        raise ConflictingOptions(f"{out} is or contains SRC {src}: writing there would delete the images; "
                         "choose an -o outside SRC")
     if s in o.parents:
         top = o.relative_to(s).parts[0]  # a class (or split) folder of SRC, unless OUT is right in SRC
         why = (": the next scan would take it for a class folder" if o.parent == s else
                f", in its folder {top}: the next scan would walk it as part of {top}")
-        raise PackError(f"{out} is inside SRC {src}{why}; choose an -o outside SRC")
+        raise ConflictingOptions(f"{out} is inside SRC {src}{why}; choose an -o outside SRC")
     above = nearest_existing(Path(out).absolute().parent)
     if not above.is_dir():
         raise PackError(f"{above} is a file, not a folder, so {out} cannot be made there; choose another -o")
@@ -144,14 +145,19 @@ def boot_id() -> str | None:
         return None
 
 
-def space_need(bytes_for: Callable[[int], int], workers: int, local: bool = True) -> Callable[[], int]:
+def space_need(bytes_for: Callable[[int], int], workers: int, local: bool = True,
+               jpeg_for: Callable[[int], int] | None = None) -> Callable[[], int]:
     """The ``need`` a Staging checks: ``need()`` is ``bytes_for(workers)``, the bytes a run of
     ``workers`` processes needs free; for a local run of K > 1 also ``need.one_worker()``, the
-    same for one worker (no ring buffer), so a refusal it would pass says ``--workers 1``."""
+    same for one worker (no ring buffer), so a refusal it would pass says ``--workers 1``;
+    ``jpeg_for`` (a raw run): the same bytes for --encoding jpeg, ``need.jpeg()``, asked only on
+    a refusal (it encodes a few files), which then says ``--encoding jpeg`` where it would fit."""
     def need() -> int:
         return bytes_for(workers)
     if local and workers > 1:
         need.one_worker = lambda: bytes_for(1)
+    if jpeg_for is not None:
+        need.jpeg = lambda: jpeg_for(workers)
     return need
 
 
@@ -278,7 +284,7 @@ class Staging:
     def _check_space(self, need: Callable[[], int], count: int) -> None:
         """Refuse (PackError) a run whose ``need()`` bytes exceed the free space at OUT's parent;
         where ``need.one_worker()`` (a local run of K > 1: the ring buffer's share) would fit,
-        the line says ``--workers 1``."""
+        the line says ``--workers 1``; where ``need.jpeg()`` (a raw run) would, ``--encoding jpeg``."""
         parent = self.out.parent
         free = shutil.disk_usage(nearest_existing(parent)).free  # writes nothing: a dry run checks too
         total = need()
@@ -288,6 +294,10 @@ class Staging:
             one = one() if one is not None else None
             fix = (f"pass --workers 1 (about {size_text(one)}: no samples in flight between processes), "
                    if one is not None and one <= free else "")
+            jpeg = getattr(need, "jpeg", None)
+            jpeg = jpeg() if jpeg is not None else None
+            fix += (f"pass --encoding jpeg (about {size_text(jpeg)}: each sample stored as a JPEG, "
+                    f"decoded when read), " if jpeg is not None and jpeg <= free else "")
             raise PackError(f"{parent}: about {need_text} needed for {count} samples but only "
                             f"{free_text} free; {fix}free space or pass --no-space-check")
 

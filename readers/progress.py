@@ -50,16 +50,25 @@ def bar_settings(enabled: bool = True, stream=None) -> dict:
     return out
 
 
+def label(bar, text: str) -> None:
+    """Show ``text`` after ``bar``'s counts: redrawn now on a terminal, else with the bar's next
+    line (a forced redraw per label wrote a line every 1-5 s to a log, not every 30 s)."""
+    bar.set_postfix_str(text, refresh=not getattr(bar, "throttled", False))
+
+
 def progress(iterable=None, *, enabled: bool = True, **kwargs):
     """``tqdm(iterable, **kwargs)`` with :func:`bar_settings` applied (they win over ``kwargs``'
     ``disable`` and ``mininterval``). On a terminal that reports 0 columns (a pty without a size)
     the bar is 80 x 24, as ``shutil.get_terminal_size`` assumes: tqdm drew nothing there (its
     rows taken as -1) and left an empty line."""
     from tqdm import tqdm
-    kwargs.update(bar_settings(enabled, kwargs.get("file")))
+    settings = bar_settings(enabled, kwargs.get("file"))
+    kwargs.update(settings)
     if kwargs.get("ncols") is None and _columns(kwargs.get("file")) == 0:
         kwargs.update(ncols=80, nrows=24, dynamic_ncols=False)
-    return tqdm(iterable, **kwargs)
+    bar = tqdm(iterable, **kwargs)
+    bar.throttled = settings.get("mininterval") is not None  # off a terminal or TQDM_MININTERVAL: label() waits
+    return bar
 
 
 def _columns(stream) -> int | None:

@@ -25,10 +25,22 @@ def gb(n: float, digits: int = 1) -> str:
     return f"{n / 1e9:.{digits}f} GB"
 
 
-def size_text(n: float, digits: int = 1) -> str:
-    """A data size as the plan and the space check print it: GB from 1 GB up ('1.3 GB'), else MB
-    ('123.4 MB', '0.2 MB'), with ``digits`` decimals."""
-    return gb(n, digits) if n >= 1e9 else mb(n, digits)
+SIZE_UNITS = ((1e15, "PB"), (1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "KB"))  # powers of 10, as du -H
+
+
+def size_text(n: float, digits: int = 1, smallest: str = "MB") -> str:
+    """``n`` bytes as every plan, space check and summary prints a data size: in the largest unit
+    of SIZE_UNITS (PB, TB, GB, MB; KB when ``smallest`` is "KB", for one sample's bytes) that
+    reads at least 1 with ``digits`` decimals ('1.3 GB', '16.1 TB', '2.3 PB'), else in
+    ``smallest`` ('123.4 MB', '0.2 MB', '0.8 KB'). Raises ValueError for a ``smallest`` not in
+    SIZE_UNITS."""
+    units = [u for u in SIZE_UNITS if u[1] != "KB" or smallest == "KB"]
+    if smallest not in [name for _, name in units]:
+        raise ValueError(f"smallest unit {smallest!r} is not one of {', '.join(name for _, name in SIZE_UNITS)}")
+    for scale, name in units:
+        if round(n / scale, digits) >= 1 or name == smallest:
+            return f"{n / scale:.{digits}f} {name}"
+    raise AssertionError(smallest)  # the loop returns at ``smallest``
 
 
 def sizes_apart(a: float, b: float) -> tuple[str, str]:

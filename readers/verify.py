@@ -19,7 +19,7 @@ from . import integrity
 from .encoding import describe as describe_encoding, encoding_of
 from .formats import open_reader
 from .formats.base import flagged
-from .text import mb, shown
+from .text import shown, size_text
 from .index import Index
 from .manifest import (COLUMNS, LAYOUT_PARTS, bytes_on_disk, INDEX_DIR, MANIFEST, PATHS_BLOB, SKIPPED,
                        ShardFormatError, dataset_dirs, layout_of, load_manifest, load_npy, read_splits)
@@ -346,8 +346,8 @@ def info_text(root) -> str:
         f"  classes     {len(classes)}: {', '.join(classes[:5])}{' ...' if len(classes) > 5 else ''}",
         f"  shape       {tuple(m['shape']) if m.get('shape') else 'variable'} {m.get('dtype', 'uint8')} "
         f"{m.get('layout', 'HWC')}",
-        f"  on disk     {mb(size)}" if objects is None else f"  in store    {mb(size)} (its small files mirrored "
-                                                           f"in {shown(str(root))})",
+        f"  on disk     {size_text(size)}" if objects is None else (f"  in store    {size_text(size)} (its small "
+                                                                  f"files mirrored in {shown(str(root))})"),
         f"  encoding    {describe_encoding(m)}",
         f"  pixels      {px.get('resize')} {px.get('size')} px, {px.get('filter')} (antialias), background "
         f"{tuple(px.get('background') or ())}, draft {px.get('draft')}, allow_truncated {px.get('allow_truncated')}",

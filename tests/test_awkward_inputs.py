@@ -130,7 +130,7 @@ def test_unusable_files_are_reported_and_strict_fails(odd_tree, tmp_path, fmt):
     assert len(ShardDataset(out)) == 20
     assert ImageFile.LOAD_TRUNCATED_IMAGES is False
     result = CliRunner().invoke(pack_dataset, [str(odd_tree), "--format", fmt, "--size", "16",
-                                               "-o", str(tmp_path / "strict"), "--strict", "--quiet"])
+                                               "-o", str(tmp_path / "strict"), "--strict", "--no-progress"])
     assert result.exit_code != 0 and "--strict" in result.output and "bad/" in result.output
     assert not (tmp_path / "strict").exists() and not (tmp_path / ".strict.partial").exists()
 

@@ -31,6 +31,21 @@ def small(tmp_path_factory):
     return src, pack_quiet(src, tmp / "out", "npy", size=24).out
 
 
+def test_compare_says_the_capped_batch_size_once_and_off_a_terminal_the_bar_writes_few_lines(small):
+    """The default batch (64) capped to 6 samples: the note under the packed grid only, not again
+    under the raw one; and with stderr a pipe the bar writes its first and last lines, not one per
+    cell (each cell's label forced a redraw: a line every 1-5 s)."""
+    src, out = small
+    rc, stdout, stderr = bench(out, "--compare", src, "--workers", "0,1", "--mode", "main,processes",
+                               "--seconds", "0.1", "--repeats", "1", "--no-check")
+    assert rc == 0, stdout + stderr
+    assert stdout.count("batch size 6: the default 64 is more than the 6 samples") == 1, stdout
+    packed, raw = stdout.split("raw JPEG folder, the same grid:")
+    assert "| processes | 1 |" in packed and "| processes | 1 |" in raw, stdout  # both grids measured
+    bar = [ln for ln in stderr.replace("\r", "\n").splitlines() if ln.startswith("bench")]
+    assert 1 <= len(bar) <= 3, stderr
+
+
 def test_a_given_batch_size_above_the_samples_is_refused_up_front(small, tmp_path):
     src, out = small
     rc, stdout, stderr = bench(out, "--batch-size", "8", "--plot", tmp_path / "b.png", *FAST)

@@ -93,7 +93,7 @@ def test_json_on_a_splits_root_has_one_entry_per_split(tmp_path):
     make_tree(src / "train", {"a": 3, "b": 3})
     make_tree(src / "val", {"a": 2, "b": 2}, seed=5)
     out = tmp_path / "out"
-    res = cli("pack", src, "--format", "npy", "--size", "16", "-o", out, "--quiet", "--workers", "1",
+    res = cli("pack", src, "--format", "npy", "--size", "16", "-o", out, "--no-progress", "--workers", "1",
               "--report", tmp_path / "report.json")
     assert res.returncode == 0, res.stderr
     report = json.loads((tmp_path / "report.json").read_text())
@@ -129,8 +129,11 @@ def test_exit_status_1_for_errors_2_for_usage(tree, tmp_path):
     assert cli("nope").returncode == 2
     assert cli("bench", tree, "--augment", "sideways").returncode == 2
     assert cli("verify", tree).returncode == 1  # a folder, not an output: an error, not usage
-    res = cli("pack", tree, "--format", "npy", "--size", "16", "-o", tree / "inside")
+    (tmp_path / "afile").write_text("x")
+    res = cli("pack", tree, "--format", "npy", "--size", "16", "-o", tmp_path / "afile" / "o")
     assert res.returncode == 1 and res.stderr.startswith("Error:")
+    res = cli("pack", tree, "--format", "npy", "--size", "16", "-o", tree / "inside")  # the paths alone: usage
+    assert res.returncode == 2 and res.stderr.startswith(f"Error: {tree / 'inside'} is inside SRC {tree}")
     # values that cannot go together, decided from the arguments alone: usage (2), the one line, nothing written
     res = cli("pack", tree, "--format", "npy", "--size", "256", "--max-pixels", "100", "-o", tmp_path / "mp")
     assert res.returncode == 2 and res.stderr.strip().splitlines() == [
@@ -157,7 +160,7 @@ def test_presets_by_name_and_path(tree, tmp_path):
     assert "imagenet-512" in res.stderr and all(name in res.stderr for name in shipped)
     own = tmp_path / "mine.toml"
     own.write_text('format = "npy"\nsize = 12\n')
-    res = cli("pack", tree, "--config", own, "-o", tmp_path / "p", "--quiet", "--workers", "1")
+    res = cli("pack", tree, "--config", own, "-o", tmp_path / "p", "--no-progress", "--workers", "1")
     assert res.returncode == 0, res.stderr
     m = json.loads((tmp_path / "p" / "manifest.json").read_text())
     assert m["format"] == "npy" and m["shape"] == [12, 12, 3]
@@ -194,6 +197,22 @@ def test_progress_off_a_terminal_is_a_few_lines_and_quiet_is_silent(tree, tmp_pa
     assert bar_lines(env={"TQDM_DISABLE": "1"}) == []
     res = cli("verify", tmp_path / "o0", env={"TQDM_DISABLE": "1"})
     assert res.returncode == 0 and "verifying" not in res.stderr
+
+
+def test_quiet_prints_only_the_one_line_summary_and_no_progress_only_hides_the_bar(tree, tmp_path):
+    """--quiet: stdout is the summary's one line (no plan), stderr empty; --no-progress: the plan
+    and the whole summary, no bar; a usage error under --quiet is still its one line, exit 2."""
+    res = cli("pack", tree, "--format", "npy", "--size", "16", "-o", tmp_path / "q", "--workers", "1", "--quiet")
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+    assert res.stdout.splitlines() == [f"packed 18 images of 3 classes into {tmp_path / 'q'}: 0.0 MB"], res.stdout
+    res = cli("pack", tree, "--format", "npy", "--size", "16", "-o", tmp_path / "n", "--workers", "1", "--no-progress")
+    assert res.returncode == 0 and "packing" not in res.stderr, res.stderr
+    assert res.stdout.startswith(f"plan: {tree} -> {tmp_path / 'n'}\n") and "  workers: 1" in res.stdout
+    assert "packed 18 images" in res.stdout and "KB per image on disk" in res.stdout, res.stdout
+    res = cli("pack", tree, "--format", "npy", "--size", "16", "-o", tree / "cat" / "o", "--quiet")
+    assert res.returncode == 2 and res.stdout == "", res.stdout
+    assert res.stderr.splitlines() == [f"Error: {tree / 'cat' / 'o'} is inside SRC {tree}, in its folder cat: the "
+                                       "next scan would walk it as part of cat; choose an -o outside SRC"], res.stderr
 
 
 def test_shell_completion_as_documented():

@@ -38,7 +38,7 @@ def test_a_file_can_hold_the_labels_table(tmp_path):
     (tmp_path / "v.csv").write_text("file,label\nv.png,b\n")
     cfg = tmp_path / "p.toml"
     cfg.write_text(f'format = "npy"\nsize = 8\nsplits = ["val"]\nlabels = {{val = "{tmp_path / "v.csv"}"}}\n')
-    result = run_cli(src, "--config", cfg, "--quiet", "-o", tmp_path / "o")
+    result = run_cli(src, "--config", cfg, "--no-progress", "-o", tmp_path / "o")
     assert result.exit_code == 0, result.output
     assert ShardDataset(tmp_path / "o", split="val").targets.tolist() == [1]
 

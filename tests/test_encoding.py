@@ -238,7 +238,7 @@ def test_444_and_quality_are_recorded_and_decode_closer(src, raw, tmp_path):
 ])
 def test_usage_errors(src, tmp_path, args, message):
     r = CliRunner().invoke(shardpack, ["pack", str(src), "--format", "npy", "--size", "32", "-o",
-                                       str(tmp_path / "o"), "--quiet", *args])
+                                       str(tmp_path / "o"), "--no-progress", *args])
     assert r.exit_code == 2 and message in r.output, r.output
     assert not (tmp_path / "o").exists()
     with pytest.raises(ValueError, match="only apply to --encoding jpeg"):
@@ -247,7 +247,7 @@ def test_usage_errors(src, tmp_path, args, message):
 
 def test_plan_and_info_say_the_encoding(src, tmp_path):
     r = CliRunner().invoke(shardpack, ["pack", str(src), "--format", "wds", "--size", "64", "-o",
-                                       str(tmp_path / "o"), "--quiet", "--encoding", "jpeg"])
+                                       str(tmp_path / "o"), "--no-progress", "--encoding", "jpeg"])
     assert r.exit_code == 0, r.output
     assert "JPEG q90 4:2:0" in r.output and "raw would take" in r.output and "RAM" in r.output, r.output
     r = CliRunner().invoke(shardpack, ["info", str(tmp_path / "o")])
@@ -279,7 +279,7 @@ def test_splits_and_skipped_files_work_as_for_raw(tmp_path):
     make_tree(root / "val", {"a": 2, "b": 2}, seed=9)
     (root / "train" / "a" / "broken.jpg").write_bytes(b"\xff\xd8not a jpeg")
     r = CliRunner().invoke(shardpack, ["pack", str(root), "--format", "lmdb", "--size", "32", "-o",
-                                       str(tmp_path / "o"), "--quiet", "--encoding", "jpeg", "--quality", "80"])
+                                       str(tmp_path / "o"), "--no-progress", "--encoding", "jpeg", "--quality", "80"])
     assert r.exit_code == 0, r.output
     top = json.loads((tmp_path / "o" / "manifest.json").read_text())
     assert top["kind"] == "splits" and top["encoding"]["quality"] == 80
@@ -294,10 +294,10 @@ def test_splits_and_skipped_files_work_as_for_raw(tmp_path):
 def test_resume_on_a_complete_output_names_a_changed_encoding(src, tmp_path):
     pack_quiet(src, tmp_path / "o", "npy", size=32, encoding="jpeg")
     r = CliRunner().invoke(shardpack, ["pack", str(src), "--format", "npy", "--size", "32", "-o",
-                                       str(tmp_path / "o"), "--quiet", "--resume"])
+                                       str(tmp_path / "o"), "--no-progress", "--resume"])
     assert r.exit_code == 1 and "encoding: 'jpeg' -> 'raw'" in r.output, r.output
     r = CliRunner().invoke(shardpack, ["pack", str(src), "--format", "npy", "--size", "32", "-o",
-                                       str(tmp_path / "o"), "--quiet", "--resume", "--encoding", "jpeg"])
+                                       str(tmp_path / "o"), "--no-progress", "--resume", "--encoding", "jpeg"])
     assert r.exit_code == 0 and "already complete" in r.output, r.output
 
 

@@ -173,9 +173,9 @@ def test_pack_dataset_into_a_closed_pipe_ends_quietly_with_141_writing_nothing(s
     """The plan is the first thing printed: the dry run ends there, and so does a real run,
     before anything is written."""
     dry = closed_stdout_run(entry_argv("pack-dataset", src, "--format", "npy", "--size", "16", "-o",
-                                       tmp_path / "d", "--dry-run", "--quiet"), tmp_path)
+                                       tmp_path / "d", "--dry-run", "--no-progress"), tmp_path)
     real = closed_stdout_run(entry_argv("pack-dataset", src, "--format", "lmdb", "--size", "16", "-o",
-                                        tmp_path / "r", "--quiet"), tmp_path)
+                                        tmp_path / "r", "--no-progress"), tmp_path)
     for res in (dry, real):
         assert res.returncode == CLOSED_PIPE, res.stderr
         assert res.stderr == ""
@@ -200,7 +200,7 @@ def test_a_pack_whose_reader_left_after_the_plan_completes_and_writes_its_report
     report is written before the summary that no one reads (it was lost)."""
     report, out = tmp_path / "r.json", tmp_path / "o.npy"
     proc = subprocess.Popen(entry_argv("pack-dataset", src, "--format", "npy", "--size", "16", "-o", out,
-                                       "--quiet", "--report", report),
+                                       "--no-progress", "--report", report),
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=ENV, cwd=tmp_path)
     first = proc.stdout.readline()

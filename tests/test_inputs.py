@@ -40,7 +40,7 @@ def last_line(result) -> str:
 # ---------------------------------------------------------------- --workers
 
 def test_workers_above_the_usable_cpus_run_with_a_warning_naming_cpus_and_memory(tree, tmp_path, two_cpus):
-    result = run_cli(tree, "--format", "npy", "--size", "8", "--quiet", "--workers", "3", "-o", tmp_path / "o")
+    result = run_cli(tree, "--format", "npy", "--size", "8", "--no-progress", "--workers", "3", "-o", tmp_path / "o")
     assert result.exit_code == 0, result.output
     warning = next(ln for ln in result.output.splitlines() if ln.startswith("shardpack: --workers 3"))
     assert "more than the 2 usable CPU(s)" in warning
@@ -48,7 +48,7 @@ def test_workers_above_the_usable_cpus_run_with_a_warning_naming_cpus_and_memory
     assert f"about {3 * each / 1e6:.0f} MB of memory" in warning and "measured" in warning
     assert ShardDataset(tmp_path / "o").manifest["run"]["workers"] == 3
     # at or below the usable CPUs: nothing said
-    result = run_cli(tree, "--format", "npy", "--size", "8", "--quiet", "--workers", "2", "-o", tmp_path / "p")
+    result = run_cli(tree, "--format", "npy", "--size", "8", "--no-progress", "--workers", "2", "-o", tmp_path / "p")
     assert result.exit_code == 0 and "usable CPU" not in result.output
 
 
@@ -60,7 +60,7 @@ def test_workers_above_the_usable_cpus_run_with_a_warning_naming_cpus_and_memory
 ])
 def test_workers_far_above_the_cpus_or_the_files_are_a_usage_error(tmp_path, two_cpus, args, message):
     src = make_tree(tmp_path / "src", {"a": 3, "b": 3})
-    result = run_cli(src, "--format", "lmdb", "--size", "8", "--quiet", *args, "-o", tmp_path / "o")
+    result = run_cli(src, "--format", "lmdb", "--size", "8", "--no-progress", *args, "-o", tmp_path / "o")
     assert result.exit_code == 2, result.output
     assert message in " ".join(result.output.split())
     assert not any(p.name.startswith((".o", "o")) for p in tmp_path.iterdir())  # no lock, no partial, no OUT
@@ -74,7 +74,7 @@ def test_workers_from_a_config_file_are_bounded_too_and_the_files_of_every_split
     cfg.write_text('format = "npy"\nsize = 8\nworkers = 100\n')
     result = run_cli(src, "--config", cfg, "-o", tmp_path / "o")
     assert result.exit_code == 2 and "--workers 100 is more than 4x" in result.output
-    result = run_cli(src, "--format", "npy", "--size", "8", "--quiet", "--workers", "5", "-o", tmp_path / "o")
+    result = run_cli(src, "--format", "npy", "--size", "8", "--no-progress", "--workers", "5", "-o", tmp_path / "o")
     assert result.exit_code == 0, result.output  # 5 files in all: each split runs its pool
     result = run_cli(src, "--format", "npy", "--size", "8", "--workers", "6", "--dry-run", "-o", tmp_path / "q")
     assert result.exit_code == 2 and "than the 5 file(s)" in result.output
@@ -94,7 +94,7 @@ def test_worker_memory_estimate_and_bounds():
 
 def both(src, out, *args):
     """(dry run, real run) of the same command line."""
-    common = [src, "--format", "npy", "--size", "8", "--quiet", "--workers", "1", "-o", out, *args]
+    common = [src, "--format", "npy", "--size", "8", "--no-progress", "--workers", "1", "-o", out, *args]
     return run_cli(*common, "--dry-run"), run_cli(*common)
 
 
@@ -105,7 +105,7 @@ def same_refusal(dry, real, code=1):
 
 def test_dry_run_refuses_an_existing_out_as_the_real_run_does(tree, tmp_path):
     out = tmp_path / "o"
-    assert run_cli(tree, "--format", "npy", "--size", "8", "--quiet", "-o", out).exit_code == 0
+    assert run_cli(tree, "--format", "npy", "--size", "8", "--no-progress", "-o", out).exit_code == 0
     dry, real = both(tree, out)
     same_refusal(dry, real)
     assert "already exists; pass --overwrite" in last_line(dry)
@@ -127,7 +127,8 @@ def test_dry_run_refuses_a_bad_place_for_out(tree, tmp_path, where):
     (tmp_path / "afile").write_text("x")
     out = {"inside SRC": tree / "cat" / "o", "SRC itself": tree, "under a file": tmp_path / "afile" / "o"}[where]
     dry, real = both(tree, out)
-    same_refusal(dry, real)
+    same_refusal(dry, real, 1 if where == "under a file" else 2)  # OUT and SRC alone decide: a usage error
+    assert last_line(dry).startswith("Error: ") and str(out) in last_line(dry), dry.output
 
 
 def test_dry_run_refuses_an_interrupted_run_and_resume_without_one(tree, tmp_path):
@@ -180,7 +181,7 @@ def test_a_dry_run_that_passes_writes_nothing(tree, tmp_path):
 
 def test_nfc_and_nfd_class_folders_are_printed_apart(tmp_path):
     src = make_tree(tmp_path / "src", {NFC: 1, NFD: 1, "dog": 1})
-    result = run_cli(src, "--format", "npy", "--size", "8", "--quiet", "-o", tmp_path / "o")
+    result = run_cli(src, "--format", "npy", "--size", "8", "--no-progress", "-o", tmp_path / "o")
     assert result.exit_code == 0, result.output
     assert "  classes: 3 from class folders: 'cafe\\u0301', 'caf\\xe9', dog" in result.output.splitlines()
     assert "'cafe\\u0301' vs 'caf\\xe9' (the same letters: NFD vs NFC)" in result.output
@@ -198,7 +199,7 @@ def test_look_alike_file_names_and_the_kelvin_sign(tmp_path):
     assert groups == ["'K' vs '\\u212a' (the same letters: NFC vs neither NFC nor NFD)",
                       "'\\u212a/cafe\\u0301' vs '\\u212a/caf\\xe9' (the same letters: NFD vs NFC)",
                       "K/Ab.png vs K/aB.png"]
-    result = run_cli(root, "--format", "npy", "--size", "8", "--quiet", "-o", tmp_path / "o")
+    result = run_cli(root, "--format", "npy", "--size", "8", "--no-progress", "-o", tmp_path / "o")
     assert result.exit_code == 0, result.output
     assert "3 group(s) of names differ only in case or Unicode form" in result.output
     assert "'\\u212a/cafe\\u0301.png' vs '\\u212a/caf\\xe9.png'" in result.output
@@ -239,7 +240,7 @@ def test_loose_images_at_the_root_are_named_in_the_plan(tmp_path):
     for name in ("z.jpg", "y.PNG", ".hidden.jpg"):
         noise_image(8, 8, 1).save(src / name, format="PNG")
     (src / "README.txt").write_text("not an image: not mentioned")
-    result = run_cli(src, "--format", "npy", "--size", "8", "--quiet", "-o", tmp_path / "o")
+    result = run_cli(src, "--format", "npy", "--size", "8", "--no-progress", "-o", tmp_path / "o")
     assert result.exit_code == 0, result.output
     assert f"  not packed: 2 images directly in {src}, outside the class folders: y.PNG, z.jpg" \
         in result.output.splitlines()
@@ -328,7 +329,7 @@ def test_a_tree_with_12_bit_jpegs_packs_the_rest_and_names_them(tmp_path):
     src = make_tree(tmp_path / "src", {"a": 2, "b": 1})
     (src / "a" / "ct-slice.jpg").write_bytes(jpeg(0xC1, 12))
     (src / "b" / "raw.png").write_bytes(jpeg(0xC2, 12))  # named .png, a JPEG inside: told by content
-    result = run_cli(src, "--format", "wds", "--size", "8", "--quiet", "-o", tmp_path / "o")
+    result = run_cli(src, "--format", "wds", "--size", "8", "--no-progress", "-o", tmp_path / "o")
     assert result.exit_code == 0, result.output
     rows = {r["path"]: r for r in json.loads((tmp_path / "o" / "skipped.json").read_text())}
     assert rows["a/ct-slice.jpg"]["reason"].startswith("a/ct-slice.jpg: 12-bit JPEG (extended sequential, SOF1)")

@@ -165,7 +165,7 @@ def test_a_splits_root_seals_its_own_manifest_and_each_split(tmp_path):
     make_tree(src / "train", {"a": 3, "b": 2})
     make_tree(src / "val", {"a": 1, "b": 1}, seed=5)
     out = tmp_path / "out"
-    assert run_cli(src, "--format", "npy", "--size", "8", "--quiet", "--workers", "1", "-o", out).exit_code == 0
+    assert run_cli(src, "--format", "npy", "--size", "8", "--no-progress", "--workers", "1", "-o", out).exit_code == 0
     assert all((d / "manifest.xxh3").is_file() for d in (out, out / "train", out / "val"))
     top = json.loads((out / "manifest.json").read_text())
     assert sorted(top["digests"]) == ["train/manifest.xxh3", "val/manifest.xxh3"]

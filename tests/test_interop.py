@@ -102,7 +102,7 @@ def run_block(lang: str, code: str, cwd: Path, env: dict) -> tuple[str, str]:
                 continue
             words = shlex.split(line, comments=True)
             if words[0] == "pack-dataset":
-                cmd = [sys.executable, "-m", "shardpack", "pack", *words[1:], "--quiet"]
+                cmd = [sys.executable, "-m", "shardpack", "pack", *words[1:], "--no-progress"]
             elif words[0] == "shardpack":
                 cmd = [sys.executable, "-m", "shardpack", *words[1:]]
             else:

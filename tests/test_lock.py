@@ -85,7 +85,7 @@ def one_line(stderr: str) -> str:
 def test_a_second_run_is_refused_whatever_its_flags_before_the_scan(tree, tmp_path, fmt, workers):
     out, gate = tmp_path / "out", tmp_path / "gate"
     ref = pack_quiet(tree, tmp_path / "ref", fmt, size=24).out
-    args = [tree, "--format", fmt, "--size", 24, "-o", out, "--quiet", "--workers", workers]
+    args = [tree, "--format", fmt, "--size", 24, "-o", out, "--no-progress", "--workers", workers]
     first = start_gated(gate, *args)
     wait_at_gate(gate, first)
     assert json.loads(lock_path(out).read_text())["pid"] == first.pid
@@ -110,10 +110,10 @@ def test_a_second_run_into_a_finished_out_with_overwrite_waits_its_turn(tree, tm
     out, gate = tmp_path / "out", tmp_path / "gate"
     pack_quiet(tree, out, "wds", size=16)
     ref = pack_quiet(tree, tmp_path / "ref", "wds", size=24).out
-    first = start_gated(gate, tree, "--format", "wds", "--size", 24, "-o", out, "--quiet", "--workers", 1,
+    first = start_gated(gate, tree, "--format", "wds", "--size", 24, "-o", out, "--no-progress", "--workers", 1,
                         "--overwrite")
     wait_at_gate(gate, first)
-    second = cli(tree, "--format", "wds", "--size", 32, "-o", out, "--quiet", "--overwrite")
+    second = cli(tree, "--format", "wds", "--size", 32, "-o", out, "--no-progress", "--overwrite")
     assert second.returncode == 1 and f"pid {first.pid}" in one_line(second.stderr)
     assert (out / "manifest.json").is_file() and partial_dir(out).is_dir()
     gate.touch()
@@ -126,10 +126,10 @@ def test_a_splits_root_is_one_lock(tmp_path):
     make_tree(src / "train", {"a": 4, "b": 4})
     make_tree(src / "val", {"a": 2, "b": 2}, seed=9)
     out, gate = tmp_path / "out", tmp_path / "gate"
-    first = start_gated(gate, src, "--format", "npy", "--size", 16, "-o", out, "--quiet", "--workers", 1)
+    first = start_gated(gate, src, "--format", "npy", "--size", 16, "-o", out, "--no-progress", "--workers", 1)
     wait_at_gate(gate, first)
     for flags in ([], ["--resume"], ["--overwrite"]):
-        second = cli(src, "--format", "npy", "--size", 16, "-o", out, "--quiet", *flags, script=NO_SCAN)
+        second = cli(src, "--format", "npy", "--size", 16, "-o", out, "--no-progress", *flags, script=NO_SCAN)
         assert second.returncode == 1 and f"pid {first.pid}" in one_line(second.stderr)
     gate.touch()
     assert first.wait(timeout=120) == 0
@@ -139,7 +139,7 @@ def test_a_splits_root_is_one_lock(tmp_path):
 def test_a_killed_run_leaves_the_lock_free_and_is_named_as_interrupted(tree, tmp_path):
     out, gate = tmp_path / "out", tmp_path / "gate"
     ref = pack_quiet(tree, tmp_path / "ref", "lmdb", size=24).out
-    args = [tree, "--format", "lmdb", "--size", 24, "-o", out, "--quiet", "--workers", 1]
+    args = [tree, "--format", "lmdb", "--size", 24, "-o", out, "--no-progress", "--workers", 1]
     first = start_gated(gate, *args)
     wait_at_gate(gate, first)
     first.send_signal(signal.SIGKILL)
@@ -161,7 +161,7 @@ def test_opening_an_output_a_live_run_is_writing_names_that_run_not_resume(tree,
     it with --resume", which that live run's lock refuses; a killed run's is still named so."""
     from shardpack.readers.manifest import ShardFormatError
     out, gate = tmp_path / "two.lmdb", tmp_path / "gate"
-    first = start_gated(gate, tree, "--format", "lmdb", "--size", 16, "-o", out, "--quiet", "--workers", 1)
+    first = start_gated(gate, tree, "--format", "lmdb", "--size", 16, "-o", out, "--no-progress", "--workers", 1)
     wait_at_gate(gate, first)
     for split in (None, "val"):
         with pytest.raises(ShardFormatError) as err:
@@ -179,7 +179,7 @@ def test_opening_an_output_a_live_run_is_writing_names_that_run_not_resume(tree,
 def test_two_plain_runs_started_at_the_same_instant_exactly_one_proceeds(tree, tmp_path):
     for attempt in range(4):
         out, gate, start = tmp_path / f"out{attempt}", tmp_path / f"gate{attempt}", tmp_path / f"start{attempt}"
-        args = [tree, "--format", "npy", "--size", 16, "-o", out, "--quiet", "--workers", 1]
+        args = [tree, "--format", "npy", "--size", 16, "-o", out, "--no-progress", "--workers", 1]
         procs = [start_gated(gate, *args, start=start) for _ in range(2)]
         time.sleep(0.5)  # both imported and spinning on the barrier
         start.touch()
@@ -202,7 +202,7 @@ def test_overwrite_through_a_symlink_writes_its_target_and_keeps_the_link(tree, 
     pack_quiet(tree, real, "npy", size=16)
     link = tmp_path / "data.npy"
     link.symlink_to(real, target_is_directory=True)
-    result = cli(tree, "--format", "npy", "--size", 24, "-o", link, "--overwrite", "--quiet")
+    result = cli(tree, "--format", "npy", "--size", 24, "-o", link, "--overwrite", "--no-progress")
     assert result.returncode == 0, result.stderr
     assert f"{link} is a symlink: writing its target {real}" in result.stderr
     assert link.is_symlink() and Path(os.readlink(link)) == real
@@ -211,10 +211,10 @@ def test_overwrite_through_a_symlink_writes_its_target_and_keeps_the_link(tree, 
     assert sorted(p.name for p in real.parent.iterdir()) == ["data.npy"]
     # the link and its target are one output: one lock
     gate = tmp_path / "gate"
-    first = start_gated(gate, tree, "--format", "npy", "--size", 16, "-o", link, "--overwrite", "--quiet",
+    first = start_gated(gate, tree, "--format", "npy", "--size", 16, "-o", link, "--overwrite", "--no-progress",
                         "--workers", 1)
     wait_at_gate(gate, first)
-    second = cli(tree, "--format", "npy", "--size", 16, "-o", real, "--overwrite", "--quiet")
+    second = cli(tree, "--format", "npy", "--size", 16, "-o", real, "--overwrite", "--no-progress")
     assert second.returncode == 1 and f"pid {first.pid}" in one_line(second.stderr)
     gate.touch()
     assert first.wait(timeout=120) == 0

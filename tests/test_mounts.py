@@ -147,7 +147,7 @@ def test_output_on_a_windows_drive_is_refused_before_anything_is_written(tree, t
             assert part in msg
     assert list(drive.iterdir()) == []
     result = CliRunner().invoke(pack_dataset, [str(tree), "--format", "lmdb", "--size", "16",
-                                               "-o", str(drive / "x.lmdb"), "--quiet"])
+                                               "-o", str(drive / "x.lmdb"), "--no-progress"])
     assert result.exit_code == 1 and "--allow-unsafe-output" in result.output
     assert list(drive.iterdir()) == []
 
@@ -155,7 +155,7 @@ def test_output_on_a_windows_drive_is_refused_before_anything_is_written(tree, t
     assert report.count == 18 and any("--allow-unsafe-output" in n for n in report.notes)
     ref = pack_quiet(tree, tmp_path / "ref.npy", "npy")
     assert (drive / "forced.npy" / "images.npy").read_bytes() == (ref.out / "images.npy").read_bytes()
-    result = CliRunner().invoke(pack_dataset, [str(tree), "--format", "npy", "--size", "32", "--quiet",
+    result = CliRunner().invoke(pack_dataset, [str(tree), "--format", "npy", "--size", "32", "--no-progress",
                                                "-o", str(drive / "cli.npy"), "--allow-unsafe-output",
                                                "--io-threads", "2"])
     assert result.exit_code == 0, result.output

@@ -109,7 +109,7 @@ def test_wds_splits_into_size_limited_shards(tree, tmp_path):
 
 def test_default_output_name_in_cwd_and_refusal_of_existing(tree, chdir_tmp):
     runner = CliRunner()
-    args = [str(tree), "--format", "npy", "--size", "16", "--quiet"]
+    args = [str(tree), "--format", "npy", "--size", "16", "--no-progress"]
     result = runner.invoke(pack_dataset, args)
     assert result.exit_code == 0, result.output
     out = chdir_tmp / "src-16.npy"
@@ -226,7 +226,7 @@ def test_the_source_root_is_recorded_absolute_with_dots_resolved_and_symlink_nam
     monkeypatch.chdir(tmp_path / "work")
     for typed, root in (("../work/../src", tree), ("../link", tmp_path / "link")):
         out = tmp_path / f"out-{root.name}"
-        packed = run_cli(typed, "--format", "npy", "--size", 8, "-o", out, "--quiet")
+        packed = run_cli(typed, "--format", "npy", "--size", 8, "-o", out, "--no-progress")
         assert packed.exit_code == 0, packed.output
         ds = ShardDataset(out)
         assert ds.source_path(0) == "cat/img000.jpg"

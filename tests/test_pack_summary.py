@@ -20,7 +20,7 @@ OVER_PIXELS = {"lmdb": 1.40, "wds": 1.75, "npy": 1.05, "hdf5": 1.05}
 
 
 def _pack(src, out, fmt):
-    r = run_cli(src, "--format", fmt, "--size", 32, "-o", out, "--workers", 1, "--quiet")
+    r = run_cli(src, "--format", fmt, "--size", 32, "-o", out, "--workers", 1, "--no-progress")
     assert r.exit_code == 0, r.output
     plan, summary = r.output.split("\npacked ")
     return float(FIGURE.search(plan).group(1)), float(FIGURE.search(summary).group(1)), summary

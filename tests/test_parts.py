@@ -146,7 +146,7 @@ def test_layouts_not_written_yet_are_refused_in_one_line(src, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == []
     # a usage error, decided from the arguments alone: exit 2, the one line
     r = CliRunner().invoke(pack_dataset, [str(src), "--format", "lmdb", "--size", "32", "-o", str(tmp_path / "o"),
-                                          "--layout", "parts", "--quiet"])
+                                          "--layout", "parts", "--no-progress"])
     lines = r.output.strip().splitlines()
     assert r.exit_code == 2 and lines == ["Error: --layout parts is written for --format npy, hdf5 and wds; "
                                           "not yet for --format lmdb: use --layout single"], r.output
@@ -156,7 +156,7 @@ def test_layouts_not_written_yet_are_refused_in_one_line(src, tmp_path):
 def test_command_line_writes_the_part_layout(src, outputs, tmp_path):
     r = CliRunner().invoke(pack_dataset, [str(src), "--format", "npy", "--size", "24", "-o", str(tmp_path / "o"),
                                           "--layout", "parts", "--shard-size", "1048576", "--workers", "2",
-                                          "--quiet"])
+                                          "--no-progress"])
     assert r.exit_code == 0, r.output
     assert "packed 39 images" in r.output and "--shard-size applies" not in r.output
     m = json.loads((tmp_path / "o" / MANIFEST).read_text())

@@ -40,7 +40,7 @@ def test_unreachable_address_is_one_line(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     r = CliRunner().invoke(pack_dataset, [str(src), "--format", "npy", "--size", "16", "-o", str(tmp_path / "o"),
-                                          "--engine", "ray", "--address", f"127.0.0.1:{port}", "--quiet"])
+                                          "--engine", "ray", "--address", f"127.0.0.1:{port}", "--no-progress"])
     assert r.exit_code == 1
     assert r.output.strip().splitlines()[-1].startswith(f"Error: cannot reach the Ray cluster at 127.0.0.1:{port}")
 
@@ -117,7 +117,7 @@ def test_driver_killed_then_resume_runs_only_missing_units(cluster, big, tmp_pat
 
 def test_command_line_packs_on_the_cluster(cluster, src, tmp_path):
     out = tmp_path / "o"
-    r = CliRunner().invoke(pack_dataset, [str(src), "--format", "wds", "--size", "24", "-o", str(out), "--quiet",
+    r = CliRunner().invoke(pack_dataset, [str(src), "--format", "wds", "--size", "24", "-o", str(out), "--no-progress",
                                           "--engine", "ray", "--address", cluster.address])
     assert r.exit_code == 0, r.output
     assert "packed 39 images" in r.output and "skipped 2 unusable files" in r.output
@@ -162,7 +162,7 @@ def test_empty_address_is_refused_in_one_line(tmp_path):
     pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'shardpack[ray]')")
     src = make_tree(tmp_path / "src", {"a": 2})
     r = CliRunner().invoke(pack_dataset, [str(src), "--format", "npy", "--size", "16", "-o", str(tmp_path / "o"),
-                                          "--engine", "ray", "--address", "", "--quiet"])
+                                          "--engine", "ray", "--address", "", "--no-progress"])
     assert r.exit_code == 1 and "Traceback" not in r.output
     assert r.output.strip().splitlines()[-1].startswith("Error: --address is empty: name the head node's")
     assert left_behind(tmp_path, "src") == []
@@ -221,7 +221,7 @@ def pack_command(src: Path, out: Path, address: str, env: dict, *more: str) -> s
     its token settings once per process), with ``env``, in OUT's folder (Ray puts the driver's
     folder on its workers' path: not the checkout's)."""
     args = [str(src), "--format", "npy", "--size", "16", "-o", str(out), "--engine", "ray", "--address", address,
-            "--quiet", *more]
+            "--no-progress", *more]
     return subprocess.run([str(BIN / "pack-dataset"), *args], env=env, capture_output=True, text=True, timeout=120,
                           cwd=out.parent)
 

@@ -191,7 +191,7 @@ def test_ctrl_c_stops_cleanly_and_says_how_to_resume(big_tree, tmp_path, workers
     n = len(scan(big_tree))
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     cmd = [sys.executable, "-c", "from shardpack.cli import pack_dataset; pack_dataset()", str(big_tree),
-           "--format", "lmdb", "--size", "48", "-o", str(out), "--workers", str(workers), "--quiet"]
+           "--format", "lmdb", "--size", "48", "-o", str(out), "--workers", str(workers), "--no-progress"]
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE)
     deadline = time.monotonic() + 60
     while done_fraction(out, n) < 0.3 and proc.poll() is None and time.monotonic() < deadline:

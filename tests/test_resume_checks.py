@@ -29,7 +29,7 @@ def flat_folder(root: Path, n: int = 6) -> Path:
 
 def cli(*args):
     from helpers import run_cli
-    return run_cli(*args, "--format", "npy", "--size", 16, "--quiet", "--workers", 1)
+    return run_cli(*args, "--format", "npy", "--size", 16, "--no-progress", "--workers", 1)
 
 
 def said(result) -> str:
@@ -205,7 +205,7 @@ else:  # the signal lands while the output is finished (the index written)
 def test_sigterm_after_the_last_file_was_decoded_finishes_the_output(tree, tmp_path, in_last_chunk):
     from helpers import PACK_SCRIPT, run_cli
     out = tmp_path / "o"
-    result = run_cli(tree, "--format", "lmdb", "--size", 16, "-o", out, "--quiet", "--workers", 1,
+    result = run_cli(tree, "--format", "lmdb", "--size", 16, "-o", out, "--no-progress", "--workers", 1,
                      script=LATE_SIGTERM.format(in_last_chunk=in_last_chunk) + PACK_SCRIPT)
     assert result.returncode == 0, result.stderr
     assert "shardpack: SIGTERM received after the last of 18 files was decoded: finishing the output first" \

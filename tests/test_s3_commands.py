@@ -19,7 +19,7 @@ def outputs(tmp_path_factory):
     splits = d / "splits-src"
     make_tree(splits / "train", {"ant": 3, "bee": 2})
     make_tree(splits / "val", {"ant": 2, "bee": 2}, seed=50)
-    result = run_cli(splits, "--format", "hdf5", "--size", "16", "--quiet", "--workers", "1", "-o", d / "splits")
+    result = run_cli(splits, "--format", "hdf5", "--size", "16", "--no-progress", "--workers", "1", "-o", d / "splits")
     assert result.exit_code == 0, result.output
     return {"wds": packed("wds", src, d / "wds", size=16, shard_size=3000),
             "jpeg": packed("lmdb", src, d / "jpeg", size=16, encoding="jpeg"), "splits": d / "splits"}

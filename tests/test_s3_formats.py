@@ -161,7 +161,7 @@ def splits(tmp_path_factory):
     make_tree(src / "train", {"ant": 3, "bee": 3, "cow": 2})
     make_tree(src / "val", {"ant": 2, "cow": 3}, seed=50)
     out = d / "o"
-    result = run_cli(src, "--format", "lmdb", "--size", "16", "--quiet", "--workers", "1", "-o", out)
+    result = run_cli(src, "--format", "lmdb", "--size", "16", "--no-progress", "--workers", "1", "-o", out)
     assert result.exit_code == 0, result.output
     return out
 

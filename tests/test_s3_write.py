@@ -80,11 +80,11 @@ def test_a_splits_root_uploads_each_split_before_the_root_manifest(s3, cache, tm
     root = tmp_path / "root"
     make_tree(root / "train", {"a": 3, "b": 2})
     make_tree(root / "val", {"a": 1, "b": 2}, seed=5)
-    assert run_cli(root, "--format", "npy", "--size", 16, "-o", tmp_path / "local", "--quiet").exit_code == 0
+    assert run_cli(root, "--format", "npy", "--size", 16, "-o", tmp_path / "local", "--no-progress").exit_code == 0
     local = tmp_path / "local"
     calls = []
     spy(monkeypatch, calls)
-    res = run_cli(root, "--format", "npy", "--size", 16, "-o", f"s3://{BUCKET}/splits/OUT", "--quiet")
+    res = run_cli(root, "--format", "npy", "--size", 16, "-o", f"s3://{BUCKET}/splits/OUT", "--no-progress")
     assert res.exit_code == 0, res.output
     got = download(s3, "splits/OUT", tmp_path / "got")
     for split in ("train", "val"):  # each split's manifest records how its run went: compared as a top one
@@ -181,7 +181,7 @@ def test_a_refused_run_leaves_the_staging_folder_as_it_was(s3, cache, src, tmp_p
     with pytest.raises(PackError, match=r"403 Forbidden"):
         pack_quiet(src, url, "npy", size=16, staging=staging)
     assert _tree(staging) == before == ["another-run/", "another-run/keep.txt"]
-    r = run_cli(src, "--format", "npy", "--size", 16, "-o", url, "--workers", 1, "--quiet")
+    r = run_cli(src, "--format", "npy", "--size", 16, "-o", url, "--workers", 1, "--no-progress")
     assert r.exit_code == 1 and "403 Forbidden" in r.output, r.output
     assert not staged_path(url).parent.exists() and not (cache / "uploads").exists()
     assert (_tree(cache) if cache.exists() else None) == cache_before
@@ -222,7 +222,7 @@ def test_the_command_line_takes_an_s3_output_and_refuses_other_urls(s3, cache, s
     res = run_cli(src, "--format", "lmdb", "--size", 16, "-o", url, "--dry-run", "--staging", tmp_path / "stage")
     assert res.exit_code == 0 and f"plan: {src} -> {url}" in res.output, res.output
     assert objects(s3, "cli") == {} and not (tmp_path / "stage").exists()  # a dry run writes nothing, anywhere
-    res = run_cli(src, "--format", "lmdb", "--size", 16, "-o", url, "--quiet", "--staging", tmp_path / "stage")
+    res = run_cli(src, "--format", "lmdb", "--size", 16, "-o", url, "--no-progress", "--staging", tmp_path / "stage")
     assert res.exit_code == 0, res.output
     assert f"plan: {src} -> {url}" in res.output and f"into {url}:" in res.output
     assert f"packing into {tmp_path / 'stage'}/" in res.output and not any((tmp_path / "stage").rglob("*.mdb"))

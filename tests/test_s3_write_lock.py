@@ -34,7 +34,7 @@ def start_slow_upload(s3, src, url: str, cache: Path, *extra) -> subprocess.Pope
               "def slow(self, key, path):\n    time.sleep(0.4)\n    return real(self, key, path)\n"
               "Upload._put = slow\n" + PACK_SCRIPT)
     return subprocess.Popen([sys.executable, "-c", script, str(src), "--format", "wds", "--size", "16", "-o", url,
-                             "--quiet", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             "--no-progress", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             stdin=subprocess.DEVNULL,
                             env={**os.environ, "PYTHONPATH": str(ROOT), "SHARDPACK_CACHE": str(cache)})
 

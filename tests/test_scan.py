@@ -95,7 +95,7 @@ def test_case_clashes_are_reported_by_pack(tmp_path):
     noise_image(8, 8, 2).save(root / "cls" / "a.JPEG")
     noise_image(8, 8, 3).save(root / "cls" / "A.jpeg")
     result = CliRunner().invoke(pack_dataset, [str(root), "--format", "npy", "--size", "8",
-                                               "-o", str(tmp_path / "out"), "--quiet"])
+                                               "-o", str(tmp_path / "out"), "--no-progress"])
     assert result.exit_code == 0, result.output
     assert "packed 2 images" in result.output
     assert "1 group(s) of names differ only in case" in result.output and "cls/A.jpeg vs cls/a.JPEG" in result.output

@@ -60,7 +60,7 @@ def nothing_written(tmp_path: Path, *names: str) -> bool:
 ])
 def test_split_folders_beside_other_folders_are_refused_naming_the_others(tmp_path, stray):
     src = imagenet_like(tmp_path / "imagenet", stray)
-    result = run_cli(src, "--format", "npy", "--size", "8", "--quiet", "-o", tmp_path / "o")
+    result = run_cli(src, "--format", "npy", "--size", "8", "--no-progress", "-o", tmp_path / "o")
     assert result.exit_code == 2, result.output  # a usage error: the user must say how to read SRC
     text = " ".join(result.output.split())
     for name in stray:
@@ -78,7 +78,7 @@ def test_split_folders_beside_other_folders_are_refused_naming_the_others(tmp_pa
 def test_a_hidden_stray_folder_is_ignored_and_the_splits_are_packed(tmp_path):
     src = imagenet_like(tmp_path / "imagenet", {".cache": 2, ".ipynb_checkpoints": 0})
     (src / "LOC_synset_mapping.txt").write_text("n01 a\nn02 b\n")  # a stray file is no folder
-    result = run_cli(src, "--format", "npy", "--size", "8", "--quiet", "-o", tmp_path / "o")
+    result = run_cli(src, "--format", "npy", "--size", "8", "--no-progress", "-o", tmp_path / "o")
     assert result.exit_code == 0, result.output
     assert "  splits: train, val" in result.output.splitlines()
     assert "  rule: split folders found: every folder in SRC is a split name" in result.output
@@ -88,7 +88,8 @@ def test_a_hidden_stray_folder_is_ignored_and_the_splits_are_packed(tmp_path):
 
 def test_splits_picks_and_no_splits_forces_one_imagefolder(tmp_path):
     src = imagenet_like(tmp_path / "imagenet", {"ILSVRC2012_devkit_t12": 2})
-    result = run_cli(src, "--format", "npy", "--size", "8", "--quiet", "--splits", "train,val", "-o", tmp_path / "s")
+    result = run_cli(src, "--format", "npy", "--size", "8", "--no-progress", "--splits", "train,val",
+                     "-o", tmp_path / "s")
     assert result.exit_code == 0, result.output
     assert "  splits: train, val" in result.output.splitlines()
     assert "  rule: --splits train,val: those split folders only; not packed: ILSVRC2012_devkit_t12/" \
@@ -97,12 +98,12 @@ def test_splits_picks_and_no_splits_forces_one_imagefolder(tmp_path):
     assert list(top["splits"]) == ["train", "val"] and top["classes"] == ["n01", "n02"]
     assert ShardDataset(tmp_path / "s", split="val").targets.tolist() == [0, 1, 1]
 
-    result = run_cli(src, "--format", "npy", "--size", "8", "--quiet", "--splits", "val", "-o", tmp_path / "v")
+    result = run_cli(src, "--format", "npy", "--size", "8", "--no-progress", "--splits", "val", "-o", tmp_path / "v")
     assert result.exit_code == 0, result.output
     assert "not packed: train/, ILSVRC2012_devkit_t12/" in result.output
     assert ShardDataset(tmp_path / "v", split="val").targets.tolist() == [0, 1, 1]  # still train's classes
 
-    result = run_cli(src, "--format", "npy", "--size", "8", "--quiet", "--no-splits", "-o", tmp_path / "n")
+    result = run_cli(src, "--format", "npy", "--size", "8", "--no-progress", "--no-splits", "-o", tmp_path / "n")
     assert result.exit_code == 0, result.output
     assert "  one dataset (--no-splits)" in result.output.splitlines()
     assert "  rule: --no-splits: SRC read as one ImageFolder, every folder a class" in result.output.splitlines()
@@ -121,7 +122,7 @@ def test_a_class_named_like_a_split_is_refused_until_the_user_says(tmp_path):
     src = make_tree(tmp_path / "ds", {"cat": 2, "dog": 1, "Test": 2})
     result = run_cli(src, "--format", "npy", "--size", "8", "-o", tmp_path / "o")
     assert result.exit_code == 2 and "cat/, dog/" in result.output and "Test/" in result.output
-    result = run_cli(src, "--format", "npy", "--size", "8", "--quiet", "--no-splits", "-o", tmp_path / "o")
+    result = run_cli(src, "--format", "npy", "--size", "8", "--no-progress", "--no-splits", "-o", tmp_path / "o")
     assert result.exit_code == 0, result.output
     assert ShardDataset(tmp_path / "o").classes == ["Test", "cat", "dog"]
     with pytest.raises(SplitsError):
@@ -140,7 +141,8 @@ def test_split_names_in_other_cases_and_look_alike_strays(tmp_path):
     text = " ".join(result.output.split())
     assert "split folders (Train/, VAL/)" in text and "'val '/" in text and "train-link/" in text
     assert "--splits Train,VAL" in text
-    result = run_cli(src, "--format", "npy", "--size", "8", "--quiet", "--splits", "train,val", "-o", tmp_path / "o")
+    result = run_cli(src, "--format", "npy", "--size", "8", "--no-progress", "--splits", "train,val",
+                     "-o", tmp_path / "o")
     assert result.exit_code == 0, result.output
     assert "not packed: train-link/, 'val '/" in result.output
     assert ShardDataset(tmp_path / "o", split="VAL").targets.tolist() == [0]
@@ -203,7 +205,7 @@ def awkward_tree(root: Path) -> tuple[Path, dict[str, str]]:
 def test_non_regular_files_are_skipped_with_their_kind_and_never_hang(tmp_path, workers, extra):
     src, expected = awkward_tree(tmp_path / "src")
     out = tmp_path / "out"
-    result = run_cli("pack", src, "--format", "lmdb", "--size", "8", "--quiet", "--workers", workers,
+    result = run_cli("pack", src, "--format", "lmdb", "--size", "8", "--no-progress", "--workers", workers,
                      "-o", out, *extra, command="shardpack", fresh=True, timeout=HANG)
     assert result.returncode == 0, result.stdout + result.stderr
     rows = {r["path"]: r for r in json.loads((out / "skipped.json").read_text()) if r["kind"] == NOT_REGULAR}
@@ -223,7 +225,7 @@ def test_non_regular_files_are_skipped_with_their_kind_and_never_hang(tmp_path, 
 def test_strict_refuses_a_fifo_without_hanging(tmp_path):
     src = make_tree(tmp_path / "src", {"a": 2})
     os.mkfifo(src / "a" / "img000b.jpg")
-    result = run_cli("pack", src, "--format", "npy", "--size", "8", "--quiet", "--strict", "--workers", "2",
+    result = run_cli("pack", src, "--format", "npy", "--size", "8", "--no-progress", "--strict", "--workers", "2",
                      "-o", tmp_path / "out", command="shardpack", fresh=True, timeout=HANG)
     assert result.returncode == 1
     assert "--strict: a/img000b.jpg: a named pipe (FIFO), not a regular file" in result.stderr

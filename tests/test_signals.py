@@ -34,7 +34,7 @@ def test_sigterm_checkpoints_says_how_to_resume_and_exits_143(big_tree, tmp_path
     """docker stop (the main process), timeout and SLURM (group: the workers get it too)."""
     out = tmp_path / "out"
     n = len(scan(big_tree))
-    args = [big_tree, "--format", "wds", "--size", 48, "-o", out, "--workers", workers, "--quiet"]
+    args = [big_tree, "--format", "wds", "--size", 48, "-o", out, "--workers", workers, "--no-progress"]
     proc = start_cli(args, start_new_session=group)
     deadline = time.monotonic() + 60
     while done_fraction(out, n) < 0.3 and proc.poll() is None and time.monotonic() < deadline:
@@ -77,7 +77,7 @@ def test_resume_on_a_complete_out_exits_0_saying_so(tree, tmp_path, splits):
         src = tmp_path / "splits"
         make_tree(src / "train", {"a": 3, "b": 3})
         make_tree(src / "val", {"a": 2, "b": 2}, seed=4)
-    args = [src, "--format", "lmdb", "--size", 16, "-o", tmp_path / "out", "--quiet", "--resume"]
+    args = [src, "--format", "lmdb", "--size", 16, "-o", tmp_path / "out", "--no-progress", "--resume"]
     first = run_cli(*args[:-1], fresh=True)
     assert first.returncode == 0, first.stderr
     before = sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "out").rglob("*"))

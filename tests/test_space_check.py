@@ -5,6 +5,7 @@ extrapolation, the skips that occurred) and the devkit's id maps."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -57,7 +58,7 @@ def test_a_small_disk_that_holds_the_output_is_not_refused(can_mount, tiny_and_2
     disk = tmp_path / "disk"
     res = on_tmpfs("2m", disk, tiny_and_256[0], "--format", fmt, "--size", 16, "-o", disk / "out")
     assert res.returncode == 0 and "packed 400 images" in res.stdout and "Traceback" not in res.stderr, res.stderr
-    res = on_tmpfs("300k", disk, tiny_and_256[0], "--format", fmt, "--size", 16, "--quiet", "-o", disk / "out")
+    res = on_tmpfs("300k", disk, tiny_and_256[0], "--format", fmt, "--size", 16, "--no-progress", "-o", disk / "out")
     line = res.stderr.strip().splitlines()[-1]
     assert res.returncode == 1 and "needed for 400 samples but only" in line and "Traceback" not in res.stderr, line
     need, free = (line.split(f"{word} ")[1].split(" needed")[0].split(" free")[0] for word in ("about", "only"))
@@ -75,6 +76,7 @@ def test_the_plans_fit_advice_is_what_its_own_space_check_accepts(can_mount, tin
     assert res.returncode == 1 and "needed for 12 samples" in res.stderr, res.stdout + res.stderr
     advice = next(ln for ln in res.stdout.splitlines() if "raw does not fit on the disk at OUT" in ln)
     assert "--encoding jpeg would take about" in advice and "raw at --size" in advice, advice
+    assert "pass --encoding jpeg (about " in res.stderr.strip().splitlines()[-1], res.stderr  # the refusal too
     size = advice.split("raw at --size ")[1].split()[0]
     for extra in (["--encoding", "jpeg"], ["--size", size]):
         res = on_tmpfs("3m", disk, *args, *extra)
@@ -98,6 +100,27 @@ def test_a_refusal_that_one_worker_would_pass_says_workers_1_and_that_passes(can
     assert res.returncode == 1 and "--workers 1" not in res.stderr.strip().splitlines()[-1], res.stderr
 
 
+def test_a_16384_px_plan_is_quick_in_gb_tb_pb_and_its_output_line_adds_up(tiny_and_256, tmp_path):
+    """12 raw samples of 16384 px: exact sizes (805.3 MB each, 9.7 GB, ImageNet-1k 1.0 PB) in the
+    units that read, the output line's pixels plus the rest it names is its total, and the JPEG
+    comparison encodes at 1024 px and scales (encoding 16 files at 16384 px took 2 min 39 s)."""
+    import time
+    t = time.perf_counter()
+    res = run_cli(tiny_and_256[1], "--format", "npy", "--size", 16384, "--dry-run", "-o", tmp_path / "o")
+    seconds = time.perf_counter() - t
+    lines = res.output.splitlines()
+    output = next(ln for ln in lines if ln.startswith("  output: "))
+    total, pixels, rest = (float(v) for v in re.findall(r"(\d+\.\d) [GM]B", output))
+    assert output.startswith("  output: about 10.0 GB for 12 images (npy, 16384x16384x3 uint8, center-crop): "
+                             "9.7 GB of pixels, "), output  # 12 x 16384 x 16384 x 3 = 9.66e9 bytes
+    assert "MB of index/ (labels, paths, checksums), manifest, npy's own headers and a 3% margin" in output
+    assert abs(pixels + rest / 1e3 - total) <= 0.1 and 250 < rest < 350, output  # mostly the 3% margin
+    per = next(ln for ln in lines if ln.startswith("  per image: "))
+    assert "about 9.7 GB of pixels for 12 images (805.3 MB each, exact)" in per and "about 1.0 PB" in per, per
+    assert "from files encoded at 1024 px, scaled" in next(ln for ln in lines if "raw vs jpeg" in ln)
+    assert res.exit_code == 0 and seconds < 60, (seconds, res.output)
+
+
 def test_the_plan_and_summary_say_jpeg_per_split_extrapolation_and_only_the_skips_that_occurred(tmp_path):
     """A JPEG run's output line says the pixels are decoded from JPEG, a val split is extrapolated
     to ImageNet-1k's val (50,000), train to train, only the kinds of skipped entries that occurred
@@ -106,7 +129,7 @@ def test_the_plan_and_summary_say_jpeg_per_split_extrapolation_and_only_the_skip
     make_tree(src / "train", {"a": 3, "b": 3})
     make_tree(src / "val", {"a": 2}, seed=4)
     (src / "train" / "a" / "notes.txt").write_text("not an image")
-    res = run_cli(src, "--format", "npy", "--size", 16, "--encoding", "jpeg", "-o", tmp_path / "out", "--quiet")
+    res = run_cli(src, "--format", "npy", "--size", 16, "--encoding", "jpeg", "-o", tmp_path / "out", "--no-progress")
     assert res.exit_code == 0, res.output
     out = res.output
     assert "(npy, JPEG q90, decoded to 16x16x3 uint8, center-crop)" in out
@@ -132,7 +155,7 @@ def test_devkit_ground_truth_packs_with_map_clsloc_and_meta_mat_is_refused_sayin
         noise_image(40, 30, k).save(src / "val" / f"ILSVRC2012_val_{k + 1:08d}.JPEG")
     (tmp_path / "gt.txt").write_text("2\n1\n2\n")  # devkit IDs: 1 kit fox (n02119789), 2 English setter (n02100735)
     (tmp_path / "map_clsloc.txt").write_text("n02119789 1 kit_fox\nn02100735 2 English_setter\n")
-    args = [src, "--format", "npy", "--size", 16, "--labels", f"val={tmp_path / 'gt.txt'}", "--quiet"]
+    args = [src, "--format", "npy", "--size", 16, "--labels", f"val={tmp_path / 'gt.txt'}", "--no-progress"]
     res = run_cli(*args, "--id-map", tmp_path / "map_clsloc.txt", "-o", tmp_path / "out")
     assert res.exit_code == 0, res.output
     val = ShardDataset(tmp_path / "out" / "val")
@@ -178,7 +201,7 @@ def test_a_disk_of_just_what_the_space_check_asks_holds_the_run(can_mount, tiny3
     the run passes its own check and completes."""
     disk, need = tmp_path / "disk", _ask(tiny32, resize, 2)
     res = on_tmpfs(f"{-(-need // 4096) * 4 + 12}k", disk, tiny32, "--format", "npy", "--size", 32, "--resize", resize,
-                   "--workers", 2, "--quiet", "-o", disk / "out")
+                   "--workers", 2, "--no-progress", "-o", disk / "out")
     assert res.returncode == 0 and "packed 400 images" in res.stdout and "Traceback" not in res.stderr, res.stderr
 
 

@@ -29,7 +29,7 @@ def test_split_tree_packs_each_split_with_trains_class_index(tmp_path):
     make_tree(src / "train", {"ant": 2, "bee": 3, "cow": 2})
     make_tree(src / "val", {"ant": 2, "cow": 3}, seed=50)  # bee missing from val: keeps index 1
     out = tmp_path / "o"
-    result = run_cli(src, "--format", "npy", "--size", "16", "--quiet", "--workers", "1", "-o", out)
+    result = run_cli(src, "--format", "npy", "--size", "16", "--no-progress", "--workers", "1", "-o", out)
     assert result.exit_code == 0, result.output
     assert "splits: train, val" in result.output
     assert "val: 5 images in 2 classes (1 of the classes has none)" in result.output
@@ -72,13 +72,13 @@ def test_splits_option_and_no_splits(tmp_path):
     src = tmp_path / "ds"
     make_tree(src / "train", {"ant": 1, "bee": 1, "cow": 1})
     make_tree(src / "Val", {"cow": 2}, seed=9)
-    result = run_cli(src, "--format", "npy", "--size", "8", "--quiet", "--splits", "val", "-o", tmp_path / "v")
+    result = run_cli(src, "--format", "npy", "--size", "8", "--no-progress", "--splits", "val", "-o", tmp_path / "v")
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in (tmp_path / "v").iterdir()) == ["Val", "manifest.json", "manifest.xxh3"]
     ds = ShardDataset(tmp_path / "v", split="Val")
     assert ds.classes == ["ant", "bee", "cow"] and ds.targets.tolist() == [2, 2]  # train's index
 
-    result = run_cli(src, "--format", "npy", "--size", "8", "--quiet", "--no-splits", "-o", tmp_path / "n")
+    result = run_cli(src, "--format", "npy", "--size", "8", "--no-progress", "--no-splits", "-o", tmp_path / "n")
     assert result.exit_code == 0, result.output
     ds = ShardDataset(tmp_path / "n")
     assert ds.classes == ["Val", "train"] and ds.targets.tolist() == [0, 0, 1, 1, 1]
@@ -106,7 +106,7 @@ def test_flat_val_with_labels_csv_reports_missing_and_unlisted(tmp_path):
         "ILSVRC2012_val_00000002,n03 10 20 30 40\n"
         "ILSVRC2012_val_00000009,n02 1 1 2 2\n")
     out = tmp_path / "o"
-    args = [src, "--format", "lmdb", "--size", "16", "--quiet", "-o", out]
+    args = [src, "--format", "lmdb", "--size", "16", "--no-progress", "-o", out]
     result = run_cli(*args, "--strict")
     assert result.exit_code != 0 and "do not match" in result.output and not out.exists()
     result = run_cli(*args)
@@ -131,7 +131,7 @@ def test_flat_folder_without_labels_and_explicit_labels_option(tmp_path):
     assert result.exit_code != 0 and "no class folders" in result.output and "--labels val=FILE" in result.output
     labels = tmp_path / "val.tsv"
     labels.write_text("file\tlabel\nx.jpg\t1\ny.jpg\t0\n")  # integer indices into train's classes
-    result = run_cli(src, "--format", "npy", "--size", "8", "--quiet", "--labels", f"val={labels}",
+    result = run_cli(src, "--format", "npy", "--size", "8", "--no-progress", "--labels", f"val={labels}",
                      "-o", tmp_path / "o")
     assert result.exit_code == 0, result.output
     assert ShardDataset(tmp_path / "o", split="val").targets.tolist() == [1, 0]
@@ -151,9 +151,9 @@ def test_flat_src_with_labels_and_classes_from_a_packed_output(tmp_path):
     for k in range(3):
         noise_image(20, 20, k).save(flat / f"{k}.png")
     (flat / "labels.csv").write_text("filename,target\n0.png,2\n1.png,0\n2.png,2\n")
-    result = run_cli(flat, "--format", "npy", "--size", "8", "--quiet", "-o", tmp_path / "o")
+    result = run_cli(flat, "--format", "npy", "--size", "8", "--no-progress", "-o", tmp_path / "o")
     assert result.exit_code != 0 and "integer labels need a class list" in result.output
-    result = run_cli(flat, "--format", "npy", "--size", "8", "--quiet", "-o", tmp_path / "o",
+    result = run_cli(flat, "--format", "npy", "--size", "8", "--no-progress", "-o", tmp_path / "o",
                      "--classes-from", tmp_path / "t")
     assert result.exit_code == 0, result.output
     assert "one dataset" in result.output and "labels.csv (csv, found beside SRC)" in result.output
@@ -169,7 +169,7 @@ def test_classes_from_a_file_sets_the_indices_of_every_split(tmp_path):
     classes = tmp_path / "classes.tsv"  # like imagenet-sample/classes.tsv: index, wnid, name
     classes.write_text("index\twnid\tname\n0\tn09\tzz\n1\tn05\tyy\n2\tn02\txx\n")
     out = tmp_path / "o"
-    result = run_cli(src, "--format", "npy", "--size", "8", "--quiet", "--classes-from", classes, "-o", out)
+    result = run_cli(src, "--format", "npy", "--size", "8", "--no-progress", "--classes-from", classes, "-o", out)
     assert result.exit_code == 0, result.output
     assert ShardDataset(out, split="train").targets.tolist() == [2, 1]
     assert ShardDataset(out, split="val").targets.tolist() == [1]
@@ -189,8 +189,9 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path):
     assert "  train: 5 images in 2 classes" in lines
     assert "  test: 1 image in 1 class (1 of the classes has none)" in lines
     # the bytes: tests/test_cli_output.py::test_the_output_estimate_is_within_1_0_to_1_3x_of_its_size_on_disk
-    assert any(re.fullmatch(r"  output: about \d+\.\d MB for 6 images \(hdf5, 32x32x3 uint8, center-crop\)", ln)
-               for ln in lines)
+    assert any(re.fullmatch(r"  output: about \d+\.\d MB for 6 images \(hdf5, 32x32x3 uint8, center-crop\): "
+                            r"0\.0 MB of pixels, \d+\.\d MB of index/ \(labels, paths, checksums\), manifest, "
+                            r"hdf5's own headers and a 3% margin", ln) for ln in lines), lines
     assert any(ln.startswith("  free space: ") for ln in lines)
     assert "  workers: 3" in lines
     assert not (tmp_path / "o").exists() and not (tmp_path / ".o.partial").exists()
@@ -245,7 +246,7 @@ def test_real_imagenet_sample_train_links_and_flat_val_with_csv(tmp_path):
     (src / "LOC_val_solution.csv").write_text("\n".join(rows) + "\n")
 
     out = tmp_path / "o"
-    result = run_cli(src, "--format", "npy", "--size", "16", "--quiet", "-o", out)
+    result = run_cli(src, "--format", "npy", "--size", "16", "--no-progress", "-o", out)
     assert result.exit_code == 0, result.output
     assert f"classes: {len(wnids)} from train/ class folders" in result.output
     assert f"val: {len(chosen)} images" in result.output
@@ -295,7 +296,7 @@ def test_info_and_verify_accept_a_splits_root_or_one_split(tmp_path):
     make_tree(src / "train", {"a": 2, "b": 1})
     make_tree(src / "val", {"b": 2}, seed=4)
     out = tmp_path / "o"
-    assert run_cli(src, "--format", "npy", "--size", "8", "--quiet", "-o", out).exit_code == 0
+    assert run_cli(src, "--format", "npy", "--size", "8", "--no-progress", "-o", out).exit_code == 0
     result = run_cli("info", str(out), command="shardpack")
     assert result.exit_code == 0, result.output
     assert f"split train: {out / 'train'}" in result.output and f"split val: {out / 'val'}" in result.output

@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import Sampler
 
 from ..loading import MODES, BatchedDataset, make_loader
+from ..progress import label
 from ..transforms import CenterCrop, Compose, RandomCrop, RandomHorizontalFlip, RandomResizedCrop
 from .cells import PathCell, PathSetting, error_text, warmup_batches
 from .noise import TOLERANCE
@@ -255,7 +256,7 @@ def run_grid(ds, settings: list[PathSetting], *, source: str, kind: str, descrip
                 if cell.error is not None:
                     continue
                 if bar is not None:
-                    bar.set_postfix_str(f"{kind}: {cell.setting.label}", refresh=True)
+                    label(bar, f"{kind}: {cell.setting.label}")
                 if r == 0:
                     cell.cold = step(k, cell, None)
                 else:

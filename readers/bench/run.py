@@ -127,8 +127,8 @@ def run_bench(path, *, batch_size: int | None = None, modes=MODES, workers=None,
                                       bar=bar, **common))
         result.interrupted = result.grid.interrupted
         if raw is not None and not result.interrupted:
-            result.compare = run_grid(raw[0], settings, source=str(compare), kind=RAW_FOLDER,
-                                      description=raw[2], bar=bar, **common)
+            result.compare = run_grid(raw[0], settings, source=str(compare), kind=RAW_FOLDER,  # the batch
+                                      description=raw[2], bar=bar, **{**common, "skipped": skipped})  # note once
             result.interrupted = result.compare.interrupted
     for g, source in ((result.grid, ds), (result.compare, raw and raw[0])):
         if g is not None and getattr(source, "skipped", None):

@@ -28,7 +28,7 @@ from ..packer.ledger import ignored_row
 from ..packer.sizing import imagenet_text, workers_refusal, workers_warning
 from ..packer.plan import plan_text
 from ..readers.objects import is_url
-from ..readers.text import mb, plural
+from ..readers.text import plural, size_text
 from ..readers.encoding import DEFAULT_QUALITY, DEFAULT_SUBSAMPLING, ENCODINGS, JPEG, QUALITY_RANGE, RAW, SUBSAMPLINGS
 from ..readers.folder import clash_text
 from ..readers.manifest import FORMATS, partial_dir
@@ -155,7 +155,10 @@ def pack_options(f):
         click.option("--address", default=None, metavar="HOST:PORT",
                      help="--engine ray: the cluster to join [default: $RAY_ADDRESS, else a Ray instance "
                           "for the run]."),
-        click.option("--quiet", is_flag=True, help="No progress bar."),
+        click.option("--quiet", is_flag=True,
+                     help="Print only errors (warnings too, on stderr) and the one-line summary: no plan, no "
+                          "progress bar."),
+        click.option("--no-progress", is_flag=True, help="No progress bar (the plan and the summary still print)."),
         click.option("--splits", callback=parse_splits, default=None,
                      help="Pack only these split folders, e.g. train,val [default: all found]."),
         click.option("--no-splits", is_flag=True,
@@ -194,12 +197,13 @@ def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_siz
              decoder, allow_truncated, strict, overwrite, resume, no_space_check, quiet, splits,
              no_splits, labels, id_map, classes_from, dry_run, io_threads=None,
              allow_unsafe_output=False, engine="local", address=None, encoding=RAW, quality=None,
-             subsampling=None, max_source_pixels=None, staging=None, layout="single"):
+             subsampling=None, max_source_pixels=None, staging=None, layout="single", no_progress=False):
     """Shared body of ``pack-dataset`` and ``shardpack pack``: decide (refusing a bad OUT before
     the possibly long listing), scan, print the plan (with the output size estimate), pack.
     Returns [(split, Report)] for the summaries (the caller prints them: :func:`summary`), [] for
     --resume on a complete OUT, None for a dry run. What is decided here is handed down, never
-    decided again. Exits 1 on errors (one line), 130 on Ctrl-C, 143 on SIGTERM."""
+    decided again. ``quiet``: no plan (nor bar); ``no_progress``: no bar. Exits 1 on errors (one
+    line), 130 on Ctrl-C, 143 on SIGTERM."""
     settings = effective_settings(click.get_current_context())
     if encoding != JPEG and (quality is not None or subsampling is not None):
         raise click.UsageError(f"--{'quality' if quality is not None else 'subsampling'} needs --encoding jpeg")
@@ -215,7 +219,8 @@ def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_siz
         except ValueError as err:  # values that cannot go together, from the arguments alone: exit 2
             raise ConflictingOptions(str(err)) from None
         opts = Options(fmt=fmt, workers=workers, shard_size=shard_size, overwrite=overwrite,
-                       resume=resume, strict=strict, space_check=not no_space_check, progress=not quiet,
+                       resume=resume, strict=strict, space_check=not no_space_check,
+                       progress=not (quiet or no_progress),
                        io_threads=io_threads, allow_unsafe_output=allow_unsafe_output, engine=engine,
                        address=address, staging=staging, layout=layout)
         if staging is not None and "://" not in (out or ""):
@@ -231,7 +236,8 @@ def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_siz
         if workers is not None and (warning := workers_warning(workers, usable, recipe)):
             say(warning)
         staging = setup.out if is_url(str(setup.named)) else None  # an s3:// OUT: packed into setup.out first
-        click.echo(plan_text(plan, setup.named, recipe, opts, setup.workers, staging))
+        if not quiet:
+            click.echo(plan_text(plan, setup.named, recipe, opts, setup.workers, staging))
         if dry_run:
             dry_run_after_scan(plan, setup.out, recipe, opts, setup.workers)
             return None
@@ -271,16 +277,22 @@ IGNORED_WORDS = {"not-an-image": ("entry that is not an image", "entries that ar
                  "symlink-loop": ("symlink loop not followed", "symlink loops not followed")}
 
 
-def summary(report, split: str | None = None) -> str:
-    """The lines printed after packing ``report`` (the part ``split`` of a splits root, or None)."""
+def summary(report, split: str | None = None, quiet: bool = False) -> str:
+    """The lines printed after packing ``report`` (the part ``split`` of a splits root, or None);
+    ``quiet`` (--quiet): the first line only, with the skipped files' count when there are any."""
     decoded = report.scanned - report.resumed_at
     resumed = f" (resumed at file {report.resumed_at})" if report.resumed_at else ""
     lines = [f"packed {plural(report.count, 'image')} of {plural(report.classes, 'class', 'classes')} "
-             f"into {report.out}: {mb(report.bytes)}",
+             f"into {report.out}: {size_text(report.bytes)}"
+             + (f"; skipped {plural(len(report.skipped) + len(report.ignored), 'entry', 'entries')}, see "
+                f"{report.out}/skipped.json" if quiet and (report.skipped or report.ignored) else ""),
              f"  {plural(decoded, 'file')} decoded in {report.seconds:.1f} s{resumed} "
              f"({report.images_per_s:.0f} images/s, {plural(report.workers, 'worker')})",
-             f"  {report.sample_bytes / 1e3:.1f} KB per image on disk (besides {report.fixed_bytes / 1e3:.1f} KB "
-             f"of manifest and headers); " + imagenet_text(report.sample_bytes, split)]
+             f"  {size_text(report.sample_bytes, smallest='KB')} per image on disk (besides "
+             f"{size_text(report.fixed_bytes, smallest='KB')} of manifest and headers); "
+             + imagenet_text(report.sample_bytes, split)]
+    if quiet:
+        return lines[0]
     if report.skipped or report.ignored:
         kinds = Counter(ignored_row(p)["kind"] for p in report.ignored)  # only the kinds that occurred
         said = ([plural(len(report.skipped), "unusable file")] if report.skipped else []) + [
@@ -305,7 +317,7 @@ def run_pack_reporting(report, **kwargs):
         packed = run_pack(**kwargs)
         done(None if packed is None else [r for _, r in packed])  # the report first: a closed stdout
         for split, r in packed or ():  # (| head) below cannot lose it
-            click.echo(summary(r, split))
+            click.echo(summary(r, split, kwargs["quiet"]))
 
 
 @click.command(name="pack-dataset", context_settings=CONTEXT)

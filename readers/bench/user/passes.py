@@ -14,6 +14,7 @@ import warnings
 
 import torch
 
+from ...progress import label
 from ..cells import UserCell, UserSetting, error_text, warmup_batches
 from ..timing import MIN_BATCHES, UserPass, shut_down
 from .loader import Base, Feed
@@ -112,7 +113,7 @@ def measure_interleaved(base: Base, settings: list[UserSetting], seconds: float,
                     continue
                 s = cell.setting
                 if bar is not None:
-                    bar.set_postfix_str(s.label, refresh=True)
+                    label(bar, s.label)
                 try:
                     if k in kept:
                         loader, feed = kept[k]
@@ -148,7 +149,7 @@ def epoch_starts(base: Base, workers: list[int], prefetch: int, epochs: int = 2,
             s = UserSetting(w, prefetch, keep, False)
             row = {"num_workers": w, "persistent_workers": keep, "starts_s": [], "error": None}
             if bar is not None:
-                bar.set_postfix_str(f"spawn: {s.label}", refresh=True)
+                label(bar, f"spawn: {s.label}")
             try:
                 feed = base.feed()
                 loader = base.loader(s, feed, context="spawn")
