@@ -35,8 +35,9 @@ from ..readers.mirror import DIGEST_FILE, cache_root
 from ..readers.objects import Objects, is_url, one_line
 from ..readers.text import mb, plural
 
-from .multipart import Reader, part_size
+from .multipart import put_file
 from .options import AlreadyComplete, PackError, say
+from .part_upload import check_remote, remote_files, task_etags, task_objects
 from .remote_lock import RemoteLock
 
 __all__ = ["Upload", "is_url", "staged_path"]
@@ -71,6 +72,8 @@ class Upload:
         self._cancel, self._saving = threading.Event(), threading.Lock()
         self._error: BaseException | None = None
         self._queued: set[str] = set()
+        self._node_written: list = []  # [(folder relative to the URL, a PartsWriter)]: parts put by their nodes
+        self.remote: dict[str, int] = {}  # {key: bytes} the nodes put (part_upload.py), known at the commit
 
     @classmethod
     def open(cls, url: str, opts, src, recipe, dry_run: bool = False) -> Upload:
@@ -174,19 +177,12 @@ class Upload:
     def _put(self, key: str, path: Path) -> str | None:
         """Put the file ``path`` as ``key`` (multipart above one part); its ETag. A signal while
         it is read raises that KeyboardInterrupt (the multipart upload is aborted)."""
-        import obstore
         from obstore.exceptions import BaseError
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            reader = Reader(f, None if threading.current_thread() is threading.main_thread() else self._cancel)
-            try:
-                chunk = part_size(size)
-                return obstore.put(self.objects.store(), key, reader, chunk_size=chunk,
-                                   use_multipart=size > chunk, max_concurrency=8)["e_tag"]
-            except (BaseError, OSError) as err:
-                if reader.stopped is not None:
-                    raise reader.stopped from None
-                raise self._fail(err, f"upload {key}") from None
+        cancel = None if threading.current_thread() is threading.main_thread() else self._cancel
+        try:
+            return put_file(self.objects.store(), key, path, cancel)
+        except (BaseError, OSError) as err:
+            raise self._fail(err, f"upload {key}") from None
 
     # ------------------------------------------------------------------ the record beside the staged output
 
@@ -229,6 +225,11 @@ class Upload:
         out = Path(staging.out)  # the output itself, or a split inside its partial directory
         base = (out.relative_to(partial_dir(self.local)) if partial_dir(self.local) in out.parents
                 else out.relative_to(self.local)).as_posix()
+        if getattr(writer, "node_written", False):  # --layout parts: each task puts its own part
+            if not self._node_written:  # before any node puts a part: no old output stays readable
+                self._delete_manifests(self._listing())
+            writer.remote = task_objects(self.url if base == "." else f"{self.url}/{base}", self.objects.options)
+            self._node_written.append((base, writer))
 
         def checkpointed(record: dict) -> None:
             self.lock.check()  # taken over: stop packing too
@@ -291,18 +292,22 @@ class Upload:
                          key=lambda f: (-f.count("/"), f.rpartition("/")[0], MANIFESTS.index(f.rpartition("/")[2])))
         self._join()
         listing = self._listing()
+        self.remote, etags = remote_files(self.local, commits), task_etags(self._node_written)
+        check_remote(self.url, listing, self.remote, etags)  # the parts the nodes put: all there, unchanged
         old = self._delete_manifests(listing)
-        for key in sorted(set(listing) - set(data) - set(old)):  # objects of another output
+        for key in sorted(set(listing) - set(data) - set(old) - set(self.remote)):  # objects of another output
             self._delete(key)
         kept, sent = 0, 0
         total = sum((self.local / f).stat().st_size for f in data)
-        say(f"uploading {plural(len(data), 'file')} ({mb(total)}) to {self.url}")
+        by_nodes = f" (its nodes put its {len(self.remote)} part files)" if self.remote else ""
+        say(f"uploading {plural(len(data), 'file')} ({mb(total)}) to {self.url}{by_nodes}")
         for name in data:
             st = (self.local / name).stat()
             rec, there = self.uploaded.get(name), listing.get(name)
-            if (rec and there and rec["size"] == st.st_size == there["size"] and rec["mtime_ns"] == st.st_mtime_ns
-                    and rec["etag"] == there.get("e_tag")):
-                kept += 1
+            if there and there["size"] == st.st_size and (
+                    (rec and rec["size"] == st.st_size and rec["mtime_ns"] == st.st_mtime_ns
+                     and rec["etag"] == there.get("e_tag")) or etags.get(name, 0) == there.get("e_tag")):
+                kept += 1  # up already: put while packing (by this driver, or by a node: a part's row table)
                 continue
             sent += self._put_recorded(name, self.local / name)
         for name in commits:
@@ -319,6 +324,8 @@ class Upload:
         naming the URL instead of the staged folder; returns them."""
         self.commit()
         for r in reports:
+            split = "" if Path(r.out) == self.local else f"{Path(r.out).name}/"
+            r.bytes += sum(n for key, n in self.remote.items() if key.startswith(split))  # not on the staging disk
             r.out = self.url if Path(r.out) == self.local else f"{self.url}/{Path(r.out).name}"
         return reports
 
