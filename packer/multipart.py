@@ -39,23 +39,20 @@ class Reader:
         return self.f.tell()
 
 
-def put_file(store, key: str, path, cancel: threading.Event | None = None) -> str | None:
-    """Put the file ``path`` as ``key`` of the obstore ``store``, by multipart upload when it is
-    larger than one part (part_size: 8 MiB or more, up to 8 parts in flight); its ETag (None
-    where the store gives none). Raises the client's error (obstore BaseError, OSError); a
-    signal while the file is read raises that KeyboardInterrupt (the multipart upload is
-    aborted); ``cancel`` set (off the main thread) ends it with an OSError at its next read."""
-    import os
-
+def put_file(store, key: str, f, size: int, cancel: threading.Event | None = None) -> str | None:
+    """Put the open binary file ``f`` of ``size`` bytes as ``key`` of the obstore ``store``, by
+    multipart upload when it is larger than one part (part_size: 8 MiB or more, up to 8 parts in
+    flight); its ETag (None where the store gives none). Raises the client's error (obstore
+    BaseError, OSError); a signal while the file is read raises that KeyboardInterrupt (the
+    multipart upload is aborted); ``cancel`` set (off the main thread) ends it with an OSError
+    at its next read."""
     import obstore
-    size = os.stat(path).st_size
-    with open(path, "rb") as f:
-        reader = Reader(f, cancel)
-        chunk = part_size(size)
-        try:
-            return obstore.put(store, key, reader, chunk_size=chunk, use_multipart=size > chunk,
-                               max_concurrency=8)["e_tag"]
-        except BaseException:
-            if reader.stopped is not None:
-                raise reader.stopped from None
-            raise
+    reader = Reader(f, cancel)
+    chunk = part_size(size)
+    try:
+        return obstore.put(store, key, reader, chunk_size=chunk, use_multipart=size > chunk,
+                           max_concurrency=8)["e_tag"]
+    except BaseException:
+        if reader.stopped is not None:
+            raise reader.stopped from None
+        raise

@@ -62,7 +62,8 @@ def upload_part(objects, part: dict, out_dir: Path, keep=None) -> dict:
     store, uploaded = objects.store(), {}
     for name, _, _ in files_of(part):
         try:
-            uploaded[name] = put_file(store, name, Path(out_dir) / name)
+            with open(Path(out_dir) / name, "rb") as f:
+                uploaded[name] = put_file(store, name, f, os.fstat(f.fileno()).st_size)
         except (BaseError, OSError) as err:
             raise PackError(f"{objects.url}/{name}: cannot upload the part ({one_line(err)})") from None
     local = Path(out_dir) / part["name"]

@@ -179,10 +179,12 @@ class Upload:
         it is read raises that KeyboardInterrupt (the multipart upload is aborted)."""
         from obstore.exceptions import BaseError
         cancel = None if threading.current_thread() is threading.main_thread() else self._cancel
-        try:
-            return put_file(self.objects.store(), key, path, cancel)
-        except (BaseError, OSError) as err:
-            raise self._fail(err, f"upload {key}") from None
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            try:
+                return put_file(self.objects.store(), key, f, size, cancel)
+            except (BaseError, OSError) as err:
+                raise self._fail(err, f"upload {key}") from None
 
     # ------------------------------------------------------------------ the record beside the staged output
 

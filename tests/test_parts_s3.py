@@ -176,3 +176,13 @@ def test_ray_driver_killed_leaves_no_manifest_and_resume_puts_only_the_missing_p
     assert len(part_puts(proxy, prefix)) == run["units_run"]  # a part put again only where its unit ran again
     local = pack_quiet(src, tmp_path / "local", "npy", **KW).out
     assert_same_output(got, local)
+
+
+def test_a_large_part_goes_up_by_multipart_upload_from_its_process(s3, cache, tmp_path):
+    big = make_tree(tmp_path / "src", {"a": 24, "b": 24})
+    url = f"s3://{BUCKET}/parts-multipart/OUT"
+    row = 256 * 256 * 3
+    pack_quiet(big, url, "npy", size=256, layout="parts", shard_size=48 * row, workers=2)  # one part of 9.4 MB
+    meta = objects(s3, "parts-multipart/OUT")["parts/p0000000.npy"]
+    assert meta["size"] == 48 * row + 128 and meta["e_tag"].strip('"').endswith("-2")  # 2 parts of 8 MiB or less
+    assert ShardDataset(url)[47][1] == 1
