@@ -56,3 +56,16 @@ def put_file(store, key: str, f, size: int, cancel: threading.Event | None = Non
         if reader.stopped is not None:
             raise reader.stopped from None
         raise
+
+
+def same_bytes(path, size: int, etag: str | None) -> bool:
+    """Whether the object whose ETag is ``etag`` holds the bytes of the local file ``path`` of
+    ``size`` bytes, as far as its ETag tells: for a file of one part (at most MIN_PART bytes) put
+    in one request, S3's ETag is the MD5 of its bytes (SeaweedFS's too); a multipart ETag
+    ("...-N") or none tells nothing (False)."""
+    import hashlib
+    tag = (etag or "").strip('"')
+    if size > MIN_PART or len(tag) != 32 or "-" in tag:
+        return False
+    with open(path, "rb") as f:
+        return hashlib.md5(f.read(), usedforsecurity=False).hexdigest() == tag

@@ -79,21 +79,24 @@ def uploaded_part(part: dict) -> str | None:
     return part["name"] if part.get(UPLOADED) else None
 
 
-def remote_files(local: Path, manifests: list[str]) -> dict[str, int]:
-    """{key under the URL: bytes} of the files the staged output's ``manifests`` (relative paths
-    of its manifest.json files) list but ``local`` does not hold: parts their nodes uploaded."""
+def remote_files(local: Path, manifests: list[str]) -> tuple[dict[str, int], set[str]]:
+    """Of the staged output ``local`` (``manifests``: the relative paths of its manifest.json
+    files): ({key under the URL: bytes} of the files they list but ``local`` does not hold, the
+    parts their nodes uploaded; the keys of the part-layout row tables it holds, which those
+    nodes put too)."""
     import json
-    out = {}
+    out, rows = {}, set()
     for name in manifests:
         if Path(name).name != "manifest.json":
             continue
         folder = Path(name).parent
-        files = json.loads((local / name).read_text()).get("files") or {}
-        for f, nbytes in files.items():
+        made = json.loads((local / name).read_text())
+        for f, nbytes in (made.get("files") or {}).items():
             key = (folder / f).as_posix()
             if not (local / key).exists():
                 out[key] = int(nbytes)
-    return out
+        rows |= {(folder / p["rows"]["name"]).as_posix() for p in made.get("parts") or () if p.get("rows")}
+    return out, rows
 
 
 def task_etags(writers) -> dict[str, str]:

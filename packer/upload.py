@@ -35,7 +35,7 @@ from ..readers.mirror import DIGEST_FILE, cache_root
 from ..readers.objects import Objects, is_url, one_line
 from ..readers.text import mb, plural
 
-from .multipart import put_file
+from .multipart import put_file, same_bytes
 from .options import AlreadyComplete, PackError, say
 from .part_upload import check_remote, remote_files, task_etags, task_objects
 from .remote_lock import RemoteLock
@@ -73,7 +73,8 @@ class Upload:
         self._error: BaseException | None = None
         self._queued: set[str] = set()
         self._node_written: list = []  # [(folder relative to the URL, a PartsWriter)]: parts put by their nodes
-        self.remote: dict[str, int] = {}  # {key: bytes} the nodes put (part_upload.py), known at the commit
+        # at the commit: {key: bytes} the nodes put (part_upload.py), and their row tables (a copy kept here)
+        self.remote, self.remote_rows = {}, set()
 
     @classmethod
     def open(cls, url: str, opts, src, recipe, dry_run: bool = False) -> Upload:
@@ -294,21 +295,22 @@ class Upload:
                          key=lambda f: (-f.count("/"), f.rpartition("/")[0], MANIFESTS.index(f.rpartition("/")[2])))
         self._join()
         listing = self._listing()
-        self.remote, etags = remote_files(self.local, commits), task_etags(self._node_written)
+        (self.remote, self.remote_rows), etags = remote_files(self.local, commits), task_etags(self._node_written)
         check_remote(self.url, listing, self.remote, etags)  # the parts the nodes put: all there, unchanged
         old = self._delete_manifests(listing)
         for key in sorted(set(listing) - set(data) - set(old) - set(self.remote)):  # objects of another output
             self._delete(key)
         kept, sent = 0, 0
         total = sum((self.local / f).stat().st_size for f in data)
-        by_nodes = f" (its nodes put its {len(self.remote)} part files)" if self.remote else ""
-        say(f"uploading {plural(len(data), 'file')} ({mb(total)}) to {self.url}{by_nodes}")
+        say(f"uploading {plural(len(data), 'file')} ({mb(total)}) to {self.url}"
+            + (f" (its nodes put its {len(self.remote)} part files)" if self.remote else ""))
         for name in data:
             st = (self.local / name).stat()
             rec, there = self.uploaded.get(name), listing.get(name)
             if there and there["size"] == st.st_size and (
                     (rec and rec["size"] == st.st_size and rec["mtime_ns"] == st.st_mtime_ns
-                     and rec["etag"] == there.get("e_tag")) or etags.get(name, 0) == there.get("e_tag")):
+                     and rec["etag"] == there.get("e_tag")) or etags.get(name, 0) == there.get("e_tag")
+                    or (name in self.remote_rows and same_bytes(self.local / name, st.st_size, there.get("e_tag")))):
                 kept += 1  # up already: put while packing (by this driver, or by a node: a part's row table)
                 continue
             sent += self._put_recorded(name, self.local / name)

@@ -186,3 +186,42 @@ def test_a_large_part_goes_up_by_multipart_upload_from_its_process(s3, cache, tm
     meta = objects(s3, "parts-multipart/OUT")["parts/p0000000.npy"]
     assert meta["size"] == 48 * row + 128 and meta["e_tag"].strip('"').endswith("-2")  # 2 parts of 8 MiB or less
     assert ShardDataset(url)[47][1] == 1
+
+
+def pack_root(root: Path, out, **kw) -> list:
+    """pack_plan of the splits root ``root`` as wds parts (KW)."""
+    from shardpack.packer import Options, Recipe
+    from shardpack.packer.plan import make_plan
+    from shardpack.packer.run_plan import pack_plan
+    return pack_plan(make_plan(root), out, Recipe(size=24), Options(fmt="wds", progress=False, unit_files=4,
+                                                                   shard_size=KW["shard_size"], layout="parts", **kw))
+
+
+def test_a_splits_root_of_parts_and_an_upload_stopped_at_the_commit(s3, proxy, cache, tmp_path, monkeypatch):
+    """Each split's parts put by their processes under SPLIT/parts/; the driver's upload stopped at
+    its first put (the staged output complete, every part up): --resume puts no part again."""
+    root = tmp_path / "root"
+    make_tree(root / "train", {"a": 5, "b": 4})
+    make_tree(root / "val", {"a": 2, "b": 3}, seed=5)
+    pack_root(root, tmp_path / "local")
+    prefix = "parts-splits/OUT"
+    url = f"s3://{BUCKET}/{prefix}"
+
+    def stopped(self, key, path):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(Upload, "_put", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        pack_root(root, url)
+    assert sorted(objects(s3, prefix)) == [f"{split}/parts/p{g:07d}{ext}" for split, n in (("train", 3), ("val", 2))
+                                           for g in range(n) for ext in (".index.npy", ".tar")]
+    monkeypatch.setattr(Upload, "_put", PUT)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    proxy.reset()
+    reports = pack_root(root, url, resume=True)
+    assert [r.out for r in reports] == [f"{url}/train", f"{url}/val"]
+    assert part_puts(proxy, f"{prefix}/train") == part_puts(proxy, f"{prefix}/val") == set()  # none put again
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)
+    got = download(s3, prefix, tmp_path / "got")
+    for split in ("train", "val"):
+        assert_same_output(got / split, tmp_path / "local" / split)
+    same_samples(f"{url}/val", tmp_path / "local" / "val")
