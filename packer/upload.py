@@ -10,7 +10,9 @@ readable over new shards), then the objects no longer part of the output, then i
 file but the manifests (large ones by multipart upload, parts of at least 8 MiB and at most
 9,000 parts), recording each finished one (size, mtime, ETag) in ``upload.json`` beside the
 staged output, then each folder's manifest.xxh3 and manifest.json, the top one last: the commit.
-A reader opening the URL before that finds no manifest and refuses it as incomplete.
+A reader opening the URL before that finds no manifest and refuses it as incomplete. With
+``--layout parts`` the nodes put their parts themselves (part_upload.py): the commit checks them
+in the same LIST (size, ETag) and puts the rest.
 
 ``--resume`` after an interrupted upload skips the packing (the staged output is complete and
 made the same way) and puts only what one LIST of the URL does not show with the recorded size
@@ -355,7 +357,7 @@ def open_upload(src, url: str, recipe, opts, dry_run: bool, mounts=None):
     Refuses (PackError) a staging folder on a high-latency mount, as a local OUT."""
     from .lock import OutputLock
     from .mounts import MountTable, UnsafeOutput, check_output
-    from .staging import check_place
+    from .staging import check_place, remove_empty
     local = staged_path(url, opts.staging)
     mounts = mounts or MountTable.read()
     if not opts.allow_unsafe_output:
@@ -375,19 +377,9 @@ def open_upload(src, url: str, recipe, opts, dry_run: bool, mounts=None):
     except BaseException:
         if lock is not None:
             lock.release()
-        _remove_empty(made)  # a refused run (403, no bucket, an existing URL) leaves no empty <hash>/ folder
+        remove_empty(made)  # a refused run (403, no bucket, an existing URL) leaves no empty <hash>/ folder
         raise
     return local, mounts, notes, lock, upload
-
-
-def _remove_empty(folders: list[Path]) -> None:
-    """Remove each of ``folders`` (deepest first) that is now empty; stop at the first that is
-    not (something else is in it) or cannot be removed. Never removes a file."""
-    for folder in folders:
-        try:
-            folder.rmdir()
-        except OSError:
-            return
 
 
 def no_bucket(objects: Objects, err: BaseException) -> str | None:
