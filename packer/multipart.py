@@ -37,3 +37,35 @@ class Reader:
 
     def tell(self):
         return self.f.tell()
+
+
+def put_file(store, key: str, f, size: int, cancel: threading.Event | None = None) -> str | None:
+    """Put the open binary file ``f`` of ``size`` bytes as ``key`` of the obstore ``store``, by
+    multipart upload when it is larger than one part (part_size: 8 MiB or more, up to 8 parts in
+    flight); its ETag (None where the store gives none). Raises the client's error (obstore
+    BaseError, OSError); a signal while the file is read raises that KeyboardInterrupt (the
+    multipart upload is aborted); ``cancel`` set (off the main thread) ends it with an OSError
+    at its next read."""
+    import obstore
+    reader = Reader(f, cancel)
+    chunk = part_size(size)
+    try:
+        return obstore.put(store, key, reader, chunk_size=chunk, use_multipart=size > chunk,
+                           max_concurrency=8)["e_tag"]
+    except BaseException:
+        if reader.stopped is not None:
+            raise reader.stopped from None
+        raise
+
+
+def same_bytes(path, size: int, etag: str | None) -> bool:
+    """Whether the object whose ETag is ``etag`` holds the bytes of the local file ``path`` of
+    ``size`` bytes, as far as its ETag tells: for a file of one part (at most MIN_PART bytes) put
+    in one request, S3's ETag is the MD5 of its bytes (SeaweedFS's too); a multipart ETag
+    ("...-N") or none tells nothing (False)."""
+    import hashlib
+    tag = (etag or "").strip('"')
+    if size > MIN_PART or len(tag) != 32 or "-" in tag:
+        return False
+    with open(path, "rb") as f:
+        return hashlib.md5(f.read(), usedforsecurity=False).hexdigest() == tag

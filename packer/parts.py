@@ -145,6 +145,10 @@ def run_part(spec, node: str) -> dict:
     except BaseException:
         out.abort()
         raise
+    if spec.remote is not None:  # -o s3://: put by this task, its local copy removed (part_upload.py)
+        from .part_upload import upload_part
+        keep = getattr(cls, "keep_columns", None)
+        part = upload_part(spec.remote, part, Path(spec.parts).parent, keep and keep(spec.units_dir))
     record = {"unit": spec.unit, "start": spec.start, "stop": spec.start + len(spec.paths), "node": node,
               "part_bytes": 0, "part": part, "part_path": str(out.path), "columns": columns_text(decoded),
               "skipped": skipped}
@@ -199,8 +203,9 @@ class Bulk:
 def part_intact(record: dict) -> bool:
     """Whether a part record's files (the part, its row table) are there with the sizes it records."""
     try:
-        where = Path(record["part_path"]).parent
-        return all(os.stat(where / Path(name).name).st_size == nbytes for name, nbytes, _ in files_of(record["part"]))
+        where, gone = Path(record["part_path"]).parent, record["part"].get("uploaded") and record["part"]["name"]
+        return all(os.stat(where / Path(name).name).st_size == nbytes for name, nbytes, _ in files_of(record["part"])
+                   if name != gone)  # an uploaded part: its file is in the store (checked at the commit)
     except (OSError, KeyError, TypeError):
         return False
 
@@ -233,7 +238,8 @@ class PartsWriter:
         return FixedPart(path, attempt, shape, cls.part_header)
 
     def add_part(self, unit: int, part: dict) -> None:
-        self.parts[int(unit)] = {k: part[k] for k in ("name", "count", "bytes", "xxh3", "rows") if k in part}
+        keys = ("name", "count", "bytes", "xxh3", "rows", "uploaded")  # uploaded: by its node (part_upload.py)
+        self.parts[int(unit)] = {k: part[k] for k in keys if k in part}
 
     def write(self, index, pixels, label):
         raise RuntimeError("the part layout's pixels are written by the nodes")
@@ -257,7 +263,7 @@ class PartsWriter:
             stray.unlink(missing_ok=True)
         for g, p in enumerate(parts):
             for name, nbytes, _ in files_of(p):
-                size = (self.tmp / name).stat().st_size
+                size = nbytes if p.get("uploaded") and name == p["name"] else (self.tmp / name).stat().st_size
                 if p["count"] != have[g] or size != nbytes:
                     raise RuntimeError(f"{self.tmp / name}: {p['count']} samples in {size} bytes; the run kept "
                                        f"{have[g]} of its files and its node recorded {nbytes} bytes")

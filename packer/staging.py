@@ -129,6 +129,16 @@ def changed_labels_files(made: dict) -> list[str]:
     return changed
 
 
+def remove_empty(folders: list[Path]) -> None:
+    """Remove each of ``folders`` (deepest first) that is now empty; stop at the first that is
+    not (something else is in it) or cannot be removed. Never removes a file."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
 def nearest_existing(path: Path) -> Path:
     """``path`` or its nearest ancestor that exists (where a not yet created OUT's space is)."""
     path = Path(path).absolute()

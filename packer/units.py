@@ -31,7 +31,7 @@ import threading
 import uuid
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -81,6 +81,9 @@ class UnitSpec:
     fmt: str = ""  # the part layout: the format writing the part
     sub: int = 0  # the part layout: files decoded at a time (one unit)
     files: int = 0  # the part layout: files in the unit, their paths read from units_dir (parts.PATHS)
+    # the part layout into object storage: the readers.objects.Objects of the output's URL (its
+    # credentials travel with it, never printed); the task uploads its part (part_upload.py)
+    remote: object = field(default=None, repr=False, compare=False)
 
 
 class NotShared(RuntimeError):
@@ -236,7 +239,8 @@ class UnitRunner:
         a, b = self.ranges[u]
         if self.node_written:  # the paths from the listing the driver wrote once (a task's arguments stay small)
             return UnitSpec(u, a, (), str(self.listing.root), self.recipe, str(self.dir), self.token,
-                            parts=str(self.writer.parts_dir), fmt=self.writer.fmt, sub=self.writer.sub, files=b - a)
+                            parts=str(self.writer.parts_dir), fmt=self.writer.fmt, sub=self.writer.sub, files=b - a,
+                            remote=getattr(self.writer, "remote", None))
         return UnitSpec(u, a, tuple(self.listing.paths[a:b]), str(self.listing.root), self.recipe,
                         str(self.dir), self.token)
 

@@ -10,7 +10,9 @@ readable over new shards), then the objects no longer part of the output, then i
 file but the manifests (large ones by multipart upload, parts of at least 8 MiB and at most
 9,000 parts), recording each finished one (size, mtime, ETag) in ``upload.json`` beside the
 staged output, then each folder's manifest.xxh3 and manifest.json, the top one last: the commit.
-A reader opening the URL before that finds no manifest and refuses it as incomplete.
+A reader opening the URL before that finds no manifest and refuses it as incomplete. With
+``--layout parts`` the nodes put their parts themselves (part_upload.py): the commit checks them
+in the same LIST (size, ETag) and puts the rest.
 
 ``--resume`` after an interrupted upload skips the packing (the staged output is complete and
 made the same way) and puts only what one LIST of the URL does not show with the recorded size
@@ -35,8 +37,9 @@ from ..readers.mirror import DIGEST_FILE, cache_root
 from ..readers.objects import Objects, is_url, one_line
 from ..readers.text import mb, plural
 
-from .multipart import Reader, part_size
+from .multipart import put_file, same_bytes
 from .options import AlreadyComplete, PackError, say
+from .part_upload import check_remote, remote_files, task_etags, task_objects
 from .remote_lock import RemoteLock
 
 __all__ = ["Upload", "is_url", "staged_path"]
@@ -71,6 +74,9 @@ class Upload:
         self._cancel, self._saving = threading.Event(), threading.Lock()
         self._error: BaseException | None = None
         self._queued: set[str] = set()
+        self._node_written: list = []  # [(folder relative to the URL, a PartsWriter)]: parts put by their nodes
+        # at the commit: {key: bytes} the nodes put (part_upload.py), and their row tables (a copy kept here)
+        self.remote, self.remote_rows = {}, set()
 
     @classmethod
     def open(cls, url: str, opts, src, recipe, dry_run: bool = False) -> Upload:
@@ -174,18 +180,13 @@ class Upload:
     def _put(self, key: str, path: Path) -> str | None:
         """Put the file ``path`` as ``key`` (multipart above one part); its ETag. A signal while
         it is read raises that KeyboardInterrupt (the multipart upload is aborted)."""
-        import obstore
         from obstore.exceptions import BaseError
+        cancel = None if threading.current_thread() is threading.main_thread() else self._cancel
         size = path.stat().st_size
         with open(path, "rb") as f:
-            reader = Reader(f, None if threading.current_thread() is threading.main_thread() else self._cancel)
             try:
-                chunk = part_size(size)
-                return obstore.put(self.objects.store(), key, reader, chunk_size=chunk,
-                                   use_multipart=size > chunk, max_concurrency=8)["e_tag"]
+                return put_file(self.objects.store(), key, f, size, cancel)
             except (BaseError, OSError) as err:
-                if reader.stopped is not None:
-                    raise reader.stopped from None
                 raise self._fail(err, f"upload {key}") from None
 
     # ------------------------------------------------------------------ the record beside the staged output
@@ -229,6 +230,11 @@ class Upload:
         out = Path(staging.out)  # the output itself, or a split inside its partial directory
         base = (out.relative_to(partial_dir(self.local)) if partial_dir(self.local) in out.parents
                 else out.relative_to(self.local)).as_posix()
+        if getattr(writer, "node_written", False):  # --layout parts: each task puts its own part
+            if not self._node_written:  # before any node puts a part: no old output stays readable
+                self._delete_manifests(self._listing())
+            writer.remote = task_objects(self.url if base == "." else f"{self.url}/{base}", self.objects.options)
+            self._node_written.append((base, writer))
 
         def checkpointed(record: dict) -> None:
             self.lock.check()  # taken over: stop packing too
@@ -291,18 +297,23 @@ class Upload:
                          key=lambda f: (-f.count("/"), f.rpartition("/")[0], MANIFESTS.index(f.rpartition("/")[2])))
         self._join()
         listing = self._listing()
+        (self.remote, self.remote_rows), etags = remote_files(self.local, commits), task_etags(self._node_written)
+        check_remote(self.url, listing, self.remote, etags)  # the parts the nodes put: all there, unchanged
         old = self._delete_manifests(listing)
-        for key in sorted(set(listing) - set(data) - set(old)):  # objects of another output
+        for key in sorted(set(listing) - set(data) - set(old) - set(self.remote)):  # objects of another output
             self._delete(key)
         kept, sent = 0, 0
         total = sum((self.local / f).stat().st_size for f in data)
-        say(f"uploading {plural(len(data), 'file')} ({mb(total)}) to {self.url}")
+        say(f"uploading {plural(len(data), 'file')} ({mb(total)}) to {self.url}"
+            + (f" (its nodes put its {len(self.remote)} part files)" if self.remote else ""))
         for name in data:
             st = (self.local / name).stat()
             rec, there = self.uploaded.get(name), listing.get(name)
-            if (rec and there and rec["size"] == st.st_size == there["size"] and rec["mtime_ns"] == st.st_mtime_ns
-                    and rec["etag"] == there.get("e_tag")):
-                kept += 1
+            if there and there["size"] == st.st_size and (
+                    (rec and rec["size"] == st.st_size and rec["mtime_ns"] == st.st_mtime_ns
+                     and rec["etag"] == there.get("e_tag")) or etags.get(name, 0) == there.get("e_tag")
+                    or (name in self.remote_rows and same_bytes(self.local / name, st.st_size, there.get("e_tag")))):
+                kept += 1  # up already: put while packing (by this driver, or by a node: a part's row table)
                 continue
             sent += self._put_recorded(name, self.local / name)
         for name in commits:
@@ -319,6 +330,8 @@ class Upload:
         naming the URL instead of the staged folder; returns them."""
         self.commit()
         for r in reports:
+            split = "" if Path(r.out) == self.local else f"{Path(r.out).name}/"
+            r.bytes += sum(n for key, n in self.remote.items() if key.startswith(split))  # not on the staging disk
             r.out = self.url if Path(r.out) == self.local else f"{self.url}/{Path(r.out).name}"
         return reports
 
@@ -344,7 +357,7 @@ def open_upload(src, url: str, recipe, opts, dry_run: bool, mounts=None):
     Refuses (PackError) a staging folder on a high-latency mount, as a local OUT."""
     from .lock import OutputLock
     from .mounts import MountTable, UnsafeOutput, check_output
-    from .staging import check_place
+    from .staging import check_place, remove_empty
     local = staged_path(url, opts.staging)
     mounts = mounts or MountTable.read()
     if not opts.allow_unsafe_output:
@@ -364,19 +377,9 @@ def open_upload(src, url: str, recipe, opts, dry_run: bool, mounts=None):
     except BaseException:
         if lock is not None:
             lock.release()
-        _remove_empty(made)  # a refused run (403, no bucket, an existing URL) leaves no empty <hash>/ folder
+        remove_empty(made)  # a refused run (403, no bucket, an existing URL) leaves no empty <hash>/ folder
         raise
     return local, mounts, notes, lock, upload
-
-
-def _remove_empty(folders: list[Path]) -> None:
-    """Remove each of ``folders`` (deepest first) that is now empty; stop at the first that is
-    not (something else is in it) or cannot be removed. Never removes a file."""
-    for folder in folders:
-        try:
-            folder.rmdir()
-        except OSError:
-            return
 
 
 def no_bucket(objects: Objects, err: BaseException) -> str | None:

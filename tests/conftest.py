@@ -4,6 +4,7 @@ ImageFolder trees made with Pillow, so the suite runs without ../shared."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -68,8 +69,9 @@ def cluster():
         import psutil
         # multiprocessing's forkserver and resource tracker (started by a local pack in this
         # process) carry Ray's sys.path in their command line but are not Ray's: they end with pytest
+        # Ray's own: "ray" as a path part or a command (not in another word: a folder named rays3, say)
         left = [p for p in psutil.Process().children(recursive=True)
-                if p.status() != psutil.STATUS_ZOMBIE and "ray" in " ".join(p.cmdline())
+                if p.status() != psutil.STATUS_ZOMBIE and re.search(r"(^|[/\s])ray([/:\s]|$)", " ".join(p.cmdline()))
                 and "from multiprocessing." not in " ".join(p.cmdline())]
         assert not left, f"Ray processes left: {left}"
 

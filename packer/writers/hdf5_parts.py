@@ -93,10 +93,16 @@ class Hdf5PartsWriter(PartsWriter, Writer):
     def part_file(cls, path, attempt, shape):
         return Hdf5Part(path, attempt, shape, cls.flat, cls.shapes)
 
+    @classmethod
+    def keep_columns(cls, units_dir):
+        """For a part its node uploads (packer/part_upload.py): what write_vds reads of it, saved
+        by the returned function of the part's path into ``units_dir`` (part_columns)."""
+        return lambda path: save_columns(Path(units_dir), Path(path))
+
     def own_files(self, kept):
         path = self.tmp / HDF5_FILE
         write_vds(path, self.tmp, [self.parts[g] for g in sorted(self.parts)], self.shape, self.flat, self.shapes,
-                  self.labels[kept], self.options.get("attrs"))
+                  self.labels[kept], self.options.get("attrs"), columns=self.scratch / "units")
         return {HDF5_FILE: path.stat().st_size}
 
 
@@ -117,18 +123,43 @@ def _untimed(dcpl):
     return dcpl
 
 
-def write_vds(path: Path, root: Path, parts: list[dict], shape, flat: bool, shapes: bool, labels, attrs) -> None:
+COLUMNS_SUFFIX = ".columns.npz"  # an uploaded part's columns in run/units: p0000012.h5 -> p0000012.h5.columns.npz
+
+
+def save_columns(units_dir: Path, part: Path) -> None:
+    """Save what write_vds reads of the part file ``part`` (its ``images`` shape, ``offsets``
+    and ``shapes`` where it has them) as ``units_dir/<part name>.columns.npz`` (tmp + rename)."""
+    with h5py.File(part, "r") as f:
+        cols = {"shape": np.array(f["images"].shape, np.int64), **{k: f[k][:] for k in ("offsets", "shapes") if k in f}}
+    tmp = units_dir / f"{part.name}.{os.getpid()}.tmp.npz"
+    np.savez(tmp, **cols)
+    os.replace(tmp, units_dir / (part.name + COLUMNS_SUFFIX))
+
+
+def part_columns(root: Path, name: str, columns: Path | None) -> dict:
+    """{"shape", "offsets", "shapes" (where it has them)} of the part ``name`` (relative to
+    ``root``): read from the part file, or, where its node uploaded it and removed the file,
+    from ``columns`` (save_columns)."""
+    if columns is not None and not (root / name).exists():
+        with np.load(columns / (Path(name).name + COLUMNS_SUFFIX)) as z:
+            return {k: z[k] for k in z.files}
+    with h5py.File(root / name, "r") as f:
+        return {"shape": f["images"].shape, **{k: f[k][:] for k in ("offsets", "shapes") if k in f}}
+
+
+def write_vds(path: Path, root: Path, parts: list[dict], shape, flat: bool, shapes: bool, labels, attrs,
+              columns: Path | None = None) -> None:
     """Write ``path`` (the driver's images.h5, the module docstring) over ``parts`` (summaries in
-    order, names relative to ``root``), fsynced."""
+    order, names relative to ``root``; ``columns``: where uploaded parts' columns are), fsynced."""
     sources, offsets, all_shapes, before = [], [np.zeros(1, np.int64)], [], 0
     for p in parts:
-        with h5py.File(root / p["name"], "r") as f:
-            sources.append(f["images"].shape)
-            if flat:
-                offsets.append(f["offsets"][1:] + before)
-                before += sources[-1][0]
-                if shapes:
-                    all_shapes.append(f["shapes"][:])
+        f = part_columns(root, p["name"], columns)
+        sources.append(tuple(int(d) for d in f["shape"]))
+        if flat:
+            offsets.append(f["offsets"][1:] + before)
+            before += sources[-1][0]
+            if shapes:
+                all_shapes.append(f["shapes"][:])
     total = sum(s[0] for s in sources)
     layout = h5py.VirtualLayout(shape=(total, *(() if flat else shape)), dtype=np.uint8)
     at = 0

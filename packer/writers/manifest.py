@@ -87,7 +87,10 @@ def seal(tmp: Path, manifest: dict, leave=()) -> dict:
     manifest = json.loads(json.dumps(manifest))  # as a reader will see it: lists, string keys
     known = {q["name"]: q["xxh3"] for p in manifest.get("parts", ())  # the part layout: taken by its node
              for q in (p, *([p["rows"]] if "rows" in p else []))}
-    manifest[DIGESTS] = {name: known.get(name) or file_digest(tmp / name) for name in sealed_files(tmp, leave)}
+    names = sealed_files(tmp, leave)
+    if gone := set(known) - set(names):  # parts their nodes uploaded to object storage (packer/part_upload.py)
+        names = sorted([*names, *gone])
+    manifest[DIGESTS] = {name: known.get(name) or file_digest(tmp / name) for name in names}
     return manifest
 
 

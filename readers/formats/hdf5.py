@@ -72,17 +72,18 @@ def _map(path, name, where=None, random=False):
     return m.view(np.ndarray)
 
 
-def _in_store(reader, tables: tuple[str, ...]) -> tuple[tuple, dict]:
+def _in_store(reader, tables: tuple[str, ...], file: str = HDF5_FILE) -> tuple[tuple, dict]:
     """For an output in object storage: the ``images`` dataset's ``(offset, shape, dtype)`` and
-    the small ``tables`` (offsets, shapes) as arrays, found by h5py in the header of images.h5
-    read by ranged GETs of 64 KiB blocks (rangereader.RangeReader) and the tables by one GET each,
-    kept in the node cache per object (mirror.derived): each node reads them once."""
+    the small ``tables`` (offsets, shapes) as arrays, found by h5py in the header of ``file``
+    (images.h5, or a part) read by ranged GETs of 64 KiB blocks (rangereader.RangeReader) and the
+    tables by one GET each, kept in the node cache per object (mirror.derived): each node reads
+    them once."""
     from ..mirror import derived
 
     def compute():
         out = {}
-        with header_file(reader) as f:
-            where, size = reader.objects.name(HDF5_FILE), f.file.size
+        with header_file(reader, file) as f:
+            where, size = reader.objects.name(file), f.file.size
             for name in ("images", *tables):
                 offset, shape, dtype = dataset_offset(where, name, f, size)
                 out[f"{name}_at"] = np.array([offset, *shape], np.int64)
@@ -95,7 +96,7 @@ def _in_store(reader, tables: tuple[str, ...]) -> tuple[tuple, dict]:
                     out[name] = np.frombuffer(raw, dtype).reshape(shape)
         return out
 
-    found = derived(reader.objects, HDF5_FILE, "hdf5-" + "-".join(("images", *tables)), compute)
+    found = derived(reader.objects, file, "hdf5-" + "-".join(("images", *tables)), compute)
     at = found["images_at"].tolist()
     return (at[0], tuple(at[1:]), np.dtype(str(found["images_dtype"]))), {t: found[t] for t in tables}
 
@@ -193,10 +194,15 @@ class _Hdf5Parts:
     """
 
     rows_inside = True  # a flat part's row table is its own "offsets"
+    _part_tables: tuple[str, ...] = ()  # read with a part's header in object storage: its row table (flat parts)
 
     def _open_part(self, name):
-        if self.objects is not None:
-            raise ShardFormatError(f"{self.where(name)}: HDF5 part files are not read from object storage yet")
+        if self.objects is not None:  # the dataset's place from the part's header, read by range (_in_store)
+            from ..objects import Unmapped
+            if not self.counts[self.names.index(name)]:  # every file of it skipped: nothing allocated
+                return np.zeros((0, *self.shape) if isinstance(self, FixedPartsReader) else (0,), np.uint8), 0
+            where, _ = _in_store(self, self._part_tables, name)
+            return Unmapped(where[1], where[2]), where[0]
         path = self.root / name
         try:
             where = dataset_offset(path, "images")
@@ -209,6 +215,8 @@ class _Hdf5Parts:
         return _map(path, "images", where), where[0]
 
     def _open_rows(self, name):
+        if self.objects is not None:
+            return _in_store(self, self._part_tables, name)[1]["offsets"]
         return _map(self.root / name, "offsets", random=True)
 
     def own_labels(self):
@@ -228,9 +236,13 @@ class Hdf5PartsReader(_Hdf5Parts, FixedPartsReader):
 class RowsHdf5PartsReader(_Hdf5Parts, RawRowsPartsReader):
     """The part layout of variable shapes (raw pixels)."""
 
+    _part_tables = ("offsets",)
+
 
 class EncodedHdf5PartsReader(_Hdf5Parts, EncodedRowsPartsReader):
     """The part layout of ``--encoding jpeg``."""
+
+    _part_tables = ("offsets",)
 
 
 READERS = {RAW: Hdf5Reader, JPEG: EncodedHdf5Reader}  # what open_reader builds, by encoding
