@@ -85,7 +85,7 @@ class BlockCache:
         self.header = -(-(TABLE + 8 * (self.block // self.chunk)) // HEADER) * HEADER  # where the bytes start
         self.blocks = self.root / f"blocks-{self.block}-{self.chunk}"
         self._blocks = str(self.blocks)
-        self.ahead = False  # fill a block made for a read whole in the background (blockahead.py): set where it holds all
+        self.ahead = False  # fill blocks made for a read whole in the background (blockahead.py): holds all
         self._reset()
 
     def _reset(self):

@@ -222,7 +222,8 @@ def read_into(cache, oid: str, size: int, offset: int, views: list) -> bool:
             return False
         a, z = max(offset, lo * chunk), min(end, stop)
         k0, k1 = lo - b * per, hi - b * per
-        if not CHECK_EACH_READ and block.verified.find(0, k0, k1) < 0:  # every chunk checked in this map since its last write: copy only
+        # every chunk checked in this map since the file's last write: copy only
+        if not CHECK_EACH_READ and block.verified.find(0, k0, k1) < 0:
             k = bisect_right(starts, a) - 1
             while k < len(views) and starts[k] < z:
                 x, y = max(a, starts[k]), min(z, ends[k])
