@@ -12,38 +12,81 @@ process waits for the block's GET instead of asking again; a read of another pro
 DataLoader worker) may fetch its own samples of a block being filled (at most what it reads
 there meanwhile). The first batch never waits for a block: its ranges are fetched and stored by
 the read itself, and the rest of each block goes to :data:`THREADS` threads of their own.
-A failed background GET is dropped (its chunks land as failed flights, which each waiting read
-then fetches itself, raising what the store raised)."""
+A failed background GET (a body cut short, a stall past the client's timeout, the server gone)
+is dropped: nothing of it is stored, its chunks land as failed flights, and each read waiting for
+them fetches them itself (raising what the store raised), so a fill never turns a bad answer into
+wrong pixels or a wait longer than one GET's timeout.
+
+The threads are daemons fed by a queue of their own: a process that ends (the epoch done, Ctrl-C)
+drops the fills still queued instead of waiting for them (a ThreadPoolExecutor's exit would
+fetch every queued block first, up to the whole dataset). A forked child starts with no queue.
+:func:`wait` is for tests and benches that count requests: it returns once no fill is queued or
+running in this process."""
 
 from __future__ import annotations
 
 import os
+import queue
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 THREADS = 4  # background GETs of whole blocks in flight per process
-_pool, _pool_pid, _lock = None, None, threading.Lock()
+_jobs: queue.SimpleQueue | None = None
+_pid = None
+_lock = threading.Lock()
+_idle = threading.Condition(_lock)
+_pending = 0  # fills queued or running in this process
 
 
-def _executor() -> ThreadPoolExecutor:
-    global _pool, _pool_pid
-    if _pool_pid != os.getpid():
-        with _lock:
-            if _pool_pid != os.getpid():
-                _pool, _pool_pid = ThreadPoolExecutor(THREADS, thread_name_prefix="shardpack-ahead"), os.getpid()
-    return _pool
+def _forget() -> None:
+    """In a forked child: no queue, no threads, nothing pending (the parent's are not ours)."""
+    global _jobs, _pid, _lock, _idle, _pending
+    _jobs, _pid, _pending = None, None, 0
+    _lock = threading.Lock()
+    _idle = threading.Condition(_lock)
+
+
+os.register_at_fork(after_in_child=_forget)
+
+
+def _worker(jobs: queue.SimpleQueue) -> None:
+    global _pending
+    while True:
+        job = jobs.get()
+        try:
+            fill(*job)
+        except Exception:  # noqa: BLE001 - fill drops its own errors; a thread of ours never dies of one
+            pass
+        finally:
+            with _idle:
+                _pending -= 1
+                if _pending == 0:
+                    _idle.notify_all()
 
 
 def schedule(cache, file, oid: str, blocks: list[int]) -> None:
-    """Fill blocks ``blocks`` of the object ``file`` (its cache id ``oid``) in the background."""
-    pool = _executor()
-    for b in blocks:
-        pool.submit(fill, cache, file, oid, b)
+    """Fill blocks ``blocks`` (block numbers) of the object ``file`` (an objects.ObjectFile; its
+    cache id ``oid``) in the background, by :data:`THREADS` daemon threads of this process."""
+    global _jobs, _pid, _pending
+    with _idle:
+        if _pid != os.getpid():
+            _jobs, _pid = queue.SimpleQueue(), os.getpid()
+            for i in range(THREADS):
+                threading.Thread(target=_worker, args=(_jobs,), name=f"shardpack-ahead-{i}", daemon=True).start()
+        _pending += len(blocks)
+        for b in blocks:
+            _jobs.put((cache, file, oid, b))
+
+
+def wait(timeout: float | None = None) -> bool:
+    """Block until no fill is queued or running in this process, at most ``timeout`` seconds
+    (None: no bound); whether it is so."""
+    with _idle:
+        return _idle.wait_for(lambda: _pending == 0, timeout)
 
 
 def fill(cache, file, oid: str, b: int) -> int:
     """Fetch and store block ``b``'s chunks that are neither cached nor being fetched, by one ranged
-    GET per run of them; the bytes fetched. Errors are dropped (see the module's docstring)."""
+    GET per run of them; the bytes fetched and stored. Errors are dropped (see the module's docstring)."""
     from .blockcache import _runs
     per, chunk, size = cache.block // cache.chunk, cache.chunk, file.size
     n = -(-min(cache.block, size - b * cache.block) // chunk)

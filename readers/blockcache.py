@@ -197,18 +197,24 @@ class BlockCache:
                     self._flights[(oid, c)].data = view[(c - c0) * self.chunk:(c - c0 + 1) * self.chunk]
         finally:
             self._land(oid, mine)
+        failed = []
         for c, flight in theirs:  # fetched by another thread of this process meanwhile: its bytes
             flight.done.wait()
             at = (c - c0) * self.chunk
-            n = min(self.chunk, file.size - c * self.chunk)
             if flight.data is not None:
+                n = min(self.chunk, file.size - c * self.chunk)
                 view[at:at + n] = flight.data[:n]
-            else:  # its fetch failed: this read asks itself
-                got = file.pread(c * self.chunk, n)
-                if len(got) != n:
-                    raise OSError(errno.EIO, f"the store answered {len(got)} of {n} bytes at byte {c * self.chunk}",
-                                  file.path)
-                view[at:at + n] = got
+            else:
+                failed.append(c)
+        for a, z in _runs(failed):  # their fetch failed (a background fill's GET cut short): asked here, stored
+            start, stop = a * self.chunk, min(z * self.chunk, file.size)
+            got = file.pread(start, stop - start)
+            if len(got) != stop - start:
+                raise OSError(errno.EIO, f"the store answered {len(got)} of {stop - start} bytes at byte {start}",
+                              file.path)
+            view[start - c0 * self.chunk:stop - c0 * self.chunk] = got
+            self._store(oid, file, a, z, view[start - c0 * self.chunk:])
+        fetch = fetch + failed
         with self._lock:
             self.hits += (end - offset) - sum(min(z * self.chunk, file.size) - a * self.chunk
                                               for a, z in _runs(fetch))
