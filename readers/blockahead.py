@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import time
 
 THREADS = 4  # background GETs of whole blocks in flight per process
 _jobs: queue.SimpleQueue | None = None
@@ -35,12 +36,13 @@ _pid = None
 _lock = threading.Lock()
 _idle = threading.Condition(_lock)
 _pending = 0  # fills queued or running in this process
+_failed: dict[str, float] = {}  # object id: when a fill of it last failed (the fills queued before are dropped)
 
 
 def _forget() -> None:
     """In a forked child: no queue, no threads, nothing pending (the parent's are not ours)."""
-    global _jobs, _pid, _lock, _idle, _pending
-    _jobs, _pid, _pending = None, None, 0
+    global _jobs, _pid, _lock, _idle, _pending, _failed
+    _jobs, _pid, _pending, _failed = None, None, 0, {}
     _lock = threading.Lock()
     _idle = threading.Condition(_lock)
 
@@ -73,8 +75,9 @@ def schedule(cache, file, oid: str, blocks: list[int]) -> None:
             for i in range(THREADS):
                 threading.Thread(target=_worker, args=(_jobs,), name=f"shardpack-ahead-{i}", daemon=True).start()
         _pending += len(blocks)
+        now = time.monotonic()
         for b in blocks:
-            _jobs.put((cache, file, oid, b))
+            _jobs.put((cache, file, oid, b, now))
 
 
 def wait(timeout: float | None = None) -> bool:
@@ -84,10 +87,15 @@ def wait(timeout: float | None = None) -> bool:
         return _idle.wait_for(lambda: _pending == 0, timeout)
 
 
-def fill(cache, file, oid: str, b: int) -> int:
+def fill(cache, file, oid: str, b: int, since: float | None = None) -> int:
     """Fetch and store block ``b``'s chunks that are neither cached nor being fetched, by one ranged
-    GET per run of them; the bytes fetched and stored. Errors are dropped (see the module's docstring)."""
+    GET per run of them; the bytes fetched and stored. Errors are dropped (see the module's
+    docstring); a failed fill drops the fills of that object scheduled before it (``since``: when
+    this one was), so a server gone mid-epoch costs the threads' GETs in flight, not each queued
+    block's retries."""
     from .blockcache import _runs
+    if since is not None and _failed.get(oid, -1.0) >= since:
+        return 0
     per, chunk, size = cache.block // cache.chunk, cache.chunk, file.size
     n = -(-min(cache.block, size - b * cache.block) // chunk)
     try:
@@ -111,13 +119,14 @@ def fill(cache, file, oid: str, b: int) -> int:
             start, stop = a * chunk, min(z * chunk, size)
             got = file.pread(start, stop - start)
             if len(got) != stop - start:
+                _failed[oid] = time.monotonic()
                 return got_bytes
             cache._store(oid, file, a, z, got, ahead=False)
             for c in range(a, z):
                 cache._flights[(oid, c)].data = got[(c - a) * chunk:(c - a + 1) * chunk]
             got_bytes += stop - start
     except Exception:  # noqa: BLE001 - a background fetch: the reads that need these bytes ask again
-        pass
+        _failed[oid] = time.monotonic()
     finally:
         cache._land(oid, mine)
     return got_bytes
