@@ -30,9 +30,10 @@ import queue
 import threading
 import time
 
-THREADS = 4  # background GETs of whole blocks in flight per process
+THREADS = 16  # background GETs of whole blocks in flight per process (4, 8, 16, 32 measured: docs/cache.md)
 _jobs: queue.SimpleQueue | None = None
 _pid = None
+_started = 0  # threads feeding _jobs (THREADS changed, e.g. by a bench: a new queue and threads)
 _lock = threading.Lock()
 _idle = threading.Condition(_lock)
 _pending = 0  # fills queued or running in this process
@@ -41,8 +42,8 @@ _failed: dict[str, float] = {}  # object id: when a fill of it last failed (the 
 
 def _forget() -> None:
     """In a forked child: no queue, no threads, nothing pending (the parent's are not ours)."""
-    global _jobs, _pid, _lock, _idle, _pending, _failed
-    _jobs, _pid, _pending, _failed = None, None, 0, {}
+    global _jobs, _pid, _lock, _idle, _pending, _failed, _started
+    _jobs, _pid, _pending, _failed, _started = None, None, 0, {}, 0
     _lock = threading.Lock()
     _idle = threading.Condition(_lock)
 
@@ -54,6 +55,8 @@ def _worker(jobs: queue.SimpleQueue) -> None:
     global _pending
     while True:
         job = jobs.get()
+        if job is None:  # its queue replaced (THREADS changed): the jobs before this one done
+            return
         try:
             fill(*job)
         except Exception:  # noqa: BLE001 - fill drops its own errors; a thread of ours never dies of one
@@ -68,10 +71,13 @@ def _worker(jobs: queue.SimpleQueue) -> None:
 def schedule(cache, file, oid: str, blocks: list[int]) -> None:
     """Fill blocks ``blocks`` (block numbers) of the object ``file`` (an objects.ObjectFile; its
     cache id ``oid``) in the background, by :data:`THREADS` daemon threads of this process."""
-    global _jobs, _pid, _pending
+    global _jobs, _pid, _pending, _started
     with _idle:
-        if _pid != os.getpid():
-            _jobs, _pid = queue.SimpleQueue(), os.getpid()
+        if _pid != os.getpid() or _started != THREADS:
+            if _jobs is not None and _pid == os.getpid():  # the old threads finish the old queue's jobs, then end
+                for _ in range(_started):
+                    _jobs.put(None)
+            _jobs, _pid, _started = queue.SimpleQueue(), os.getpid(), THREADS
             for i in range(THREADS):
                 threading.Thread(target=_worker, args=(_jobs,), name=f"shardpack-ahead-{i}", daemon=True).start()
         _pending += len(blocks)
