@@ -85,6 +85,7 @@ class BlockCache:
         self.header = -(-(TABLE + 8 * (self.block // self.chunk)) // HEADER) * HEADER  # where the bytes start
         self.blocks = self.root / f"blocks-{self.block}-{self.chunk}"
         self._blocks = str(self.blocks)
+        self.ahead = False  # fill blocks made for a read whole in the background (blockahead.py): holds all
         self._reset()
 
     def _reset(self):
@@ -97,7 +98,7 @@ class BlockCache:
     def __getstate__(self):
         return {"root": self.root, "limit": self.limit, "block": self.block, "chunk": self.chunk,
                 "revalidate_s": self.revalidate_s, "header": self.header, "blocks": self.blocks,
-                "_blocks": self._blocks}
+                "_blocks": self._blocks, "ahead": self.ahead}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
@@ -196,18 +197,24 @@ class BlockCache:
                     self._flights[(oid, c)].data = view[(c - c0) * self.chunk:(c - c0 + 1) * self.chunk]
         finally:
             self._land(oid, mine)
+        failed = []
         for c, flight in theirs:  # fetched by another thread of this process meanwhile: its bytes
             flight.done.wait()
             at = (c - c0) * self.chunk
-            n = min(self.chunk, file.size - c * self.chunk)
             if flight.data is not None:
+                n = min(self.chunk, file.size - c * self.chunk)
                 view[at:at + n] = flight.data[:n]
-            else:  # its fetch failed: this read asks itself
-                got = file.pread(c * self.chunk, n)
-                if len(got) != n:
-                    raise OSError(errno.EIO, f"the store answered {len(got)} of {n} bytes at byte {c * self.chunk}",
-                                  file.path)
-                view[at:at + n] = got
+            else:
+                failed.append(c)
+        for a, z in _runs(failed):  # their fetch failed (a background fill's GET cut short): asked here, stored
+            start, stop = a * self.chunk, min(z * self.chunk, file.size)
+            got = file.pread(start, stop - start)
+            if len(got) != stop - start:
+                raise OSError(errno.EIO, f"the store answered {len(got)} of {stop - start} bytes at byte {start}",
+                              file.path)
+            view[start - c0 * self.chunk:stop - c0 * self.chunk] = got
+            self._store(oid, file, a, z, view[start - c0 * self.chunk:])
+        fetch = fetch + failed
         with self._lock:
             self.hits += (end - offset) - sum(min(z * self.chunk, file.size) - a * self.chunk
                                               for a, z in _runs(fetch))
@@ -262,14 +269,15 @@ class BlockCache:
                 if j >= count or want == 0 or (digest(whole[j * chunk:(j + 1) * chunk], c + j) or 1) != want]
 
     # -- writing ---------------------------------------------------------------------------
-    def _store(self, oid, file, a, z, data) -> None:
+    def _store(self, oid, file, a, z, data, ahead: bool = True) -> None:
         """Store chunks ``a .. z - 1`` (their bytes from the start of ``data``), block by block:
-        data first, then each chunk's checksum. A folder that cannot be written turns caching off
-        in this process with one warning."""
+        data first, then each chunk's checksum; the blocks this made filled whole in the background
+        where :attr:`ahead` (and ``ahead``). A folder that cannot be written turns caching off in
+        this process with one warning."""
         if self._off is not None:
             return
         per = self.block // self.chunk
-        at = 0
+        at, made = 0, []
         try:
             for b in range(a // per, (z - 1) // per + 1):
                 lo, hi = max(a, b * per), min(z, (b + 1) * per)
@@ -279,6 +287,9 @@ class BlockCache:
                 block = self._open_block(oid, file, b)
                 if block is None:
                     continue
+                if block.made:
+                    block.made = False
+                    made.append(b)
                 k0 = lo - b * per
                 xxh3, c = blockfiles.digest_function(), self.chunk
                 sums = [d or 1 for d in map(xxh3, [piece[i:i + c] for i in range(0, nbytes, c)], range(lo, hi))]
@@ -291,6 +302,9 @@ class BlockCache:
         except OSError as err:
             self._turn_off(err)
             return
+        if made and ahead and self.ahead:
+            from . import blockahead
+            blockahead.schedule(self, file, oid, made)
         if self._written >= max(self.limit * cachespace.SCAN_SHARE, 1):
             self._account()
 

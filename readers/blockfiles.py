@@ -41,6 +41,8 @@ import numpy as np
 FD_TTL_S = 2.0  # a block file kept open this long, then opened again by its path
 FD_MAX = 256  # block files kept open per process at most (1 GiB of 4 MiB blocks)
 TABLE = 64  # where the checksums start in a block file's header
+# True: every chunk hashed at every read, as before verify-once (scripts/bench_s3.py --litdata's "before" rows)
+CHECK_EACH_READ = False
 MAGIC = b"SPBLK1\0\0"
 
 
@@ -48,19 +50,25 @@ class Block:
     """One open block file: ``fd``, ``writable``, ``born`` (monotonic seconds), ``table`` (its
     chunks' checksums, a list of ints, 0: not cached), ``whole`` (its header is this object's block's)."""
 
-    __slots__ = ("fd", "writable", "born", "table", "whole", "_map")
+    __slots__ = ("fd", "writable", "born", "table", "whole", "verified", "made", "_map", "_stamp")
 
     def __init__(self, fd: int, writable: bool, born: float, table: list, whole: bool):
         self.fd, self.writable, self.born, self.table, self.whole = fd, writable, born, table, whole
-        self._map = None
+        self.verified = bytearray(len(table))  # 1: the chunk's bytes in the map hashed to its checksum
+        self._map, self._stamp, self.made = None, None, False  # made: by this process (blockahead fills it)
 
     def source(self, end: int) -> memoryview | None:
         """A read-only map of the whole file (made once, populated), None when the file now ends
         before byte ``end`` (its size is asked each time: a file cut short is never touched past
         its end) or cannot be mapped."""
         try:
-            if os.fstat(self.fd).st_size < end:
+            st = os.fstat(self.fd)
+            if st.st_size < end:
                 return None
+            stamp = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            if stamp != self._stamp:  # written since it was checked (by anyone): every chunk checked again
+                self._stamp = stamp
+                self.verified[:] = bytes(len(self.verified))
             if self._map is None or len(self._map) < end:
                 flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
                 self._map = memoryview(mmap.mmap(self.fd, 0, flags=flags, prot=mmap.PROT_READ))
@@ -175,6 +183,7 @@ class Files:
         if fd is None:  # another process made it first: its file
             return self.get(oid, size, b, write=True)
         block = Block(fd, True, time.monotonic(), [0] * (c.block // c.chunk), True)
+        block.made = True
         self.keep((oid, b), block)
         return block
 
@@ -212,6 +221,15 @@ def read_into(cache, oid: str, size: int, offset: int, views: list) -> bool:
         if src is None:
             return False
         a, z = max(offset, lo * chunk), min(end, stop)
+        k0, k1 = lo - b * per, hi - b * per
+        # every chunk checked in this map since the file's last write: copy only
+        if not CHECK_EACH_READ and block.verified.find(0, k0, k1) < 0:
+            k = bisect_right(starts, a) - 1
+            while k < len(views) and starts[k] < z:
+                x, y = max(a, starts[k]), min(z, ends[k])
+                views[k][x - starts[k]:y - starts[k]] = src[base + x:base + y]
+                k += 1
+            continue
         if len(views) == 1:  # one buffer (one sample): one copy; its edge chunks hashed in the map
             view = views[0]
             view[a - offset:z - offset] = src[base + a:base + z]
@@ -239,6 +257,7 @@ def read_into(cache, oid: str, size: int, offset: int, views: list) -> bool:
         got = list(map(xxh3, mems, range(lo, hi)))
         if got != want and any((g or 1) != w for g, w in zip(got, want)):  # a digest of 0 is stored as 1
             return False
+        block.verified[k0:k1] = b"\1" * (k1 - k0)
     return True
 
 

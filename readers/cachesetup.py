@@ -94,7 +94,11 @@ def open_cache(cache_dir, cache_limit, data_bytes: int) -> BlockCache | None:
     if cache_limit is None:
         cache_limit = cachespace.default_limit(root, data_bytes)
     limit = cachespace.parse_size(cache_limit)
-    return BlockCache(root, limit) if limit > 0 else None
+    if limit <= 0:
+        return None
+    cache = BlockCache(root, limit)
+    cache.ahead = limit >= data_bytes  # holds all: blocks fetched whole ahead of the sampler (blockahead.py)
+    return cache
 
 
 def describe(cache, data_bytes: int, url: str) -> str:

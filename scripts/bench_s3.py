@@ -255,6 +255,8 @@ def main() -> None:
     ap.add_argument("--litdata-decode", nargs="+", choices=["auto", "off"], default=["auto", "off"],
                     help="--litdata's StreamingDataset batch_decode tried (off: False)")
     ap.add_argument("--litdata-chunk-bytes", default="64MB", help="--litdata's litdata.optimize chunk_bytes")
+    ap.add_argument("--ahead-threads", type=int, nargs="*", default=[],
+                    help="--litdata: also a cold row for each of these fill thread counts (blockahead.THREADS)")
     args = ap.parse_args()
     import obstore
     if args.blocks or args.warm_reads:

@@ -222,6 +222,7 @@ def warm_reads(args, tmp: Path) -> None:
     into the batch vs np.take from a local copy's map (the loader's local path), alternating."""
     import numpy as np
 
+    from shardpack.readers import blockfiles
     from shardpack.readers.blockcache import BlockCache
     data = np.random.default_rng(0).integers(0, 256, args.mb << 20, np.uint8)
     obj, n = _InMemory(data.tobytes()), (len(data) - 4096) // SAMPLE
@@ -239,7 +240,14 @@ def warm_reads(args, tmp: Path) -> None:
     def local(idx):
         np.take(rows, idx, axis=0, out=out, mode="clip")
 
-    runs = {"block cache read_many": cached, "local copy np.take": local}
+    def checked(idx):
+        blockfiles.CHECK_EACH_READ = True  # as before verify-once: every chunk hashed at every read
+        try:
+            cached(idx)
+        finally:
+            blockfiles.CHECK_EACH_READ = False
+
+    runs = {"block cache read_many": cached, "read_many, checked each read": checked, "local copy np.take": local}
     rates: dict[str, list] = {k: [] for k in runs}
     for r in range(args.rounds):
         for name in (list(runs) if r % 2 == 0 else list(runs)[::-1]):

@@ -65,6 +65,7 @@ class Peer:
 
 def litdata_vs(args, server, tmp: Path) -> None:
     from shardpack import make_loader
+    from shardpack.readers import blockahead, blockfiles
     out, url, warm = cache.warmed(args, server, tmp, "litdata", "shardpack")
     kept = make_loader(warm, 64, seed=0, **MODE) if MODE["mode"] != "main" else None
     if kept is not None:
@@ -79,8 +80,36 @@ def litdata_vs(args, server, tmp: Path) -> None:
         n = fn(r)
         return n, n / (time.perf_counter() - t)
 
-    runs = {"shardpack cold cache": lambda r: timed(lambda r: _epoch(_open(url, cache_dir=tmp / f"cold{r}"), r), r),
+    fetched: dict[bool, list] = {}  # a cold epoch's bytes fetched into the cache / the pixels delivered
+
+    def cold(r, ahead=True, threads=None):
+        ds = _open(url, cache_dir=tmp / f"cold{r}-{int(ahead)}-{threads}")
+        if not ahead:
+            ds.reader.objects.cache.ahead = False
+        default, blockahead.THREADS = blockahead.THREADS, threads or blockahead.THREADS
+        try:
+            n = _epoch(ds, r)
+        finally:
+            blockahead.THREADS = default
+        tag = "whole blocks ahead" if ahead else "ranged only"
+        fetched.setdefault(f"{tag}, {threads} fill threads" if threads else tag, []).append(
+            ds.reader.objects.cache.fetched / (n * cache.SAMPLE))
+        return n
+
+    def checked_each_read(r):
+        blockfiles.CHECK_EACH_READ = True
+        try:
+            return _epoch(warm, r)
+        finally:
+            blockfiles.CHECK_EACH_READ = False
+
+    runs = {"shardpack cold cache": lambda r: timed(cold, r),
             "shardpack warm cache": lambda r: timed(shardpack_warm, r)}
+    if MODE["mode"] == "main":  # the code before whole blocks ahead / verify-once, same run (main mode only)
+        runs["shardpack cold, ranged only"] = lambda r: timed(lambda r: cold(r, ahead=False), r)
+        runs["shardpack warm, checked each read"] = lambda r: timed(checked_each_read, r)
+    for t in args.ahead_threads:  # the fill's threads tried (blockahead.THREADS)
+        runs[f"shardpack cold, {t} fill threads"] = lambda r, t=t: timed(lambda r: cold(r, threads=t), r)
     python, peer = os.environ.get("LITDATA_PYTHON"), None
     if python:
         peer = Peer(python, out, tmp / "litdata", f"s3://{BUCKET}/litdata", args.litdata_chunk_bytes)
@@ -98,6 +127,8 @@ def litdata_vs(args, server, tmp: Path) -> None:
     finally:
         if peer is not None:
             peer.close()
+    for ahead, got in fetched.items():
+        print(f"  cold epoch fetched {', '.join(f'{v:.3f}' for v in got)} x the pixels delivered ({ahead})")
     print(f"one epoch of {n_samples} samples of 256 px ({n_samples * cache.SAMPLE / 1e6:.0f} MB, random pixels) from "
           f"local SeaweedFS, random batches of 64, make_loader {MODE}; rounds interleaved, median of {args.rounds}")
     if peer is None:

@@ -7,12 +7,15 @@ checks), one upstream connection per client connection, and counts per object (t
 path): requests and response body bytes sent. Faults are asked for on its control paths (never a
 bucket name: those cannot start with '_'):
 
-- ``POST /_proxy/fault`` with JSON ``{"kind": ..., "count": N, "match": "substring"}``: the next N
+- ``POST /_proxy/fault`` with JSON ``{"kind": ..., "count": N, "match": "substring"}`` (and
+  optionally ``"range": "bytes=START-"``: only the requests whose Range header starts so): the next N
   requests whose path holds ``match`` get ``kind``: ``"503"`` (a SlowDown error, as S3 throttles),
   ``"short"`` (the response's headers with its full Content-Length, then half its body, then the
   connection closed), ``"stall"`` (no answer for ``seconds``, then the connection closed);
 - ``POST /_proxy/latency`` ``{"ms": 20}``: every request answered that much later;
-- ``GET /_proxy/counts``: ``{path: {"requests": n, "bytes": n}}``; ``POST /_proxy/reset`` zeroes them.
+- ``GET /_proxy/counts``: ``{path: {"requests": n, "bytes": n}}``; ``POST /_proxy/reset`` zeroes them;
+  ``GET /_proxy/pending``: ``{"faults": n}``, the faults asked for and not yet met (a test waits for
+  a request to have arrived).
 
 The server "going away" is :meth:`Proxy.kill` (SIGKILL by its pid: connections refused from then
 on). Used by tests/test_s3_faults.py, tests/test_s3_cache.py and scripts/bench_s3.py.
@@ -43,10 +46,10 @@ class State:
         self.faults: list[dict] = []
         self.latency_s = 0.0
 
-    def take_fault(self, path: str) -> dict | None:
+    def take_fault(self, path: str, ranged: str) -> dict | None:
         with self.lock:
             for f in self.faults:
-                if f.get("match", "") in path and f["count"] > 0:
+                if f.get("match", "") in path and ranged.startswith(f.get("range", "")) and f["count"] > 0:
                     f["count"] -= 1
                     return dict(f)
         return None
@@ -77,6 +80,9 @@ def handler(upstream: str, state: State):
             what = self.path.split("?")[0][len("/_proxy/"):]
             if what == "counts":
                 out = json.dumps(state.counts).encode()
+            elif what == "pending":
+                with state.lock:
+                    out = json.dumps({"faults": sum(f["count"] for f in state.faults)}).encode()
             elif what == "reset":
                 with state.lock:
                     state.counts.clear()
@@ -104,7 +110,7 @@ def handler(upstream: str, state: State):
             if self.path.startswith("/_proxy/"):
                 return self._control(body)
             path = urllib.parse.urlsplit(self.path).path
-            fault = state.take_fault(path)
+            fault = state.take_fault(path, self.headers.get("Range", ""))
             if state.latency_s:
                 time.sleep(state.latency_s)
             if fault and fault["kind"] == "503":
@@ -180,8 +186,13 @@ class Proxy:
             return json.loads(r.read())
 
     def fault(self, kind: str, count: int = 1, match: str = "", **extra) -> None:
-        """The next ``count`` requests whose path holds ``match`` get ``kind`` ('503', 'short', 'stall')."""
+        """The next ``count`` requests whose path holds ``match`` get ``kind`` ('503', 'short', 'stall');
+        ``range="bytes=START-"``: only those whose Range header starts so; ``seconds=`` a stall's."""
         self._call("fault", {"kind": kind, "count": count, "match": match, **extra})
+
+    def pending(self) -> int:
+        """The faults asked for that no request has met yet."""
+        return self._call("pending")["faults"]
 
     def latency(self, ms: float) -> None:
         self._call("latency", {"ms": ms})

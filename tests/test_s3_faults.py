@@ -16,7 +16,8 @@ import torch
 
 from helpers import make_tree, packed
 from shardpack.readers.dataset import ShardDataset
-from test_s3_cache import N, epoch, same, upload
+from test_s3_cache import N, SAMPLE, epoch, same, upload
+from shardpack.readers import blockahead
 from shardpack.readers.objects import RETRY
 
 FAST = {"max_retries": 3, "retry_timeout": timedelta(seconds=10),
@@ -72,6 +73,9 @@ def test_a_body_cut_short_is_an_error_naming_object_and_sample_or_a_retry_never_
     local = ShardDataset(output)
     order = list(range(0, N, 5))
     ds[N - 1]  # the reader open (its .npy header read) before the fault
+    # cached: that read's block is being filled in the background (blockahead.py); waited for, so the
+    # one fault meets this read's first GET (a fill's GET starts only after one of the read's landed)
+    assert blockahead.wait(60)
     proxy.reset()
     proxy.fault("short", count=1, match=f"{prefix}/images.npy")
     try:
@@ -82,11 +86,47 @@ def test_a_body_cut_short_is_an_error_naming_object_and_sample_or_a_retry_never_
         assert "reading sample" in text
     else:  # the client read the rest again: the pixels must be right
         assert torch.equal(got[0], local.read_batch(order)[0])
+    assert proxy.pending() == 0  # the fault was met
     assert torch.equal(ds.read_batch(order)[0], local.read_batch(order)[0])  # the next read: right
     if cached:  # nothing half-fetched was kept: the cache serves the right bytes
+        assert blockahead.wait(60)  # the fills these reads started have landed (they fetch the rest of the blocks)
         proxy.reset()
         assert torch.equal(ds.read_batch(order)[0], local.read_batch(order)[0])
         assert proxy.counts(f"{prefix}/images.npy") == (0, 0)
+
+
+@pytest.mark.parametrize("kind", ["short", "stall"])
+def test_a_background_fill_cut_short_or_stalled_stores_nothing_and_the_reads_fetch_their_own(
+        s3, proxy, output, tmp_path, kind, bounded):
+    """A block's background fill (blockahead.py) whose one GET is cut short, or stalls then drops:
+    nothing of it is stored, a read waiting for its chunks fetches them itself (stall), the pixels
+    are right, and a later epoch fetches exactly the chunks the fill dropped, then nothing."""
+    prefix = f"faults/ahead-{kind}/OUT"
+    ds = opened(s3, proxy.endpoint, output, prefix, cache_dir=tmp_path / "c", cache_limit="1GB",
+                options={"retry_config": {**FAST, "max_retries": 0}})
+    local, cache, data = ShardDataset(output), ds.reader.objects.cache, f"{prefix}/images.npy"
+    assert cache.ahead and cache.block == 4 << 20  # 4.7 MB: blocks 0 (4 MiB) and 1
+    assert torch.equal(ds[N - 1][0], local[N - 1][0]) and blockahead.wait(60)  # block 1 filled whole
+    chunk = cache.chunk
+    after = -(-(ds.reader._base + SAMPLE) // chunk) * chunk  # sample 0's chunks end here: block 0's fill asks from here
+    proxy.reset()
+    proxy.fault(kind, match=data, range=f"bytes={after}-", seconds=2)
+    assert torch.equal(ds[0][0], local[0][0])  # its own GET answered whole; block 0's fill then meets the fault
+    if kind == "stall":  # sample 1's chunks past sample 0's are the stalled fill's: its read waits, then asks
+        while proxy.pending():
+            time.sleep(0.01)
+        t = time.monotonic()
+        assert torch.equal(ds[1][0], local[1][0])
+        assert time.monotonic() - t >= 1.5
+    assert blockahead.wait(60) and proxy.pending() == 0
+    proxy.reset()
+    order = list(range(N))
+    assert torch.equal(ds.read_batch(order)[0], local.read_batch(order)[0])
+    dropped = (4 << 20) - after - (3 * chunk if kind == "stall" else 0)  # sample 1's read stored its 3 chunks
+    assert proxy.counts(data)[1] == dropped
+    proxy.reset()
+    assert torch.equal(ds.read_batch(order[::-1])[0], local.read_batch(order[::-1])[0])
+    assert proxy.counts(data) == (0, 0)
 
 
 def test_a_stalled_answer_times_out_and_is_retried(s3, proxy, output, tmp_path, bounded):
@@ -108,6 +148,9 @@ def test_the_server_gone_mid_epoch_is_one_error_naming_the_url_with_the_default_
     try:
         prefix = f"faults/gone-{cached}/OUT"
         kw = {"cache_dir": tmp_path / "c", "cache_limit": "1GB"} if cached else {"cache_limit": 0}
+        if cached:  # blocks of 64 KiB: the first batches' blocks, filled whole (blockahead.py), are not all the data
+            (tmp_path / "c").mkdir()
+            (tmp_path / "c" / "cache.json").write_text('{"block_bytes": 65536, "chunk_bytes": 4096}')
         ds = opened(s3, own.endpoint, output, prefix, **kw)  # the default retry_config
         from shardpack.readers.loading import make_loader
         loader = iter(make_loader(ds, 16, seed=2, mode="main", prefetch_factor=1))
@@ -122,6 +165,10 @@ def test_the_server_gone_mid_epoch_is_one_error_naming_the_url_with_the_default_
         assert "\n" not in text and f"s3://shardpack-tests/{prefix}/images.npy" in text and "reading sample" in text
         assert f"after {RETRY['max_retries']} retries" in text
         assert took < RETRY["retry_timeout"].total_seconds() + 30  # the default's bound, not obstore's ~3 min
+        if cached:  # the fills queued behind the failed ones are dropped: only those in flight retried
+            t = time.monotonic()
+            assert blockahead.wait(RETRY["retry_timeout"].total_seconds() + 30)
+            print(f"fills settled {time.monotonic() - t:.1f} s after the error")
     finally:
         own.stop()
 
