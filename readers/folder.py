@@ -84,6 +84,8 @@ def case_clashes(parent: str, names: list[str]) -> list[tuple[str, ...]]:
     """Groups (sorted tuples of paths ``parent/name``) of sibling ``names`` equal but for case or
     Unicode form (NFC vs NFD): they would collide on a case-insensitive filesystem such as a
     Windows drive, or one that normalizes names (macOS)."""
+    if all(n.isascii() for n in names) and len({n.lower() for n in names}) == len(names):
+        return []  # the common case in one pass (ASCII names: casefold and NFC are lower() and nothing)
     groups: dict[str, list[str]] = {}
     for name in names:
         groups.setdefault(look_alike_key(name), []).append(os.path.join(parent, name))

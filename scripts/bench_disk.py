@@ -22,12 +22,12 @@ disk per byte of the records delivered) and a pass in RAM (the files read into t
 first, outside the cgroup), so each loader's rate from disk is given as a share of its own rate
 in RAM, the median of the per-round ratios. The measuring process itself holds about 205 MB of
 the limit (torch, the batches), so 256 MiB leaves about 50 MB of page cache for the ~250 MB of
-records of the sample x16. ``--layouts single,parts`` also packs npy in the part layout
-(``--layout parts``, parts of 1 GiB: "npy@parts"), measured in the same rounds as the single
-file, and adds a table of parts / single per reader: the median of the per-round ratios of
-their rates, with the spread of those ratios::
+records of the sample x16. ``--layouts single,parts`` also packs npy, wds and hdf5 (of
+``--formats``, raw) in the part layout (``--layout parts``, parts of 1 GiB: "npy@parts"),
+measured in the same rounds as the single file, and adds a table of parts / single per
+reader: the median of the per-round ratios of their rates, with the spread of those ratios::
 
-    python scripts/bench_disk.py --formats npy --layouts single,parts --rounds 3
+    python scripts/bench_disk.py --formats npy,wds --layouts single,parts --rounds 3
 
 With ``--against REV`` every pass runs for this checkout and for git
 revision REV (a temporary git worktree), interleaved in the same rounds::
@@ -74,6 +74,9 @@ def linked_tree(src: Path, dst: Path, copies: int) -> Path:
                 os.link(f, out)
     tmp.rename(dst)
     return dst
+
+
+PART_FORMATS = ("npy", "wds", "hdf5")  # raw formats --layouts parts also packs in the part layout
 
 
 def pack_all(src: Path, work: Path, size: int, formats) -> dict[str, Path]:
@@ -241,7 +244,7 @@ def main(src, work, copies, size, limit, samples, rounds, formats, orders, loade
     jpeg = encoding == "jpeg"
     limit, formats = _size(limit), [f if "+" in f or not jpeg else f + "+jpeg" for f in formats.split(",")]
     layouts = layouts.split(",")
-    formats = [f for f in formats if "single" in layouts] + [f"{f}@parts" for f in formats if f == "npy"
+    formats = [f for f in formats if "single" in layouts] + [f"{f}@parts" for f in formats if f in PART_FORMATS
                                                               and "parts" in layouts]
     orders = orders or ("random" if jpeg else ",".join(ORDERS))
     loaders = loaders or ",".join(JPEG_LOADERS if jpeg else LOADERS)

@@ -19,7 +19,8 @@ start and end) and the command that reproduces the run.
     .venv/bin/python scripts/bench_ray.py --driver-cost 800,5000
 
 measures instead the driver's CPU per image as the slope between two job sizes, for the
-driver-written path (wds, npy; ``--layout single``) and the part layout (npy, ``--layout parts``),
+driver-written path (wds, npy; ``--layout single``) and the part layout (npy, wds, hdf5:
+``--layout parts``; each corrected to parts of 1 GiB from a third job in parts of 256 MiB),
 and prints the ImageNet-21k projection on 4 x 32 cores with its formula and inputs. Ray's own
 threads in a driver cost CPU per second connected, whatever it packs (measured here with a
 connected, idle driver: ``r0``), so on this cluster, where a job lasts ~5 ms per image, they add
@@ -52,8 +53,8 @@ IMAGENET21K = 14_200_000  # images (ImageNet-21k, fall 2011 release)
 CLUSTER = (4, 32)  # nodes x cores of the projection
 PARTS_BENCH = 64 << 20  # parts of ~330 files at 256 px, so a 5,000-image job keeps both nodes busy (1 GiB: one part)
 PARTS_BIG = 256 << 20  # the same large job in fewer parts: the driver's CPU per part (task) from the difference
-PARTS = "npy parts (nodes write)"
-BIG = f"npy parts of {PARTS_BIG >> 20} MiB"
+PARTS = "{} parts (nodes write)"  # a part-layout path's name, per format
+BIG = "{} parts of %d MiB" % (PARTS_BIG >> 20)  # the same format's large job in bigger parts (the per-part cost)
 
 
 def tree_of(src: Path, dst: Path, n: int) -> Path:
@@ -93,10 +94,9 @@ def driver_cost(cluster, src: Path, work: Path, sizes, size: int, repeat: int, f
     small, large = sizes
     trees = {m: tree_of(src, work / f"src{m}", m) for m in sizes}
     paths = {f"{fmt} single (driver writes)": dict(fmt=fmt) for fmt in formats if "single" in layouts}
-    if "npy" in formats and "parts" in layouts:
-        paths[PARTS] = dict(fmt="npy", layout="parts", shard_size=PARTS_BENCH)
-    for fmt in [f for f in formats if f in ("wds", "hdf5") and "parts" in layouts]:  # their nodes write tars / .h5
-        paths[f"{fmt} parts (nodes write)"] = dict(fmt=fmt, layout="parts", shard_size=PARTS_BENCH)
+    parted = [f for f in formats if f in ("npy", "wds", "hdf5") and "parts" in layouts]  # the nodes write them
+    for fmt in parted:
+        paths[PARTS.format(fmt)] = dict(fmt=fmt, layout="parts", shard_size=PARTS_BENCH)
     cpu, main_cpu, wall, loads, units = {}, {}, {}, [], {}
     idle = [idle_rate(cluster)]
 
@@ -117,9 +117,9 @@ def driver_cost(cluster, src: Path, work: Path, sizes, size: int, repeat: int, f
             return used
         return one
     contenders = {(name, m): packing(name, m) for name in paths for m in sizes}
-    if PARTS in paths:  # the large job again in parts of PARTS_BIG: fewer tasks, the same images
-        paths[BIG] = dict(paths[PARTS], shard_size=PARTS_BIG)
-        contenders[(BIG, large)] = packing(BIG, large)
+    for fmt in parted:  # the large job again in parts of PARTS_BIG: fewer tasks, the same images
+        paths[BIG.format(fmt)] = dict(paths[PARTS.format(fmt)], shard_size=PARTS_BIG)
+        contenders[(BIG.format(fmt), large)] = packing(BIG.format(fmt), large)
     harness.rounds(contenders, repeat)
     idle.append(idle_rate(cluster))
     r0 = harness.median(idle)
@@ -134,7 +134,8 @@ def driver_cost(cluster, src: Path, work: Path, sizes, size: int, repeat: int, f
           "main-thread us/image (slope) | Ray's threads, CPU s per s | worker core-ms per image |" % (small, large))
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     slopes = {}
-    for name in [p for p in paths if p != BIG]:
+    bigs = {BIG.format(fmt) for fmt in parted}
+    for name in [p for p in paths if p not in bigs]:
         a, b = harness.median(cpu[(name, small)]), harness.median(cpu[(name, large)])
         ma, mb = harness.median(main_cpu[(name, small)]), harness.median(main_cpu[(name, large)])
         rest = harness.median([(c - o) / w for c, o, w in zip(cpu[(name, large)], main_cpu[(name, large)],
@@ -145,8 +146,7 @@ def driver_cost(cluster, src: Path, work: Path, sizes, size: int, repeat: int, f
         print(f"| {name} | {a:.2f} | {b:.2f} | {slopes[name][0] * 1e6:.1f} | "
               f"{(slopes[name][0] - r0 * per_s) * 1e6:.1f} | {slopes[name][1] * 1e6:.1f} | "
               f"{rest:.4f} | {decode * 1e3:.2f} |")
-    if PARTS in paths:
-        task_cost(cpu, main_cpu, wall, units, r0, sizes, size)
+    corrected = {PARTS.format(fmt): task_cost(fmt, cpu, main_cpu, wall, units, r0, sizes, size) for fmt in parted}
     nodes, cores = CLUSTER
     decode = min(harness.median(wall[(name, large)]) for name in slopes) * 2 / large
     print(f"\nImageNet-21k projection: T = max(N d / C, N c / (1 - r)), N = {IMAGENET21K:,} images, C = {nodes} x "
@@ -159,35 +159,43 @@ def driver_cost(cluster, src: Path, work: Path, sizes, size: int, repeat: int, f
         print(f"  {name}: c = {c * 1e6:.1f} us, r = {r:.4f} -> T = {max(t_dec, t_drv) / 60:.1f} min (bound by "
               f"{bound}; the driver alone {t_drv / 60:.1f} min; with the whole-process slope {whole * 1e6:.1f} us "
               f"as c and r = 0: {IMAGENET21K * max(decode / (nodes * cores), whole) / 60:.1f} min)")
+        if name in corrected:  # the part layout with its default parts of 1 GiB (task_cost)
+            c1 = corrected[name]
+            print(f"    with parts of 1 GiB (the default): c = {c1 * 1e6:.1f} us -> T = "
+                  f"{max(t_dec, IMAGENET21K * c1 / (1 - r)) / 60:.1f} min (the driver alone "
+                  f"{IMAGENET21K * c1 / (1 - r) / 60:.1f} min)")
 
 
-def task_cost(cpu, main_cpu, wall, units, r0, sizes, size) -> None:
-    """The part layout's slope split into a cost per part (one Ray task: submit, wait, record,
+def task_cost(fmt, cpu, main_cpu, wall, units, r0, sizes, size) -> float:
+    """``fmt``'s part-layout slope split into a cost per part (one Ray task: submit, wait, record,
     Ray's threads) and one per image, from the large job in parts of PARTS_BENCH and of PARTS_BIG
-    (r0 x their wall times' difference taken out); then the driver's CPU per image with parts of
-    1 GiB (the default, ~5,400 files at 256 px) and without Ray's idle cost per second."""
+    (r0 x their wall times' difference taken out); prints the driver's CPU per image with parts of
+    1 GiB (the default, ~5,400 files at 256 px) and without Ray's idle cost per second. Returns
+    that figure for the main thread (CPU s per image)."""
     from shardpack.packer.parts import part_files
     from shardpack.packer.units import unit_files
     small, large = sizes
     med = harness.median
-    tasks = (units[(PARTS, large)] - units[(PARTS, small)]) / (large - small)  # parts per image in the slope
-    dt = units[(PARTS, large)] - units[(BIG, large)]
-    dwall = med(wall[(PARTS, large)]) - med(wall[(BIG, large)])
-    task = (med(cpu[(PARTS, large)]) - med(cpu[(BIG, large)]) - r0 * dwall) / dt
-    task_main = (med(main_cpu[(PARTS, large)]) - med(main_cpu[(BIG, large)])) / dt
-    wall_slope = (med(wall[(PARTS, large)]) - med(wall[(PARTS, small)])) / (large - small)
-    process = (med(cpu[(PARTS, large)]) - med(cpu[(PARTS, small)])) / (large - small) - r0 * wall_slope
-    main = (med(main_cpu[(PARTS, large)]) - med(main_cpu[(PARTS, small)])) / (large - small)
+    parts, big = PARTS.format(fmt), BIG.format(fmt)
+    tasks = (units[(parts, large)] - units[(parts, small)]) / (large - small)  # parts per image in the slope
+    dt = units[(parts, large)] - units[(big, large)]
+    dwall = med(wall[(parts, large)]) - med(wall[(big, large)])
+    task = (med(cpu[(parts, large)]) - med(cpu[(big, large)]) - r0 * dwall) / dt
+    task_main = (med(main_cpu[(parts, large)]) - med(main_cpu[(big, large)])) / dt
+    wall_slope = (med(wall[(parts, large)]) - med(wall[(parts, small)])) / (large - small)
+    process = (med(cpu[(parts, large)]) - med(cpu[(parts, small)])) / (large - small) - r0 * wall_slope
+    main = (med(main_cpu[(parts, large)]) - med(main_cpu[(parts, small)])) / (large - small)
     recipe = Recipe(size)
     per = part_files(recipe, None, unit_files(recipe))
-    print(f"\nper part (one task), from N={large} in parts of {PARTS_BENCH >> 20} MiB ({units[(PARTS, large)]} parts) "
-          f"and of {PARTS_BIG >> 20} MiB ({units[(BIG, large)]}), less r0 x the wall times' difference "
-          f"({dwall:+.1f} s): process {task * 1e3:.2f} ms, main thread {task_main * 1e3:.2f} ms; the slope above "
-          f"holds {tasks * 1e3:.2f} parts per 1,000 images")
+    print(f"\n{fmt}: per part (one task), from N={large} in parts of {PARTS_BENCH >> 20} MiB "
+          f"({units[(parts, large)]} parts) and of {PARTS_BIG >> 20} MiB ({units[(big, large)]}), less r0 x the wall "
+          f"times' difference ({dwall:+.1f} s): process {task * 1e3:.2f} ms, main thread {task_main * 1e3:.2f} ms; "
+          f"the slope above holds {tasks * 1e3:.2f} parts per 1,000 images")
     for what, slope, t in (("process, less r0 x wall", process, task), ("main thread", main, task_main)):
-        print(f"  driver CPU per image with parts of 1 GiB ({per:,} files at {size} px): {what}: "
+        print(f"  {fmt} driver CPU per image with parts of 1 GiB ({per:,} files at {size} px): {what}: "
               f"{(slope - tasks * t + t / per) * 1e6:.1f} us (the slope {slope * 1e6:.1f} us - "
               f"{tasks * t * 1e6:.1f} us of parts + {t / per * 1e6:.2f} us)")
+    return main - tasks * task_main + task_main / per
 
 
 @click.command(help=__doc__)

@@ -31,12 +31,13 @@ CPUs' threads, per round); ``--formats`` picks the formats::
 
     python scripts/bench_read.py --against HEAD~1 --samples 10000 --repeats 5 --formats npy
 
-``--layouts`` measures instead the part layout (``--layout parts``) of npy and HDF5 (of
+``--layouts`` measures instead the part layout (``--layout parts``) of npy, HDF5 and wds (of
 ``--formats``) against its single-file layout on the same images in RAM, in alternating rounds
 (median of the per-round ratios), for each of ``--cases`` (fixed: one shape; variable:
 shorter-side, cropped by the workload; jpeg: JPEG records, decoded when read)::
 
-    python scripts/bench_read.py --layouts --samples 10000 --repeats 3 --cases fixed,variable,jpeg --formats npy,hdf5
+    python scripts/bench_read.py --layouts --samples 10000 --repeats 3 --cases fixed,variable,jpeg \
+        --formats npy,hdf5,wds
 """
 
 from __future__ import annotations
@@ -133,7 +134,7 @@ def imagefolder(src, workers):
 @click.option("--formats", default=",".join(FORMATS), show_default=True,
               help="with --against: the formats to compare, comma-separated")
 @click.option("--layouts", is_flag=True,
-              help="compare the part layout of npy and hdf5 with the single-file one (in RAM)")
+              help="compare the part layout of npy, hdf5 and wds with the single-file one (in RAM)")
 @click.option("--cases", default="fixed,variable,jpeg", show_default=True,
               help="with --layouts: one shape, variable shapes (shorter-side), JPEG records; comma-separated")
 def main(src, work, samples, repeats, out, against, formats, layouts, cases):
@@ -304,14 +305,14 @@ def compare(args, rev):
 transforms = importlib.import_module("shardpack.readers.transforms")
 PARTS_READ = 16 << 20  # parts of one unit (170 files at 256 px): the 785-image sample is 5 parts
 # --cases: the recipe, the workloads (variable shapes: cropped to one size), the parts' --shard-size
-LAYOUT_FORMATS = ("npy", "hdf5")  # the formats with a part layout (the rest of --formats is passed over)
+LAYOUT_FORMATS = ("npy", "hdf5", "wds")  # the formats with a part layout (the rest of --formats is passed over)
 LAYOUT_CASES = {"fixed": ({}, ("c", "a"), PARTS_READ),
                 "variable": ({"resize": "shorter-side"}, ("a", "b"), PARTS_READ),
                 "jpeg": ({"encoding": "jpeg"}, ("c", "a"), PARTS_READ // 10)}  # a JPEG: ~1/10 of its pixels
 
 
 def compare_layouts(args):
-    """npy's part layout (``--layout parts``, parts of one unit) against its single-file layout,
+    """A format's part layout (``--layout parts``, parts of one unit) against its single-file layout,
     in RAM (both read once first), rounds alternating which goes first: make_loader batches of
     each workload, the ratio parts/single per round, its median and spread; per case of
     ``args.cases`` (LAYOUT_CASES: one shape, variable shapes, JPEG records)."""
