@@ -150,6 +150,10 @@ def test_ray_driver_killed_leaves_no_manifest_and_resume_puts_only_the_missing_p
         (src / "ab"[k % 2] / f"copy{k:03d}.jpg").write_bytes(made[k % 4].read_bytes())
     prefix = "parts-ray-kill/OUT"
     url = f"s3://{BUCKET}/{prefix}"
+    import obstore
+
+    from s3_writes import store
+    obstore.put(store(s3), "made", b"")  # the bucket exists before it is listed (SeaweedFS makes it at a first put)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SHARDPACK_CACHE": str(cache)}
     proc = subprocess.Popen([sys.executable, "-c", RAY_PACK, str(src), url, cluster.address, "slow"], env=env,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
