@@ -150,6 +150,10 @@ def test_ray_driver_killed_leaves_no_manifest_and_resume_puts_only_the_missing_p
         (src / "ab"[k % 2] / f"copy{k:03d}.jpg").write_bytes(made[k % 4].read_bytes())
     prefix = "parts-ray-kill/OUT"
     url = f"s3://{BUCKET}/{prefix}"
+    import obstore
+
+    from s3_writes import store
+    obstore.put(store(s3), "made", b"")  # the bucket exists before it is listed (SeaweedFS makes it at a first put)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SHARDPACK_CACHE": str(cache)}
     proc = subprocess.Popen([sys.executable, "-c", RAY_PACK, str(src), url, cluster.address, "slow"], env=env,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -225,3 +229,24 @@ def test_a_splits_root_of_parts_and_an_upload_stopped_at_the_commit(s3, proxy, c
     for split in ("train", "val"):
         assert_same_output(got / split, tmp_path / "local" / split)
     same_samples(f"{url}/val", tmp_path / "local" / "val")
+
+
+def test_a_part_deleted_under_the_run_stops_the_commit_naming_it(s3, cache, src, monkeypatch):
+    import obstore
+
+    from s3_writes import store
+    from shardpack.packer.options import PackError
+    prefix = "parts-gone/OUT"
+    url = f"s3://{BUCKET}/{prefix}"
+
+    def stopped(self, key, path):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(Upload, "_put", stopped)
+    with pytest.raises(KeyboardInterrupt):  # the staged output complete, every part up, nothing of the driver's
+        pack_quiet(src, url, "npy", **KW)
+    monkeypatch.setattr(Upload, "_put", PUT)
+    obstore.delete(store(s3), f"{prefix}/parts/p0000002.npy")
+    with pytest.raises(PackError, match=rf"^{url}/parts/p0000002.npy: uploaded by its node as \d+ bytes but now "
+                                        r"missing .*; pass --overwrite to pack the output again$"):
+        pack_quiet(src, url, "npy", resume=True, **KW)
+    assert MANIFEST not in objects(s3, prefix)
