@@ -195,6 +195,9 @@ def test_a_warm_cache_reads_on_while_the_server_is_gone_and_still_refuses_what_i
         (folder / "cache.json").write_text(json.dumps({"block_bytes": 65536, "chunk_bytes": 4096, "revalidate_s": 0}))
         ds = opened(s3, own.endpoint, output, "faults/warm-gone/OUT", cache_dir=folder, cache_limit="1GB",
                     options={"retry_config": {**FAST, "max_retries": 0}})
+        # the fill off: it would cache every block the even samples touch (all), odd ones with them, while
+        # this test needs sample 1 left uncached; its fill behind a dying server is the gone test's
+        ds.reader.objects.cache.ahead = False
         local = ShardDataset(output)
         half = list(range(0, N, 2))
         assert torch.equal(ds.read_batch(half)[0], local.read_batch(half)[0])  # these now cached
