@@ -224,11 +224,7 @@ def read_into(cache, oid: str, size: int, offset: int, views: list) -> bool:
         k0, k1 = lo - b * per, hi - b * per
         # every chunk checked in this map since the file's last write: copy only
         if not CHECK_EACH_READ and block.verified.find(0, k0, k1) < 0:
-            k = bisect_right(starts, a) - 1
-            while k < len(views) and starts[k] < z:
-                x, y = max(a, starts[k]), min(z, ends[k])
-                views[k][x - starts[k]:y - starts[k]] = src[base + x:base + y]
-                k += 1
+            _copy(views, starts, ends, src, base, a, z)
             continue
         if len(views) == 1:  # one buffer (one sample): one copy; its edge chunks hashed in the map
             view = views[0]
@@ -240,11 +236,7 @@ def read_into(cache, oid: str, size: int, offset: int, views: list) -> bool:
             if y < stop:
                 mems.append(src[base + y:base + stop])
         else:
-            k = bisect_right(starts, a) - 1
-            while k < len(views) and starts[k] < z:
-                x, y = max(a, starts[k]), min(z, ends[k])
-                views[k][x - starts[k]:y - starts[k]] = src[base + x:base + y]
-                k += 1
+            _copy(views, starts, ends, src, base, a, z)
             k, mems = bisect_right(starts, a) - 1, []
             for c in range(lo, hi):  # each chunk where it landed, the edge ones (partly outside) in the map
                 x, y = c * chunk, min(c * chunk + chunk, size)
@@ -259,6 +251,16 @@ def read_into(cache, oid: str, size: int, offset: int, views: list) -> bool:
             return False
         block.verified[k0:k1] = b"\1" * (k1 - k0)
     return True
+
+
+def _copy(views: list, starts: list, ends: list, src, base: int, a: int, z: int) -> None:
+    """Copy object bytes ``a .. z`` from ``src`` (a block file's map: object byte ``i`` at
+    ``base + i``) into the ``views`` they fall in (view k holds object bytes ``starts[k] .. ends[k]``)."""
+    k = bisect_right(starts, a) - 1
+    while k < len(views) and starts[k] < z:
+        x, y = max(a, starts[k]), min(z, ends[k])
+        views[k][x - starts[k]:y - starts[k]] = src[base + x:base + y]
+        k += 1
 
 
 def digest_function():
