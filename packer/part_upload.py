@@ -42,7 +42,7 @@ def task_objects(url: str, storage_options: dict | None):
     from ..readers.objects import Objects
     options = dict(storage_options or {})
     if url.startswith("s3://"):
-        taken = {FORWARDED.get(k, k) for k in options} | {"endpoint" for k in ("endpoint_url",) if k in options}
+        taken = {FORWARDED.get(k, k) for k in options} | ({"endpoint"} if "endpoint_url" in options else set())
         for env, key in FORWARDED.items():
             if os.environ.get(env) and key not in taken:
                 options[key] = os.environ[env]
