@@ -120,6 +120,10 @@ def bench(ctx, target, json_path, plot_path, no_check, quiet, **kwargs):
     if wrong:
         flag = "--" + wrong[0].replace("modes", "mode").replace("data_path", "data").replace("_", "-")
         raise click.UsageError(f"{flag} applies to {'a PATH' if user else 'your code (FILE.py:NAME)'} only")
+    if user:
+        where = target.rpartition(":")[0]
+        if (where.endswith(".py") or "/" in where or os.sep in where) and not os.path.isfile(where):
+            raise click.UsageError(f"{target}: no such file {where}")  # a usage error: exit status 2
     if not user and not os.path.isdir(target):
         where, sep, _ = target.rpartition(":")
         hint = f" (no such file {where})" if sep and where.endswith(".py") else ""
