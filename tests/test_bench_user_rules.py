@@ -16,7 +16,6 @@ from shardpack.readers.bench.user.target import TargetError, load_data
 
 
 CASES = [
-    ("nofile.py:HwcFloat", "no such file nofile.py"),
     ("{path}:Missing", "has no name 'Missing'"),
     ("{path}:broken", "calling it raised RuntimeError: no data here"),
     ("{path}:not_data", "gave a builtins.int, not a torch Dataset or DataLoader"),
@@ -31,6 +30,13 @@ def test_bad_targets_are_one_line_errors(user_file, spec, message):
     assert result.exit_code == 1, result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and lines[0].startswith("Error: ")
+
+
+def test_a_missing_file_is_a_usage_error(tmp_path):
+    missing = tmp_path / "nosuch.py"
+    result = CliRunner().invoke(main, ["bench", f"{missing}:x", "--quiet"])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines()[-1] == f"Error: {missing}:x: no such file {missing}"
 
 
 def test_bad_model_and_misplaced_options(user_file, tmp_path):

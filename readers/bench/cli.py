@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import signal
 import sys
-import threading
-from contextlib import contextmanager
 
 import click
 
 from ..paths import LocalPath, PathRefused, url_refusal
 from ..text import torch_hint
+from .stopping import taking_signals
 
 USER_ONLY = ("data_path", "trace", "no_epoch_start")  # options that only a FILE.py:NAME target takes
 PATH_ONLY = ("modes", "augment", "size", "compare")   # options that only a PATH target takes
@@ -120,6 +119,10 @@ def bench(ctx, target, json_path, plot_path, no_check, quiet, **kwargs):
     if wrong:
         flag = "--" + wrong[0].replace("modes", "mode").replace("data_path", "data").replace("_", "-")
         raise click.UsageError(f"{flag} applies to {'a PATH' if user else 'your code (FILE.py:NAME)'} only")
+    if user:
+        where = target.rpartition(":")[0]
+        if (where.endswith(".py") or "/" in where or os.sep in where) and not os.path.isfile(where):
+            raise click.UsageError(f"{target}: no such file {where}")  # a usage error: exit status 2
     if not user and not os.path.isdir(target):
         where, sep, _ = target.rpartition(":")
         hint = f" (no such file {where})" if sep and where.endswith(".py") else ""
@@ -152,36 +155,6 @@ def bench(ctx, target, json_path, plot_path, no_check, quiet, **kwargs):
         click.echo(f"plot: {plot_path}")
     if result.interrupted:
         sys.exit(128 + (got["signum"] or signal.SIGINT))
-
-
-class Stopped(KeyboardInterrupt):
-    """SIGINT or SIGTERM during the measuring (``signum``), taken as Ctrl-C is."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = int(signum)
-
-
-@contextmanager
-def taking_signals():
-    """SIGINT and SIGTERM raise :class:`Stopped` in the main thread while bench measures, so
-    either one ends the run with what was measured, as pack-dataset takes them (its handlers
-    are installed even over a SIGINT inherited as ignored, e.g. a background ``&`` job). Yields
-    a dict whose ``"signum"`` is the signal that landed (None: none)."""
-    got = {"signum": None}
-    if threading.current_thread() is not threading.main_thread():
-        yield got
-        return
-
-    def stop(signum, _frame):
-        got["signum"] = signum
-        raise Stopped(signum)
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield got
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def _run_path(target, kw, no_check, quiet):

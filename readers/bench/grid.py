@@ -25,6 +25,7 @@ from ..progress import label
 from ..transforms import CenterCrop, Compose, RandomCrop, RandomHorizontalFlip, RandomResizedCrop
 from .cells import PathCell, PathSetting, error_text, warmup_batches
 from .noise import TOLERANCE
+from .stopping import raise_if_stopping, stop_signal
 from .timing import MIN_BATCHES, NO_CUDA, Pass, time_pass
 
 MODE_ALIASES = {"inprocess": "main"}  # older names of make_loader's modes, still accepted
@@ -186,6 +187,7 @@ def measure_cell(ds, setting: PathSetting, batch_size: int, augment: str = "none
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as err:  # noqa: BLE001 -- a setting that fails (e.g. shared memory) is a result, not a crash
+        raise_if_stopping(err)
         cell.error = error_text(err)
     finally:
         del loader  # persistent workers end with their loader
@@ -243,6 +245,7 @@ def run_grid(ds, settings: list[PathSetting], *, source: str, kind: str, descrip
         except (KeyboardInterrupt, SystemExit):
             raise
         except Exception as err:  # noqa: BLE001 -- a setting that fails (e.g. shared memory) is a result, not a crash
+            raise_if_stopping(err)  # its workers died of the signal bench got too: the stop, not a cell
             cell.error = error_text(err)
             open_.pop(k, None)
             return None
@@ -267,7 +270,15 @@ def run_grid(ds, settings: list[PathSetting], *, source: str, kind: str, descrip
                     bar.update(1)
     except KeyboardInterrupt:
         grid.interrupted = True
+    except Exception:  # torch's SIGCHLD handler raising over our Stopped: a worker died of the same signal
+        if stop_signal() is None:
+            raise
+        grid.interrupted = True
     finally:
-        open_.clear()  # persistent workers end with their loaders
+        try:
+            open_.clear()  # persistent workers end with their loaders
+        except Exception:  # noqa: BLE001 -- the same, while the dead workers' loaders shut down
+            if stop_signal() is None:
+                raise
     grid.cells = [c for c in cells if c.passes or c.error] if grid.interrupted else cells
     return grid

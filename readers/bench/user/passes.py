@@ -17,6 +17,7 @@ import torch
 from ...progress import label
 from ..cells import UserCell, UserSetting, error_text, warmup_batches
 from ..timing import MIN_BATCHES, UserPass, shut_down
+from ..stopping import raise_if_stopping
 from .loader import Base, Feed
 
 
@@ -128,6 +129,7 @@ def measure_interleaved(base: Base, settings: list[UserSetting], seconds: float,
                 except (KeyboardInterrupt, SystemExit):
                     raise
                 except Exception as err:  # noqa: BLE001 -- a setting that fails (shared memory, pickling) is a result
+                    raise_if_stopping(err)  # its workers died of the signal bench got too: the stop
                     cell.error = error_text(err)
                     kept.pop(k, None)
                 if bar is not None:
@@ -171,6 +173,7 @@ def epoch_starts(base: Base, workers: list[int], prefetch: int, epochs: int = 2,
             except (KeyboardInterrupt, SystemExit):
                 raise
             except Exception as err:  # noqa: BLE001 -- a setting that fails under spawn is a row, not a crash
+                raise_if_stopping(err)
                 row["error"] = error_text(err)
             out.append(row)
             if bar is not None:
