@@ -151,7 +151,7 @@ def pack_options(f):
                           "docs/ray.md)."),
         click.option("--layout", type=click.Choice(["single", "parts"]), default="single", show_default=True,
                      help="Pixels in one file, or in part files of ~--shard-size (1 GiB) written where they are "
-                          "decoded (npy and hdf5, any shape and encoding; docs/ray.md)."),
+                          "decoded (npy, hdf5 and wds, any shape and encoding; not lmdb; docs/ray.md)."),
         click.option("--address", default=None, metavar="HOST:PORT",
                      help="--engine ray: the cluster to join [default: $RAY_ADDRESS, else a Ray instance "
                           "for the run]."),
