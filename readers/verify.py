@@ -19,7 +19,7 @@ from . import integrity
 from .encoding import describe as describe_encoding, encoding_of
 from .formats import open_reader
 from .formats.base import flagged
-from .text import shown, size_text
+from .text import plural, shown, size_text
 from .index import Index
 from .manifest import (COLUMNS, LAYOUT_PARTS, bytes_on_disk, INDEX_DIR, MANIFEST, PATHS_BLOB, SKIPPED,
                        ShardFormatError, dataset_dirs, layout_of, load_manifest, load_npy, read_splits)
@@ -341,7 +341,8 @@ def info_text(root) -> str:
     lines = [
         f"{shown(str(named))}",
         f"  format      {m['format']} (format version {m['format_version']}), "
-        + (f"{len(m['parts'])} part files (layout parts)" if layout_of(m) == LAYOUT_PARTS else "layout single"),
+        + (f"{plural(len(m['parts']), 'part file')} (layout parts)" if layout_of(m) == LAYOUT_PARTS
+           else "layout single"),
         f"  samples     {m['count']} of {m.get('scanned', m['count'])} files scanned",
         f"  classes     {len(classes)}: {', '.join(classes[:5])}{' ...' if len(classes) > 5 else ''}",
         f"  shape       {tuple(m['shape']) if m.get('shape') else 'variable'} {m.get('dtype', 'uint8')} "

@@ -5,7 +5,7 @@
 # installs it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-echo "setup: installing into .venv (about 1.7 GB, nothing outside it): torch 2.13.0, then shardpack with its" \
+echo "setup: installing into .venv (about 1.9 GB, nothing outside it): torch 2.13.0, then shardpack with its" \
      "test, interop and ray extras (pytest, webdataset, simplejpeg, Hugging Face datasets, Ray 2.60 for" \
      "--engine ray and its tests, ...); no system packages"
 python3 -m venv .venv

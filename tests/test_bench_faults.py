@@ -200,6 +200,30 @@ def test_the_recommendation_says_the_rule_it_used():
     assert "340" in why and "365" in why and "72%" in why and "386" in why, why  # 276 / 386
 
 
+
+def test_one_pass_a_cell_claims_no_spread_and_names_the_fastest_cell():
+    """--repeats 1 (new-user trial): the line called threads 2 "the fastest cell" while the table
+    showed processes 2 (persistent off) faster, and claimed "beyond the spread" with no spread."""
+    from shardpack.readers.bench import Pass
+    from shardpack.readers.bench.advice import recommend
+    from shardpack.readers.bench.cells import PathCell, PathSetting
+    from shardpack.readers.bench.grid import Grid
+
+    def cell(mode, workers, persistent, rate):
+        s = PathSetting(mode, workers, None if mode == "main" else 4, persistent, False)
+        return PathCell(s, [Pass(0.01, 10, 640, 640 / rate)], cold=Pass(0.5, 1, 64, 0.5))
+    threads = cell("threads", 2, None, 400)
+    cells = [cell("main", 0, None, 200), threads, cell("processes", 2, True, 100), cell("processes", 2, False, 500)]
+    g = Grid("x", "raw", "synthetic", 1000, (3, 8, 8), 64, "none", 1.0, 1, 0.10, None)
+    g.cells = cells
+    pick, why = recommend(g)
+    assert pick is threads  # the pooled processes-2 median (300) is below 90% of 400
+    assert "the fastest cell," not in why and "beyond the spread" not in why, why
+    assert "no spread measured" in why and "the fastest cell alone: 500 samples/s" in why, why
+    for c in cells:  # three passes a cell: the spread is measured and may be claimed
+        c.passes = c.passes * 3
+    assert "beyond the spread" in recommend(g)[1]
+
 ODD = """import torch
 class Words(torch.utils.data.Dataset):  # float images, string labels
     def __len__(self):

@@ -191,3 +191,15 @@ def test_check_reads_compares_an_encoded_record_with_its_checksum(tmp_path):
     with pytest.raises(ShardFormatError, match=r"sample 5\b"):
         ds[5]
     ds[4]  # noqa: B018 -- intact
+
+
+def test_verify_no_progress_is_its_quiet(packed, tmp_path):
+    """`verify --no-progress` (the flag pack-dataset takes) is accepted and is verify's --quiet:
+    the same problem lines and exit status on a damaged output, no bar."""
+    out = copy(packed, tmp_path, "npy")
+    labels = np.load(out / "index" / "labels.npy")
+    flip_bit(out / "index" / "labels.npy", (out / "index" / "labels.npy").stat().st_size - labels.nbytes + 5 * 8)
+    quiet = run_cli("verify", "--quiet", out, command="shardpack")
+    no_progress = run_cli("verify", "--no-progress", out, command="shardpack")
+    assert (no_progress.exit_code, no_progress.output) == (quiet.exit_code, quiet.output) and quiet.exit_code == 1
+    assert "index/labels.npy" in no_progress.output and "it/s" not in no_progress.output

@@ -85,11 +85,15 @@ def recommend(grid: Grid) -> tuple[PathCell, str] | None:
     pooled = (f"persistent_workers on and off taken together (passes pooled: median "
               f"{statistics.median(rates[ch.pick]):,.0f} vs {statistics.median(rates[ch.best]):,.0f} samples/s, "
               f"{ch.best.label})")
-    fastest = "the fastest cell" if pick is best else f"the fastest setting with {pooled}"
+    top = max(cells, key=lambda c: c.rate)  # the fastest cell of the table, pooled or not
+    fastest = ("the fastest cell" if pick is top else f"the fastest setting with {pooled}"
+               if len(groups[ch.pick]) > 1 else "the fastest setting by the medians")
+    beyond = ("beyond the spread" if any(len(c.passes) > 1 for c in cells)
+              else "with one pass a cell (no spread measured: --repeats 3 checks it)")
     if ch.pick == ch.best and rivals:
         why += f"{fastest} by the medians"
     elif ch.pick == ch.best:
-        why += f"{fastest}, and every lighter setting is more than {grid.tolerance:.0%} slower, beyond the spread"
+        why += f"{fastest}, and every lighter setting is more than {grid.tolerance:.0%} slower, {beyond}"
     elif pick.rate >= (1 - grid.tolerance) * best.rate:
         why += (f"the lightest setting within {grid.tolerance:.0%} of the fastest cell "
                 f"({best.rate:,.0f} samples/s, {best.setting.label})")
@@ -97,8 +101,8 @@ def recommend(grid: Grid) -> tuple[PathCell, str] | None:
         why += (f"the lightest setting within {grid.tolerance:.0%} of the fastest with {pooled}; this cell alone "
                 f"reads {pick.rate / best.rate:.0%} of the fastest cell ({best.rate:,.0f} samples/s, "
                 f"{best.setting.label})")
-    if pick is not best and ch.pick == ch.best:
-        why += f"; the fastest cell alone: {best.rate:,.0f} samples/s, {best.setting.label}"
+    if pick is not top and ch.pick == ch.best:
+        why += f"; the fastest cell alone: {top.rate:,.0f} samples/s, {top.setting.label}"
     if pick.setting.persistent:
         why += f"; persistent workers start an epoch in {pick.epoch_start_ms:.0f} ms"
     if rivals:

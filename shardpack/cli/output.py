@@ -42,7 +42,8 @@ def info(out, as_json):
 
 @click.command()
 @click.argument("out", type=LocalPath(exists=True, file_okay=False, schemes=STORES, url_hint=READ_HINT))
-@click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--quiet", "--no-progress", "quiet", is_flag=True,
+              help="No progress bar (verify prints nothing else that --quiet could drop: the same flag).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON document on stdout, pass or fail (same exit status); progress on stderr.")
 def verify(out, quiet, as_json):
