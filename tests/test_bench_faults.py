@@ -331,3 +331,32 @@ def test_an_error_cell_keeps_the_whole_one_line_error(tmp_path):
     errors = [c["error"] for c in bench_json["cells"] if c.get("error")]
     assert len(errors) == 4 and all(re.fullmatch(re.escape("RuntimeError: " + message)
                                                  + r" \(in DataLoader worker process \d\)", e) for e in errors), errors
+
+
+def test_an_unpicklable_dataset_gets_the_spawn_note_and_one_round_claims_no_spread(tmp_path):
+    """A Dataset holding a threading.Lock: forked workers measure it, spawn cannot start one. The
+    epoch-start rows carry the pickling error, one note says what it means and the fix, torch's
+    own "Got pickle error" warning is not shown, and with --repeats 1 no verdict says "beyond the
+    spread" (one round has none)."""
+    (tmp_path / "locked.py").write_text(
+        "import threading, torch\n"
+        "class Locked(torch.utils.data.Dataset):\n"
+        "    def __init__(self):\n"
+        "        self.lock = threading.Lock()\n"
+        "    def __len__(self):\n"
+        "        return 256\n"
+        "    def __getitem__(self, i):\n"
+        "        return torch.full((3, 8, 8), i % 7, dtype=torch.uint8), i % 2\n"
+        "ds = Locked()\n")
+    rc, stdout, stderr = bench(f"{tmp_path / 'locked.py'}:ds", "--workers", "0,2", "--seconds", "0.1", "--repeats",
+                               "1", "--prefetch", "2", "--persistent", "off", "--batch-size", "8", "--quiet",
+                               "--no-check")
+    assert rc == 0, stdout + stderr
+    spawn_rows = [ln for ln in stdout.splitlines() if ln.startswith("| 2 | off | error:")]
+    assert len(spawn_rows) == 1 and "cannot pickle '_thread.lock' object" in spawn_rows[0], stdout
+    notes = [ln for ln in stdout.splitlines() if ln.startswith("note: your dataset cannot be pickled")]
+    assert len(notes) == 1 and "spawn or forkserver" in notes[0] and "__setstate__" in notes[0], stdout
+    assert "Got pickle error" not in stdout + stderr
+    grid = [ln for ln in stdout.splitlines() if ln.startswith("| 2 |") and "error" not in ln]
+    assert grid, stdout  # forked workers were measured
+    assert "beyond the spread" not in stdout and "no spread measured" in stdout, stdout

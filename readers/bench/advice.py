@@ -14,7 +14,7 @@ from ..loading import MODES
 from .baseline import RAW_FOLDER
 from .cells import PathCell, PathSetting
 from .grid import Grid
-from .noise import TOLERANCE, Choice, choose
+from .noise import TOLERANCE, Choice, choose, spread_words
 
 MODE_RANK = {m: k for k, m in enumerate(MODES)}  # lighter first: main (no workers), threads, processes
 BOTTLENECK_SHARE = 0.40  # data at or above this share of a step: loading is the bottleneck
@@ -88,8 +88,7 @@ def recommend(grid: Grid) -> tuple[PathCell, str] | None:
     top = max(cells, key=lambda c: c.rate)  # the fastest cell of the table, pooled or not
     fastest = ("the fastest cell" if pick is top else f"the fastest setting with {pooled}"
                if len(groups[ch.pick]) > 1 else "the fastest setting by the medians")
-    beyond = ("beyond the spread" if any(len(c.passes) > 1 for c in cells)
-              else "with one pass a cell (no spread measured: --repeats 3 checks it)")
+    beyond = spread_words(any(len(c.passes) > 1 for c in cells))
     if ch.pick == ch.best and rivals:
         why += f"{fastest} by the medians"
     elif ch.pick == ch.best:

@@ -79,12 +79,22 @@ def choose(rates: dict, tolerance: float = TOLERANCE, order=None) -> Choice:
     return Choice(pick, best, rivals)
 
 
+ONE_PASS = "with one pass a cell (no spread measured: --repeats 3 checks it)"
+
+
+def spread_words(spread_measured: bool) -> str:
+    """How a verdict says that noise was ruled out: "beyond the spread" when each setting had
+    two or more timed passes, else that one pass a cell measured no spread (and how to get one)."""
+    return "beyond the spread" if spread_measured else ONE_PASS
+
+
 @dataclass
 class Gain:
     """A fix measured against the user's own loader in paired, interleaved rounds: per round the
     milliseconds per batch it saves (``yours - fixed``; negative when the fix was slower).
     ``saved_ms`` is their median, ``pm`` half their spread, ``base_ms`` the user's median, and
-    ``resolved`` whether the two sets of rounds do not overlap."""
+    ``resolved`` whether the two sets of rounds do not overlap (never from one round: one value
+    each has no spread to overlap)."""
 
     saved: list[float]
     base_ms: float
@@ -102,16 +112,20 @@ class Gain:
     def of(cls, yours_ms: list[float], fixed_ms: list[float]) -> Gain:
         """From the user's and the fix's ms/batch, one value per round, in the same round order."""
         return cls([a - b for a, b in zip(yours_ms, fixed_ms)], statistics.median(yours_ms),
-                   max(fixed_ms) < min(yours_ms) or min(fixed_ms) > max(yours_ms))
+                   min(len(yours_ms), len(fixed_ms)) > 1
+                   and (max(fixed_ms) < min(yours_ms) or min(fixed_ms) > max(yours_ms)))
 
     def words(self) -> str:
         """In words, never a negative saving: ``faster by 3.1 ms ± 0.4 per batch (12%), beyond the
         spread`` / ``slower here by 2.0 ms ± 1.5 per batch (8%), not resolved at this noise``."""
         s, pm = self.saved_ms, self.pm
-        spread = f" ± {pm:.1f}" if len(self.saved) > 1 else " (one round: no spread)"
+        one = len(self.saved) < 2
+        spread = "" if one else f" ± {pm:.1f}"
         pct = f" ({abs(s) / self.base_ms:.0%} of yours)" if self.base_ms else ""
         head = (f"faster by {s:.1f} ms{spread} per batch{pct}" if s > 0 else
                 f"slower here by {-s:.1f} ms{spread} per batch{pct}" if s < 0 else f"no difference{spread}")
+        if one:
+            return head + ", in one round (no spread measured: --repeats 3 checks it)"
         return head + (", beyond the spread" if self.resolved else ", not resolved at this noise")
 
 

@@ -145,6 +145,12 @@ def epoch_starts(base: Base, workers: list[int], prefetch: int, epochs: int = 2,
     batch, then the epoch is stopped and drained); returns {"num_workers", "persistent_workers",
     "starts_s": [per epoch], "error"} per cell. Later epochs show the cost a real run pays at
     every epoch: worker start-up (import, unpickling the dataset) unless persistent."""
+    with warnings.catch_warnings():  # torch's own warning of a pickle error: the row's error says it
+        warnings.filterwarnings("ignore", "Got pickle error", UserWarning)
+        return _epoch_starts(base, workers, prefetch, epochs, bar)
+
+
+def _epoch_starts(base: Base, workers: list[int], prefetch: int, epochs: int, bar) -> list[dict]:
     out = []
     for w in (w for w in workers if w > 0):
         for keep in (False, True):

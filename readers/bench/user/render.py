@@ -76,6 +76,12 @@ def epoch_rows(res) -> list[str]:
         share = row.get("share")
         lines.append(f"| {row['num_workers']} | {'on' if row['persistent_workers'] else 'off'} | "
                      f"{row['starts_s'][0]:.2f} | {later:.2f} | {'-' if share is None else format(share, '.1%')} |")
+    unpicklable = next((row["error"] for row in res.epoch if row["error"] and "pickl" in row["error"].lower()), None)
+    if unpicklable:
+        lines.append(f"note: your dataset cannot be pickled ({unpicklable}), so num_workers > 0 fails wherever workers "
+                     "start by spawn or forkserver (Windows, macOS, a parent that uses CUDA) although the grid above "
+                     "ran (its workers were forked); make every attribute picklable, or create the unpicklable one "
+                     "in each worker (worker_init_fn, or __setstate__)")
     return lines
 
 

@@ -20,7 +20,7 @@ import torch
 from ...system import usable_cpus
 from ..advice import BOTTLENECK_SHARE
 from ..cells import UserCell, UserSetting, default_workers, error_text
-from ..noise import TOLERANCE, Choice, choose, load_average, physical_cores
+from ..noise import TOLERANCE, Choice, choose, load_average, physical_cores, spread_words
 from ..result import BenchResult
 from ..timing import NO_CUDA
 from .loader import Base, user_grid
@@ -111,15 +111,16 @@ def recommend_user(cells: list[UserCell], tolerance: float, cores: int) -> tuple
     rivals = [groups[g][0].setting if len(groups[g]) == 1 else g for g in ch.rivals]
     choice = Choice(pick.setting, best.setting, rivals)
     over = [c for c in ok if c.setting.workers > cores]
+    beyond = spread_words(any(len(c.rates) > 1 for c in ok))
     if not choice.resolved:
         why = (f"the lightest setting whose median is within {tolerance:.0%} of the fastest median "
                f"({best.rate:,.0f} samples/s, {best.setting.label}); the spread does not resolve it against "
                f"{'; '.join(s.label for s in rivals)}")
     elif ch.pick != ch.best:
         why = (f"the lightest setting whose median is within {tolerance:.0%} of the fastest "
-               f"({best.rate:,.0f} samples/s, {best.setting.label}); every lighter one is slower beyond the spread")
+               f"({best.rate:,.0f} samples/s, {best.setting.label}); every lighter one is slower, {beyond}")
     else:
-        why = f"the fastest setting; every lighter one is more than {tolerance:.0%} slower, beyond the spread"
+        why = f"the fastest setting; every lighter one is more than {tolerance:.0%} slower, {beyond}"
     if ch.pick != ch.best and pick.rate < (1 - tolerance) * best.rate:  # within by the pooled medians only
         pooled = {g: statistics.median([r for c in groups[g] for r in c.rates]) for g in (ch.pick, ch.best)}
         why += (f"; the medians compared pool persistent_workers on and off ({pooled[ch.pick]:,.0f} vs "
@@ -131,10 +132,10 @@ def recommend_user(cells: list[UserCell], tolerance: float, cores: int) -> tuple
         if min(top.rates) > (1 + tolerance) * max(r for c in groups[ch.best] for r in c.rates):
             why = (f"{top.setting.workers} workers is more than the {cores} usable cores: chosen because it "
                    f"measured {top.rate / best.rate - 1:.0%} faster than the best within the cores, "
-                   f"beyond the spread (workers that wait on I/O, e.g. a network mount, can outnumber cores)")
+                   f"{beyond} (workers that wait on I/O, e.g. a network mount, can outnumber cores)")
             return Choice(top.setting, top.setting, []), top, why
         why += (f"; {', '.join(sorted({str(c.setting.workers) for c in over}))} workers (more than the "
-                f"{cores} usable cores) were measured but not chosen: no gain beyond the spread")
+                f"{cores} usable cores) were measured but not chosen: no gain {beyond}")
     return choice, pick, why
 
 
