@@ -27,6 +27,7 @@ import numpy as np
 from PIL import Image, ImageCms, ImageFile
 
 from ..readers.encoding import RAW
+from ..readers.text import size_text
 
 from .encode import check_encoding
 
@@ -348,11 +349,15 @@ def _draft_target(img: Image.Image, recipe: Recipe) -> tuple[int, int]:
 
 
 def bomb_text(name: str, pixels: int | None, limit: int, size: str = "") -> str:
-    """Why a file is skipped as a possible decompression bomb, naming the option that allows it."""
-    what = f"{size} = {pixels} pixels" if size else f"{pixels} pixels" if pixels else "its size"
+    """Why a file is skipped as a possible decompression bomb, naming the option that allows it
+    and what decoding it would cost: 3 bytes a pixel (RGB, 8 bits) in the decode process that
+    takes it, more for 16-bit or CMYK sources."""
+    what = f"{size} = {pixels:,} pixels" if size and pixels else f"{pixels:,} pixels" if pixels else "its size"
     default = " (Pillow's MAX_IMAGE_PIXELS)" if limit == Image.MAX_IMAGE_PIXELS else ""
-    return (f"{name}: {what} is above the limit of {limit}{default}, a possible decompression bomb; "
-            f"pass --max-source-pixels {pixels or 'N'} to decode it")
+    cost = (f" (up to about {size_text(3 * pixels)} of memory in the decode process that takes it, more for "
+            f"16-bit or CMYK)" if pixels else "")
+    return (f"{name}: {what} is above the limit of {limit:,}{default}, a possible decompression bomb; "
+            f"pass --max-source-pixels {pixels or 'N'} to decode it{cost}")
 
 
 def _open(data: bytes, max_source_pixels: int | None) -> Image.Image:

@@ -351,7 +351,8 @@ def test_a_photo_above_pillows_pixel_limit_is_skipped_naming_max_source_pixels_w
     res = run_cli(*base, "-o", tmp_path / "default", script=LOW_PILLOW_LIMIT)
     assert res.returncode == 0, res.stderr
     (line,) = [ln for ln in res.stdout.splitlines() if "huge.png" in ln]
-    assert "bomb" in line and "62500 pixels" in line and "--max-source-pixels" in line
+    assert "bomb" in line and "62,500 pixels" in line and "--max-source-pixels 62500 to decode it" in line
+    assert "up to about 0.2 MB of memory" in line  # 3 bytes a pixel: 187,500 bytes
     assert len(ShardDataset(tmp_path / "default")) == 4
     res = run_cli(*base, "-o", tmp_path / "allowed", "--max-source-pixels", 62500, script=LOW_PILLOW_LIMIT)
     assert res.returncode == 0, res.stderr
