@@ -100,7 +100,7 @@ class Ledger:
         ``max_io_errors`` unreadable files (it is then not logged: the resume rereads it)."""
         self.status[r.index] = SKIP
         if self.strict:
-            raise StrictError(f"--strict: {r.reason} (no output written)")
+            raise StrictError.of(r.reason)
         if r.kind == "io" and r.errno in IO_ERRNOS:
             if self.streak == 0:
                 self.streak_start = r.index

@@ -20,6 +20,13 @@ class PackError(RuntimeError):
 class StrictError(PackError):
     """--strict met a file it would have skipped."""
 
+    @classmethod
+    def of(cls, reason: str) -> StrictError:
+        """From that file's skip reason: the run stops at the first such file, so the line says
+        where the whole list comes from."""
+        return cls(f"--strict: {reason} (no output written; --strict stops at the first unusable file: "
+                   "without it each one is skipped and listed in the report and skipped.json)")
+
 
 class OutputBusy(PackError):
     """Another process holds OUT's lock (lock.py); ``holder``: what it wrote there (pid, host)."""

@@ -278,7 +278,7 @@ class UnitRunner:
                                            "are missing or short")
                     self.ran[done["node"]] = self.ran.get(done["node"], 0) + 1
                     if self.strict and record["skipped"]:
-                        raise StrictError(f"--strict: {record['skipped'][0][2]} (no output written)")
+                        raise StrictError.of(record['skipped'][0][2])
                     ready[done["unit"]] = record
             yield self._take(u, ready.pop(u) if u in ready else self._reusable(u))
             self._forget(u)

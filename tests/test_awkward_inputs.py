@@ -132,6 +132,7 @@ def test_unusable_files_are_reported_and_strict_fails(odd_tree, tmp_path, fmt):
     result = CliRunner().invoke(pack_dataset, [str(odd_tree), "--format", fmt, "--size", "16",
                                                "-o", str(tmp_path / "strict"), "--strict", "--no-progress"])
     assert result.exit_code != 0 and "--strict" in result.output and "bad/" in result.output
+    assert "stops at the first unusable file" in result.output and "skipped.json" in result.output
     assert not (tmp_path / "strict").exists() and not (tmp_path / ".strict.partial").exists()
 
 
