@@ -111,6 +111,17 @@ def test_persistent_off_only_when_faster_beyond_the_spread():
     assert "persistent_workers=False: it read faster than persistent workers beyond the spread" in res.why
 
 
+def test_one_pass_a_cell_claims_no_spread_for_the_user_code_pick():
+    """--repeats 1: the same timings as above, one pass each. persistent_workers=False measured
+    faster in its one pass, but one pass has no spread: persistent workers are kept, and no
+    reason says "beyond the spread" or "within the spread"."""
+    cells = [cell(0, [100]), cell(2, [180]), cell(2, [200], persistent=False)]
+    res = result(cells)
+    assert res.rec.setting == UserSetting(2, 2, True, False)
+    assert "spread" not in res.why.replace("no spread measured", ""), res.why
+    assert "persistent_workers=True: on and off taken together, with one pass a cell" in res.why, res.why
+
+
 # --- packing as the first fix, on a Pillow Dataset over real files ---------------------------------
 
 PIL_CODE = '''

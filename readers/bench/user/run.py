@@ -151,10 +151,12 @@ def _persistent_of(cells: list[UserCell]) -> tuple[UserCell, str]:
         return cells[0], ""
     on = next(c for c in cells if c.setting.persistent)
     off = next(c for c in cells if not c.setting.persistent)
-    if min(off.rates) > max(on.rates):
+    measured = min(len(on.rates), len(off.rates)) > 1
+    if measured and min(off.rates) > max(on.rates):
         return off, "; persistent_workers=False: it read faster than persistent workers beyond the spread"
-    return on, ("; persistent_workers=True: on and off read alike within the spread (their passes taken "
-                "together), and persistent workers skip the worker start of every later epoch")
+    alike = ("on and off read alike within the spread (their passes taken together)" if measured else
+             f"on and off taken together, {spread_words(False)}")
+    return on, f"; persistent_workers=True: {alike}, and persistent workers skip the worker start of every later epoch"
 
 
 def knees_of(cells: list[UserCell], tolerance: float) -> list[dict]:
