@@ -112,12 +112,14 @@ def recommend(grid: Grid) -> tuple[PathCell, str] | None:
 
 def _persistent_pick(cells: list[PathCell]) -> PathCell:
     """Of cells differing only in persistent_workers: the persistent one, unless the other read
-    faster beyond the spread (its slowest pass above the persistent one's fastest)."""
+    faster beyond the spread (its slowest pass above the persistent one's fastest; one pass each
+    has no spread, so the persistent one)."""
     if len(cells) < 2:
         return cells[0]
     on = next(c for c in cells if c.setting.persistent)
     off = next(c for c in cells if not c.setting.persistent)
-    return off if min(off.rates) > max(on.rates) else on
+    measured = min(len(on.rates), len(off.rates)) > 1
+    return off if measured and min(off.rates) > max(on.rates) else on
 
 
 def speedups(packed: Grid, raw: Grid) -> dict[PathSetting, float]:
