@@ -360,3 +360,29 @@ def test_an_unpicklable_dataset_gets_the_spawn_note_and_one_round_claims_no_spre
     grid = [ln for ln in stdout.splitlines() if ln.startswith("| 2 |") and "error" not in ln]
     assert grid, stdout  # forked workers were measured
     assert "beyond the spread" not in stdout and "no spread measured" in stdout, stdout
+
+
+def test_a_model_whose_step_fails_on_a_packed_output_is_one_line(small, tmp_path):
+    """--model on a packed output (2 classes) with a model of 10 outputs whose step raises on a
+    label, and one whose first layer does not fit the batch: each one "Error: --model ..." line
+    naming the error, the batch and the classes, exit 1, no traceback (the FILE.py:NAME path
+    already said it in one line)."""
+    (tmp_path / "nets.py").write_text(
+        "import torch\n"
+        "class Few(torch.nn.Module):  # 1 logit for 2 classes: label 1 is out of bounds\n"
+        "    def __init__(self):\n"
+        "        super().__init__(); self.f = torch.nn.Linear(3, 1)\n"
+        "    def forward(self, x):\n"
+        "        return self.f(x.float().mean((2, 3)))\n"
+        "class Misfit(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__(); self.f = torch.nn.Linear(7, 2)\n"
+        "    def forward(self, x):\n"
+        "        return self.f(x.float().flatten(1))\n")
+    _, out = small
+    for name, error in (("Few", "IndexError"), ("Misfit", "RuntimeError: mat1 and mat2 shapes cannot be multiplied")):
+        rc, stdout, stderr = bench(out, *FAST, "--batch-size", "6", "--model", f"{tmp_path / 'nets.py'}:{name}")
+        lines = [ln for ln in stderr.splitlines() if ln.strip()]
+        assert rc == 1 and "Traceback" not in stderr, stderr
+        assert lines[-1].startswith(f"Error: --model {tmp_path / 'nets.py'}:{name}: the training step raised {error}")
+        assert "labels (6,) int64 in [0, 2)" in lines[-1] and "returns (6, 2) logits" in lines[-1], lines[-1]

@@ -96,8 +96,19 @@ def build_model(spec: str, classes: int) -> torch.nn.Module:
 
 def measure_step(spec: str, grid: Grid, classes: int, device=None, module=None) -> dict:
     """Time ``spec``'s training step (``module`` when already built) on a fixed batch shaped
-    like ``grid``'s. Returns {"model", "device", "ms" (median), "steps_ms"}."""
+    like ``grid``'s. Returns {"model", "device", "ms" (median), "steps_ms"}. Raises ValueError,
+    one line naming the batch, the classes and the error, when the step itself raises (a model
+    whose output does not match the output's classes, or its input shape)."""
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
     module = module if module is not None else build_model(spec, classes)
-    times = model_step_ms(module, (grid.batch_size, *grid.shape), classes, dev)
+    shape = (grid.batch_size, *grid.shape)
+    try:
+        times = model_step_ms(module, shape, classes, dev)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as err:  # noqa: BLE001 -- the user's model: one line, not a traceback
+        first = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+        raise ValueError(f"--model {spec}: the training step raised {first}; it runs on inputs {shape} float32 "
+                         f"and labels ({shape[0]},) int64 in [0, {classes}): a model for this output takes such a "
+                         f"batch and returns ({shape[0]}, {classes}) logits") from None
     return {"model": spec, "device": str(dev), "ms": statistics.median(times), "steps_ms": times}
