@@ -63,6 +63,15 @@ class BatchRow(torch.Tensor):
     _batch: torch.Tensor | None = None
     _row = -1
 
+    def __reduce_ex__(self, proto):
+        """Pickled (``torch.save``, ``pickle``, a DataLoader queue) as the plain tensor it is, so
+        ``torch.load`` with its default ``weights_only=True`` takes it back and the batch it came
+        from is not pickled beside it (a view's storage, as for any torch view, is)."""
+        return self.as_subclass(torch.Tensor).__reduce_ex__(proto)
+
+    def __deepcopy__(self, memo):
+        return self.as_subclass(torch.Tensor).__deepcopy__(memo)
+
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

@@ -74,6 +74,27 @@ def test_getitems_returns_what_getitem_returns_and_default_collate_stacks_them_u
     assert torch.equal(swapped[0], imgs[1]) and torch.equal(swapped[1], imgs[0])
 
 
+def test_a_sample_saved_with_torch_save_loads_back_as_a_plain_tensor(packed, tmp_path):
+    """ds[i]'s image and a __getitems__ row are saved and pickled as plain tensors: torch.load's
+    default weights_only=True takes them back (a tensor subclass it would refuse), equal and
+    plain; a deepcopy is plain too and shares nothing."""
+    import copy
+    import pickle
+    ds = ShardDataset(packed["lmdb"])
+    one = ds[ORDER[0]][0]
+    row = ds.__getitems__(ORDER[:5])[2][0]
+    for k, img in enumerate((one, row)):
+        torch.save(img, tmp_path / f"{k}.pt")
+        back = torch.load(tmp_path / f"{k}.pt")
+        assert type(back) is torch.Tensor and torch.equal(back, img) and back.stride() == img.stride()
+        again = pickle.loads(pickle.dumps(img))
+        assert type(again) is torch.Tensor and torch.equal(again, img)
+        twin = copy.deepcopy(img)
+        assert type(twin) is torch.Tensor and torch.equal(twin, img)
+        assert twin.untyped_storage().data_ptr() != img.untyped_storage().data_ptr()
+    assert torch.equal(row, raw(ds, ORDER[2]))
+
+
 def test_a_per_sample_transform_still_runs_per_sample_on_each_image(packed):
     seen = []
 
