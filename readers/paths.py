@@ -126,12 +126,14 @@ class PathRefused(click.BadParameter):
 
 class LocalPath(click.Path):
     """click.Path that refuses a URL (``url_hint``: what to do instead) but those of the
-    ``schemes`` given (returned as they are, a str), and, with ``to_write``, a file that could
-    not be written (:func:`file_to_write_refusal`)."""
+    ``schemes`` given (returned as they are, a str), with ``to_write`` a file that could not be
+    written (:func:`file_to_write_refusal`), and with ``output`` anything but a directory in the
+    words a reader uses (:func:`not_an_output`: a run writing it now, an interrupted one)."""
 
-    def __init__(self, *args, url_hint: str = "give a local path", to_write: bool = False, schemes=(), **kwargs):
+    def __init__(self, *args, url_hint: str = "give a local path", to_write: bool = False, schemes=(),
+                 output: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
-        self.url_hint, self.to_write, self.schemes = url_hint, to_write, tuple(schemes)
+        self.url_hint, self.to_write, self.schemes, self.output = url_hint, to_write, tuple(schemes), output
 
     def convert(self, value, param, ctx):
         text = os.fspath(value)
@@ -144,6 +146,9 @@ class LocalPath(click.Path):
             raise PathRefused(f"{value} is a URL; of object storage only {taken} {verb} supported here: "
                               f"{self.url_hint}", ctx, param)
         refusal = url_refusal(value, self.url_hint) or (file_to_write_refusal(value) if self.to_write else None)
+        if refusal is None and self.output and not Path(text).expanduser().is_dir():
+            from .manifest import partial_dir
+            refusal = not_an_output(value, partial_dir(Path(text).expanduser()))
         if refusal is not None:
             raise PathRefused(refusal, ctx, param)
         return super().convert(value, param, ctx)

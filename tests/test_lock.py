@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from helpers import make_tree, pack_quiet, same_content, stop_after
+from helpers import make_tree, pack_quiet, run_cli, same_content, stop_after
 from shardpack.packer import Options, PackError, Recipe
 from shardpack.packer.lock import OutputLock, lock_path
 from shardpack.packer.options import OutputBusy
@@ -168,12 +168,20 @@ def test_opening_an_output_a_live_run_is_writing_names_that_run_not_resume(tree,
             ShardDataset(out, split=split)
         assert str(err.value) == (f"{out}: no such shardpack output directory (a run, pid {first.pid}, is writing "
                                   f"it now, in {partial_dir(out)}; open it once that run has finished)")
+    for command in ("info", "verify"):  # the commands say the same, a usage error (exit 2), not "does not exist"
+        res = run_cli(command, out, command="shardpack", fresh=True, timeout=120)
+        assert res.returncode == 2 and res.stderr.strip() == (
+            f"Error: Invalid value for 'OUT': {out}: no such shardpack output directory (a run, pid {first.pid}, "
+            f"is writing it now, in {partial_dir(out)}; open it once that run has finished)"), res.stderr
     first.send_signal(signal.SIGKILL)
     first.wait()
     with pytest.raises(ShardFormatError) as err:
         ShardDataset(out)
     assert str(err.value) == (f"{out}: no such shardpack output directory (an interrupted run left "
                               f"{partial_dir(out)}; finish it with --resume)")
+    res = run_cli("info", out, command="shardpack", fresh=True, timeout=120)
+    assert res.returncode == 2 and res.stderr.strip().endswith(f"(an interrupted run left {partial_dir(out)}; "
+                                                               "finish it with --resume)"), res.stderr
 
 
 def test_two_plain_runs_started_at_the_same_instant_exactly_one_proceeds(tree, tmp_path):

@@ -20,7 +20,8 @@ READ_HINT = "copy the output to a local disk and open that path"
 
 
 @click.command()
-@click.argument("out", type=LocalPath(exists=True, file_okay=False, schemes=STORES, url_hint=READ_HINT))
+@click.argument("out", type=LocalPath(exists=True, file_okay=False, schemes=STORES, url_hint=READ_HINT,
+                                          output=True))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout (also on failure).")
 def info(out, as_json):
     """Describe the packed output OUT (a folder, or s3://bucket/prefix/OUT): count, classes, shape,
@@ -41,7 +42,8 @@ def info(out, as_json):
 
 
 @click.command()
-@click.argument("out", type=LocalPath(exists=True, file_okay=False, schemes=STORES, url_hint=READ_HINT))
+@click.argument("out", type=LocalPath(exists=True, file_okay=False, schemes=STORES, url_hint=READ_HINT,
+                                          output=True))
 @click.option("--quiet", "--no-progress", "quiet", is_flag=True,
               help="No progress bar (verify prints nothing else that --quiet could drop: the same flag).")
 @click.option("--json", "as_json", is_flag=True,
