@@ -188,8 +188,9 @@ def make_plan(src: str | os.PathLike, *, splits: list[str] | None = None, no_spl
                 classes, origin = listing.classes, f"the labels in {file}"
         else:
             if name in labels:
-                raise ScanError(f"--labels {name}=...: {folder} has class folders, which give its "
-                                "labels; --labels is for flat folders")
+                flag = f"--labels {name}=..." if name else f"--labels {labels[name]}"
+                raise ScanError(f"{flag}: {folder} has class folders, which give its labels; --labels is for "
+                                "flat folders")
             listing = scan(folder, splits_ok=True, mounts=mounts)
             if classes is None:
                 classes, origin = listing.classes, ("class folders" if name is None

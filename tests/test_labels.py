@@ -190,3 +190,18 @@ def test_the_command_line_packs_multi_word_labels_as_separate_classes(tmp_path):
     ds = ShardDataset(out)
     assert ds.classes == ["golden retriever", "great grey owl", "great white shark"]
     assert [ds.classes[t] for t in ds.targets.tolist()] == ["great white shark", "great grey owl", "golden retriever"]
+
+
+def test_labels_for_a_tree_of_class_folders_names_the_file_given(tmp_path):
+    """--labels FILE on a tree with class folders: the one line names FILE as given (it read
+    "--labels None=..."), and nothing is written."""
+    src = tmp_path / "tree"
+    for cls in ("a", "b"):
+        (src / cls).mkdir(parents=True)
+        noise_image(16, 16, 0).save(src / cls / "x.png")
+    out = tmp_path / "t.npy"
+    res = run_cli(src, "--labels", tmp_path / "l.csv", "--format", "npy", "--size", 8, "-o", out)
+    assert res.exit_code != 0 and "None" not in res.output, res.output
+    assert (f"--labels {tmp_path / 'l.csv'}: {src} has class folders, which give its labels; --labels is for "
+            "flat folders") in res.output, res.output
+    assert not out.exists()
