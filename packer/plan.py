@@ -242,6 +242,23 @@ def find_labels_file(src: Path, split: str | None) -> Path | None:
 
 # ---------------------------------------------------------------- the plan, in words
 
+def not_packed_notes(plan: Plan) -> list[str]:
+    """One line for each group of images in SRC that the plan leaves out without a skip record
+    (images a labels file does not list, images beside the class folders): what ``--quiet``
+    says on stderr in place of the plan, which names them."""
+    notes = []
+    for part in plan.parts:
+        if part.labels and part.labels.unlisted:
+            names = part.labels.unlisted
+            notes.append(f"{plural(len(names), 'image')} in {part.listing.root} not listed in {part.labels.file}, "
+                         f"not packed: {', '.join(shown_apart(names)[:5])}" + (" ..." if len(names) > 5 else ""))
+    for root, names in [(plan.src, plan.loose)] + [(p.listing.root, p.listing.loose) for p in plan.parts]:
+        if names:
+            notes.append(f"{plural(len(names), 'image')} directly in {root}, outside the class folders, not packed: "
+                         f"{', '.join(shown_apart(names)[:5])}" + (" ..." if len(names) > 5 else ""))
+    return notes
+
+
 def plan_text(plan: Plan, out: Path, recipe: Recipe, opts: Options, workers: int, staging: Path | None = None) -> str:
     """The plan as printed before decoding: splits, classes, images per split, labels reports,
     output size estimate, free space (at ``staging``, the local folder an ``s3://`` OUT is packed

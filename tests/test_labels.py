@@ -205,3 +205,31 @@ def test_labels_for_a_tree_of_class_folders_names_the_file_given(tmp_path):
     assert (f"--labels {tmp_path / 'l.csv'}: {src} has class folders, which give its labels; --labels is for "
             "flat folders") in res.output, res.output
     assert not out.exists()
+
+
+def test_quiet_still_says_which_images_are_left_out(tmp_path):
+    """--quiet hides the plan, which names the images it leaves out: a flat folder's image that its
+    labels file does not list, and an image directly in a tree beside its class folders. Each is
+    one "shardpack: ..." line on stderr, the summary stays one line, and the output holds the rest."""
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for k, name in enumerate(["a1.jpg", "a2.jpg", "extra.jpg"]):
+        noise_image(16, 16, k).save(flat / name)
+    labels = tmp_path / "l.csv"
+    labels.write_text("file,label\na1.jpg,cat\na2.jpg,dog\n")
+    res = run_cli(flat, "--labels", labels, "--format", "npy", "--size", 8, "-o", tmp_path / "f.npy", "--quiet",
+                  fresh=True)
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.strip() == f"shardpack: 1 image in {flat} not listed in {labels}, not packed: extra.jpg"
+    assert res.stdout.strip().startswith("packed 2 images of 2 classes") and len(res.stdout.splitlines()) == 1
+    tree = tmp_path / "tree"
+    for cls in ("a", "b"):
+        (tree / cls).mkdir(parents=True)
+        noise_image(16, 16, 0).save(tree / cls / "x.png")
+    noise_image(16, 16, 1).save(tree / "stray.png")
+    res = run_cli(tree, "--format", "npy", "--size", 8, "-o", tmp_path / "t.npy", "--quiet", fresh=True)
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.strip() == (f"shardpack: 1 image directly in {tree}, outside the class folders, not packed: "
+                                  "stray.png"), res.stderr
+    from shardpack.readers import ShardDataset
+    assert len(ShardDataset(tmp_path / "f.npy")) == 2 and len(ShardDataset(tmp_path / "t.npy")) == 2

@@ -26,7 +26,7 @@ from ..packer.run import prepare
 from ..packer.scan import ScanError, SplitsError
 from ..packer.ledger import ignored_row
 from ..packer.sizing import imagenet_text, workers_refusal, workers_warning
-from ..packer.plan import plan_text
+from ..packer.plan import not_packed_notes, plan_text
 from ..readers.objects import is_url
 from ..readers.text import plural, size_text
 from ..readers.encoding import DEFAULT_QUALITY, DEFAULT_SUBSAMPLING, ENCODINGS, JPEG, QUALITY_RANGE, RAW, SUBSAMPLINGS
@@ -238,6 +238,9 @@ def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_siz
         staging = setup.out if is_url(str(setup.named)) else None  # an s3:// OUT: packed into setup.out first
         if not quiet:
             click.echo(plan_text(plan, setup.named, recipe, opts, setup.workers, staging))
+        else:  # the plan names the images it leaves out; without it they are not dropped unsaid
+            for note in not_packed_notes(plan):
+                say(note)
         if dry_run:
             dry_run_after_scan(plan, setup.out, recipe, opts, setup.workers)
             return None
