@@ -122,7 +122,9 @@ def pack_options(f):
                           "decompression bombs [default: Pillow's 89,478,485]. Outputs are bounded by "
                           "--max-pixels."),
         click.option("--shard-size", type=click.IntRange(1 << 20), default=None,
-                     help="wds: bytes per tar shard [default: 1 GiB]."),
+                     help="wds: bytes per tar shard; --layout parts: bytes per part file, rounded to whole "
+                          "decode units (at least one unit: 16 to 4,096 files, ~32 MiB of pixels) "
+                          "[default: 1 GiB]."),
         click.option("--background", default="255,255,255", callback=_parse_color, show_default=True,
                      help="R,G,B that transparent pixels are composited onto."),
         click.option("--draft", is_flag=True, help="Let the JPEG decoder downscale (faster, not bit-exact)."),
@@ -136,7 +138,9 @@ def pack_options(f):
         click.option("--subsampling", type=click.Choice(SUBSAMPLINGS), default=None,
                      help=f"--encoding jpeg: chroma subsampling [default: {DEFAULT_SUBSAMPLING}]."),
         click.option("--allow-truncated", is_flag=True,
-                     help="Keep truncated images, the missing part filled in (recorded in the manifest)."),
+                     help="Keep images Pillow can only partly decode (truncated, some corrupt data), the rest "
+                          "filled in (grey or black); the manifest records that the run allowed it, not which "
+                          "files were filled."),
         click.option("--strict", is_flag=True, help="Fail (no output) on any file that would be skipped."),
         click.option("--overwrite", is_flag=True, help="Replace an existing OUT (kept until the new one is complete)."),
         click.option("--resume", is_flag=True, help="Continue an interrupted run into the same OUT."),
