@@ -386,3 +386,14 @@ def test_a_model_whose_step_fails_on_a_packed_output_is_one_line(small, tmp_path
         assert rc == 1 and "Traceback" not in stderr, stderr
         assert lines[-1].startswith(f"Error: --model {tmp_path / 'nets.py'}:{name}: the training step raised {error}")
         assert "labels (6,) int64 in [0, 2)" in lines[-1] and "returns (6, 2) logits" in lines[-1], lines[-1]
+
+
+def test_compare_with_a_tree_of_other_classes_is_refused_naming_the_source(small, tmp_path):
+    """--compare DIR must be the tree the output was packed from (speed-ups of unlike data mean
+    nothing): a tree of other classes is one line naming the output's source, before any cell."""
+    src, out = small
+    other = make_tree(tmp_path / "other", {"c": 2, "d": 2, "e": 2})
+    rc, stdout, stderr = bench(out, "--compare", other, *FAST)
+    assert rc == 1 and "Traceback" not in stderr and stdout == "", stdout + stderr
+    assert stderr.strip().splitlines()[-1] == (f"Error: --compare {other}: its 3 classes are not the 2 of {out}; "
+                                               f"give the tree it was packed from ({src})"), stderr
