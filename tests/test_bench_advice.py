@@ -265,3 +265,10 @@ def test_a_paths_persistent_workers_does_not_flip_on_noise(on_rates, off_rates):
     pick, why = recommend(g)
     assert (pick.setting.mode, pick.setting.workers, pick.setting.persistent) == ("processes", 2, True)
     assert "NOT RESOLVED" not in why and "every lighter setting is more than 10% slower" in why
+
+
+def test_a_lone_cell_is_the_only_setting_measured():
+    """One cell (--workers 0, or --mode main): nothing is lighter or faster, so the reason says
+    just that, claiming no comparison ("every lighter one is more than 10% slower")."""
+    res = result([cell(0, [100, 101, 99])])
+    assert res.rec.setting.workers == 0 and res.why == "the only setting measured", res.why

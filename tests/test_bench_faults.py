@@ -397,3 +397,14 @@ def test_compare_with_a_tree_of_other_classes_is_refused_naming_the_source(small
     assert rc == 1 and "Traceback" not in stderr and stdout == "", stdout + stderr
     assert stderr.strip().splitlines()[-1] == (f"Error: --compare {other}: its 3 classes are not the 2 of {out}; "
                                                f"give the tree it was packed from ({src})"), stderr
+
+
+def test_workers_dropped_by_mode_main_are_said_and_a_lone_cell_claims_no_comparison(small):
+    _, out = small
+    rc, stdout, stderr = bench(out, "--workers", "0,2", "--mode", "main", "--seconds", "0.1", "--repeats", "1",
+                               "--quiet", "--no-check", "--batch-size", "2")
+    assert rc == 0, stdout + stderr
+    assert ("--workers 2: not used by --mode main (it loads in this process); worker counts apply to --mode "
+            "threads and processes") in stdout, stdout
+    rec = next(ln for ln in stdout.splitlines() if ln.startswith("recommended:"))
+    assert rec.endswith("the only setting measured") and "lighter" not in rec, rec

@@ -89,7 +89,9 @@ def recommend(grid: Grid) -> tuple[PathCell, str] | None:
     fastest = ("the fastest cell" if pick is top else f"the fastest setting with {pooled}"
                if len(groups[ch.pick]) > 1 else "the fastest setting by the medians")
     beyond = spread_words(any(len(c.passes) > 1 for c in cells))
-    if ch.pick == ch.best and rivals:
+    if len(groups) == 1:  # nothing to be lighter or faster than
+        why += "the only setting measured"
+    elif ch.pick == ch.best and rivals:
         why += f"{fastest} by the medians"
     elif ch.pick == ch.best:
         why += f"{fastest}, and every lighter setting is more than {grid.tolerance:.0%} slower, {beyond}"

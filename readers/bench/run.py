@@ -13,7 +13,7 @@ import torch
 from .advice import BOTTLENECK_SHARE, advice, data_share, recommend, speedups
 from .baseline import PACKED, RAW_FOLDER, open_source
 from .cells import default_workers
-from .grid import MODES, Grid, augment_transform, grid, pin_choices, plain_loop, run_grid
+from .grid import MODES, Grid, augment_transform, grid, loader_modes, pin_choices, plain_loop, run_grid
 from .model import measure_step
 from .noise import TOLERANCE
 from .render import header, plot, render, to_json
@@ -120,9 +120,14 @@ def run_bench(path, *, batch_size: int | None = None, modes=MODES, workers=None,
         module = load_model(model, len(ds.classes))  # fail now, not after the grid
     pins, skipped = pin_choices(pin_memory)
     keep = {"on": [True], "off": [False], "both": [True, False]}[persistent]
-    settings = grid(modes, default_workers() if workers is None else workers, prefetch, keep, pins)
+    counts = default_workers() if workers is None else workers
+    settings = grid(modes, counts, prefetch, keep, pins)
     if not settings:
         raise ValueError("the grid is empty: check --mode and --workers")
+    unused = sorted(w for w in set(counts) if w > 0)
+    if workers is not None and unused and loader_modes(modes) == ["main"]:  # said, not dropped unsaid
+        skipped = skipped + [f"--workers {','.join(map(str, unused))}: not used by --mode main (it loads in this "
+                             "process); worker counts apply to --mode threads and processes"]
     device = "cuda" if torch.cuda.is_available() else None
     common = dict(batch_size=batch_size, augment=augment, seconds=seconds, repeats=repeats,
                   tolerance=tolerance, skipped=skipped + capped, device=device, seed=seed)

@@ -112,7 +112,9 @@ def recommend_user(cells: list[UserCell], tolerance: float, cores: int) -> tuple
     choice = Choice(pick.setting, best.setting, rivals)
     over = [c for c in ok if c.setting.workers > cores]
     beyond = spread_words(any(len(c.rates) > 1 for c in ok))
-    if not choice.resolved:
+    if len(groups) == 1:  # nothing to be lighter or faster than
+        why = "the only setting measured"
+    elif not choice.resolved:
         why = (f"the lightest setting whose median is within {tolerance:.0%} of the fastest median "
                f"({best.rate:,.0f} samples/s, {best.setting.label}); the spread does not resolve it against "
                f"{'; '.join(s.label for s in rivals)}")
