@@ -21,7 +21,7 @@ from .plan import Plan
 from ..readers.encoding import RAW
 
 from .sizing import as_jpeg, plan_run_bytes
-from .staging import Staging, check_complete, check_existing, check_place, space_need
+from .staging import Staging, check_complete, check_existing, check_interrupted, check_place, space_need
 
 
 # ---------------------------------------------------------------- the dry run
@@ -44,6 +44,7 @@ def dry_run_before_scan(src, out: Path, recipe: Recipe, opts: Options) -> None:
         raise busy_error(out, record)
     check_complete(src, out, recipe, opts)
     check_existing(out, opts)
+    check_interrupted(out, opts, None)
 
 
 def dry_run_after_scan(plan: Plan, out: Path, recipe: Recipe, opts: Options, workers: int) -> None:

@@ -46,7 +46,7 @@ from .scan import Listing, scan
 from .sizing import SizeEstimate, as_jpeg, estimate_size, output_bytes, scratch_bytes
 from .sameness import dataset_fingerprint
 from .upload import open_upload, url_of
-from .staging import COMPACTING, Staging, check_complete, check_existing, check_place, space_need
+from .staging import COMPACTING, Staging, check_complete, check_existing, check_interrupted, check_place, space_need
 from .writers import open_writer
 from .writers.manifest import dataset_manifest, run_info, write_index
 
@@ -133,6 +133,7 @@ def prepare(src: str | Path, out: str | Path | None, recipe: Recipe, opts: Optio
         try:
             check_complete(src, target, recipe, opts)
             check_existing(target, opts)
+            check_interrupted(target, opts, lock.previous)
             if opts.engine == "ray":  # joined (or started) now: a failure leaves no partial directory
                 from .engine_ray import RaySession
                 session = RaySession(opts.address, workers)

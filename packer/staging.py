@@ -85,6 +85,22 @@ def check_existing(out: Path, opts: Options) -> None:
         raise PackError(f"{out} already exists; pass --overwrite to replace it")
 
 
+def interrupted_text(tmp: Path, previous: dict | None) -> str:
+    """The refusal of a run given neither --resume nor --overwrite where an interrupted run left
+    its partial directory ``tmp`` (``previous``: the record in OUT's lock file, its pid)."""
+    by = f" ({holder_text(previous)}, no longer running)" if previous and previous.get("pid") else ""
+    return f"an interrupted run{by} left {tmp}; pass --resume to continue it or --overwrite to start over"
+
+
+def check_interrupted(out: Path, opts: Options, previous: dict | None) -> None:
+    """Refuse at once (before the scan, so before the plan is printed) a run given neither
+    --resume nor --overwrite where an interrupted run's partial directory is: Staging.check would
+    refuse it the same way after the scan. Run with the lock held."""
+    tmp = partial_dir(out)
+    if tmp.exists() and not (opts.resume or opts.overwrite):
+        raise PackError(interrupted_text(tmp, previous))
+
+
 def check_complete(src: str | os.PathLike, out: Path, recipe: Recipe, opts: Options) -> None:
     """``--resume`` where no run was interrupted but OUT is complete: AlreadyComplete when it was
     made from the same SRC in the same format with the same pixels (nothing to do), else
@@ -212,9 +228,7 @@ class Staging:
                                          f"{SOURCE_SAMPLE} files per split, so a file replaced in place with the "
                                          f"same name is not seen (--overwrite repacks everything)")
             elif not opts.overwrite:
-                by = f" ({holder_text(previous)}, no longer running)" if previous and previous.get("pid") else ""
-                raise PackError(f"an interrupted run{by} left {tmp}; pass --resume to continue it "
-                                f"or --overwrite to start over")
+                raise PackError(interrupted_text(tmp, previous))
         elif opts.resume:
             if (out / MANIFEST).is_file():
                 raise AlreadyComplete(f"{out} is already complete; nothing to resume")

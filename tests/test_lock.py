@@ -150,6 +150,7 @@ def test_a_killed_run_leaves_the_lock_free_and_is_named_as_interrupted(tree, tmp
         line = one_line(plain.stderr)
         assert plain.returncode == 1
         assert f"an interrupted run (pid {first.pid}" in line and "no longer running" in line and "--resume" in line
+        assert plain.stdout == ""  # refused before the scan: no plan printed first
     resumed = cli(*args, "--resume")
     assert resumed.returncode == 0, resumed.stderr
     same_content(ref, out, "lmdb")
