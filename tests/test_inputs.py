@@ -111,6 +111,7 @@ def test_dry_run_refuses_an_existing_out_as_the_real_run_does(tree, tmp_path):
     assert "already exists; pass --overwrite" in last_line(dry)
     dry, real = both(tree, out, "--overwrite")  # what passes dry passes for real
     assert dry.exit_code == real.exit_code == 0, (dry.output, real.output)
+    assert last_line(dry) == "dry run: every check passed; nothing written (pack it without --dry-run)"
     dry, real = both(tree, out, "--resume")  # complete, made the same way: exit 0 both, saying so
     assert dry.exit_code == real.exit_code == 0
     assert "already complete" in dry.output and "already complete" in real.output

@@ -247,6 +247,8 @@ def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_siz
                 say(note)
         if dry_run:
             dry_run_after_scan(plan, setup.out, recipe, opts, setup.workers)
+            if not quiet:  # a passing --dry-run --quiet prints nothing (docs/cli.md)
+                click.echo("dry run: every check passed; nothing written (pack it without --dry-run)")
             return None
         unmatched = [p for p in plan.parts if p.labels and (p.labels.missing or p.labels.unlisted)]
         if strict and unmatched:
