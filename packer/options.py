@@ -28,6 +28,18 @@ class StrictError(PackError):
                    "without it each one is skipped and listed in the report and skipped.json)")
 
 
+class DecodersUnavailable(PackError):
+    """The decode processes could not be started (before any file was decoded): the run leaves
+    nothing behind."""
+
+    @classmethod
+    def of(cls, workers: int, err: OSError) -> DecodersUnavailable:
+        reason = getattr(err, "strerror", None) or str(err) or type(err).__name__
+        return cls(f"cannot start {workers} decode processes ({type(err).__name__}: {reason}): Python's "
+                   "multiprocessing could not make its locks or helper process (a /dev/shm this user cannot "
+                   "write, a sandbox?); --workers 1 decodes in this process")
+
+
 class OutputBusy(PackError):
     """Another process holds OUT's lock (lock.py); ``holder``: what it wrote there (pid, host)."""
 

@@ -38,8 +38,8 @@ from .lock import OutputLock
 from .mounts import MountTable, UnsafeOutput, check_output, source_note
 from .parts import check_layout, part_sizes
 from .footprint import fixed_bytes
-from .options import (DISK_FULL, ENGINES, RESUME_AND_OVERWRITE, ConflictingOptions, Options, PackError, Report,
-                      StrictError, default_out, errno_of, resume_advice, say)
+from .options import (DISK_FULL, ENGINES, RESUME_AND_OVERWRITE, ConflictingOptions, DecodersUnavailable, Options,
+                      PackError, Report, StrictError, default_out, errno_of, resume_advice, say)
 from .prefetch import DEFAULT_THREADS
 from .runners import keep_freed_memory, start_forkserver
 from .scan import Listing, scan
@@ -252,8 +252,8 @@ def _pack(src, recipe: Recipe, opts: Options, listing: Listing | None, extra: di
     except BaseException as err:
         if writer is not None:
             _quietly(writer.close)  # the error that stopped the run is the one to report
-        if isinstance(err, StrictError):
-            staging.discard()  # --strict: no OUT, nothing to resume
+        if isinstance(err, StrictError) or (isinstance(err, DecodersUnavailable) and not staging.done):
+            staging.discard()  # --strict, or no decoder ever started: no OUT, nothing to resume
         if isinstance(err, UnitFailed) and not staging.done and decoded_none(staging.run_dir):
             staging.discard()  # no unit was decoded: leave nothing (no partial directory, no allocated file)
             raise PackError(err.nothing_kept()) from None

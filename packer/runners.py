@@ -34,6 +34,7 @@ import xxhash
 from ..readers.manifest import SOURCE_MODES
 
 from .encode import record_of, store
+from .options import DecodersUnavailable
 from .imaging import DecodeError, Recipe, decode
 from .prefetch import ReadAhead, read_bytes, read_failure
 from .scan import Listing
@@ -264,8 +265,11 @@ class PoolRunner(Runner):
             self.free_rows = deque(range(slots))
         else:
             sink = writer.sink()
-        self.pool = ProcessPoolExecutor(workers, mp_context=mp_context(), initializer=_start_worker,
-                                        initargs=(str(listing.root), recipe, sink, os.getpid()))
+        try:
+            self.pool = ProcessPoolExecutor(workers, mp_context=mp_context(), initializer=_start_worker,
+                                            initargs=(str(listing.root), recipe, sink, os.getpid()))
+        except OSError as err:  # its locks or resource tracker: not a write of the output
+            raise DecodersUnavailable.of(workers, err) from None
 
     def chunks(self):
         inflight: deque = deque()

@@ -199,6 +199,11 @@ def make_case(name, tree, photos, tmp):
                     r"already exists; pass --overwrite")
     if name == "out-is-src":
         return Case([tree, "--format", "npy", "--size", 16, "-o", tree, *base], 2, r"is or contains SRC")
+    if name == "decoders-cannot-start":  # a read-only /dev/shm: multiprocessing makes no lock (it said "cannot write")
+        return Case([tree, "--format", "npy", "--size", 16, "-o", out, "--quiet", "--workers", 2], 1,
+                    r"^Error: cannot start 2 decode processes \(OSError: Read-only file system\): .*--workers 1 "
+                    r"decodes in this process$", namespace="mount -t tmpfs -o ro,size=1m tmpfs /dev/shm",
+                    needs_mount=True)
     raise AssertionError(name)
 
 
@@ -210,7 +215,7 @@ CASES = ["lmdb-disk-full", "wds-disk-full", "hdf5-disk-full", "npy-disk-full",
          "config-table-for-size", "config-number-for-out", "config-boolean-for-size",
          "config-string-for-a-flag", "config-not-toml", "resume-on-a-complete-out-made-otherwise",
          "resume-and-overwrite-together", "an-interrupted-run-and-no-flag", "resume-from-another-source",
-         "another-run-holds-the-lock", "out-exists", "out-is-src"]
+         "another-run-holds-the-lock", "out-exists", "out-is-src", "decoders-cannot-start"]
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -228,6 +233,9 @@ def test_every_error_is_one_line_with_its_exit_code(name, tree, photos, tmp_path
     assert len(lines) == 1, result.stderr
     assert result.returncode == case.code, result.stderr
     assert re.search(case.message, lines[0]), lines[0]
+    if name == "decoders-cannot-start":  # nothing decoded: nothing left behind
+        out = Path(case.args[case.args.index("-o") + 1])
+        assert not out.exists() and not partial_dir(out).exists()
     if case.resumable:
         out = Path(case.args[case.args.index("-o") + 1])
         assert not out.exists() and partial_dir(out).is_dir()
