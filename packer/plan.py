@@ -251,12 +251,23 @@ def not_packed_notes(plan: Plan) -> list[str]:
         if part.labels and part.labels.unlisted:
             names = part.labels.unlisted
             notes.append(f"{plural(len(names), 'image')} in {part.listing.root} not listed in {part.labels.file}, "
-                         f"not packed: {', '.join(shown_apart(names)[:5])}" + (" ..." if len(names) > 5 else ""))
-    for root, names in [(plan.src, plan.loose)] + [(p.listing.root, p.listing.loose) for p in plan.parts]:
-        if names:
-            notes.append(f"{plural(len(names), 'image')} directly in {root}, outside the class folders, not packed: "
-                         f"{', '.join(shown_apart(names)[:5])}" + (" ..." if len(names) > 5 else ""))
+                         f"not packed: {_first(names)}")
+    for root, names in _loose(plan):
+        notes.append(f"{plural(len(names), 'image')} directly in {root}, outside the class folders, not packed: "
+                     f"{_first(names)}")
     return notes
+
+
+def _loose(plan: Plan) -> list[tuple[Path, list[str]]]:
+    """(folder, names) of the images directly in SRC or a split folder, beside the class folders:
+    in no class, so not packed (as in ImageFolder)."""
+    groups = [(plan.src, plan.loose)] + [(p.listing.root, p.listing.loose) for p in plan.parts]
+    return [(root, names) for root, names in groups if names]
+
+
+def _first(names: list[str], k: int = 5) -> str:
+    """The first ``k`` of ``names`` told apart, " ..." when there are more."""
+    return ", ".join(shown_apart(names)[:k]) + (" ..." if len(names) > k else "")
 
 
 def plan_text(plan: Plan, out: Path, recipe: Recipe, opts: Options, workers: int, staging: Path | None = None) -> str:
@@ -288,10 +299,9 @@ def plan_text(plan: Plan, out: Path, recipe: Recipe, opts: Options, workers: int
                 if names:
                     lines.append(f"    {len(names)} {what}: {', '.join(shown_apart(names)[:10])}"
                                  + (f" and {len(names) - 10} more" if len(names) > 10 else ""))
-    for root, names in [(plan.src, plan.loose)] + [(p.listing.root, p.listing.loose) for p in plan.parts]:
-        if names:  # images beside the class folders: in no class, so not packed (as in ImageFolder)
-            lines.append(f"  not packed: {plural(len(names), 'image')} directly in {root}, outside the class "
-                         f"folders: {', '.join(shown_apart(names)[:5])}" + (" ..." if len(names) > 5 else ""))
+    for root, names in _loose(plan):
+        lines.append(f"  not packed: {plural(len(names), 'image')} directly in {root}, outside the class "
+                     f"folders: {_first(names)}")
     shape = "x".join(map(str, recipe.shape())) + " uint8" if recipe.shape() else "variable-shape uint8"
     if recipe.encoding != RAW:  # stored as JPEG, decoded when read: the size is the JPEG's, not the pixels'
         shape = f"JPEG q{recipe.quality}, decoded to {shape}"

@@ -14,7 +14,7 @@ from ..loading import MODES
 from .baseline import RAW_FOLDER
 from .cells import PathCell, PathSetting
 from .grid import Grid
-from .noise import TOLERANCE, Choice, choose, spread_words
+from .noise import TOLERANCE, Choice, beyond_spread, choose, spread_words
 
 MODE_RANK = {m: k for k, m in enumerate(MODES)}  # lighter first: main (no workers), threads, processes
 BOTTLENECK_SHARE = 0.40  # data at or above this share of a step: loading is the bottleneck
@@ -120,8 +120,7 @@ def _persistent_pick(cells: list[PathCell]) -> PathCell:
         return cells[0]
     on = next(c for c in cells if c.setting.persistent)
     off = next(c for c in cells if not c.setting.persistent)
-    measured = min(len(on.rates), len(off.rates)) > 1
-    return off if measured and min(off.rates) > max(on.rates) else on
+    return off if beyond_spread(off.rates, on.rates) else on
 
 
 def speedups(packed: Grid, raw: Grid) -> dict[PathSetting, float]:

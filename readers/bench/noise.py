@@ -88,6 +88,13 @@ def spread_words(spread_measured: bool) -> str:
     return "beyond the spread" if spread_measured else ONE_PASS
 
 
+def beyond_spread(high, low) -> bool:
+    """Whether every value of ``high`` is above every value of ``low``, each measured more than
+    once (one value has no spread, so nothing is beyond it): the one rule for "faster beyond
+    the spread" between two sets of passes or rounds."""
+    return min(len(high), len(low)) > 1 and min(high) > max(low)
+
+
 @dataclass
 class Gain:
     """A fix measured against the user's own loader in paired, interleaved rounds: per round the
@@ -112,8 +119,7 @@ class Gain:
     def of(cls, yours_ms: list[float], fixed_ms: list[float]) -> Gain:
         """From the user's and the fix's ms/batch, one value per round, in the same round order."""
         return cls([a - b for a, b in zip(yours_ms, fixed_ms)], statistics.median(yours_ms),
-                   min(len(yours_ms), len(fixed_ms)) > 1
-                   and (max(fixed_ms) < min(yours_ms) or min(fixed_ms) > max(yours_ms)))
+                   beyond_spread(yours_ms, fixed_ms) or beyond_spread(fixed_ms, yours_ms))
 
     def words(self) -> str:
         """In words, never a negative saving: ``faster by 3.1 ms ± 0.4 per batch (12%), beyond the

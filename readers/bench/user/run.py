@@ -20,7 +20,7 @@ import torch
 from ...system import usable_cpus
 from ..advice import BOTTLENECK_SHARE
 from ..cells import UserCell, UserSetting, default_workers, error_text
-from ..noise import TOLERANCE, Choice, choose, load_average, physical_cores, spread_words
+from ..noise import TOLERANCE, Choice, beyond_spread, choose, load_average, physical_cores, spread_words
 from ..result import BenchResult
 from ..timing import NO_CUDA
 from .loader import Base, user_grid
@@ -153,11 +153,10 @@ def _persistent_of(cells: list[UserCell]) -> tuple[UserCell, str]:
         return cells[0], ""
     on = next(c for c in cells if c.setting.persistent)
     off = next(c for c in cells if not c.setting.persistent)
-    measured = min(len(on.rates), len(off.rates)) > 1
-    if measured and min(off.rates) > max(on.rates):
+    if beyond_spread(off.rates, on.rates):
         return off, "; persistent_workers=False: it read faster than persistent workers beyond the spread"
-    alike = ("on and off read alike within the spread (their passes taken together)" if measured else
-             f"on and off taken together, {spread_words(False)}")
+    alike = ("on and off read alike within the spread (their passes taken together)"
+             if min(len(on.rates), len(off.rates)) > 1 else f"on and off taken together, {spread_words(False)}")
     return on, f"; persistent_workers=True: {alike}, and persistent workers skip the worker start of every later epoch"
 
 
