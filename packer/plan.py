@@ -242,16 +242,32 @@ def find_labels_file(src: Path, split: str | None) -> Path | None:
 
 # ---------------------------------------------------------------- the plan, in words
 
+def labels_mismatch(part) -> str | None:
+    """What a split's labels file and its files disagree on, in one clause (None when they agree):
+    files it lists that are not there, and files there it does not list, the first few named."""
+    r = part.labels
+    if not r or not (r.missing or r.unlisted):
+        return None
+    said = [f"{len(names)} {what}: {_first(names)}" for what, names in
+            (("listed but missing", r.missing), ("present but unlisted", r.unlisted)) if names]
+    return "; ".join(said)
+
+
 def not_packed_notes(plan: Plan) -> list[str]:
     """One line for each group of images in SRC that the plan leaves out without a skip record
-    (images a labels file does not list, images beside the class folders): what ``--quiet``
-    says on stderr in place of the plan, which names them."""
+    (images a labels file does not list, images beside the class folders) and for the files a
+    labels file lists that are not there: what ``--quiet`` says on stderr in place of the plan,
+    which names them."""
     notes = []
     for part in plan.parts:
         if part.labels and part.labels.unlisted:
             names = part.labels.unlisted
             notes.append(f"{plural(len(names), 'image')} in {part.listing.root} not listed in {part.labels.file}, "
                          f"not packed: {_first(names)}")
+        if part.labels and part.labels.missing:
+            names = part.labels.missing
+            notes.append(f"{plural(len(names), 'file')} listed in {part.labels.file} not in {part.listing.root}: "
+                         f"{_first(names)}")
     for root, names in _loose(plan):
         notes.append(f"{plural(len(names), 'image')} directly in {root}, outside the class folders, not packed: "
                      f"{_first(names)}")

@@ -395,8 +395,8 @@ def test_compare_with_a_tree_of_other_classes_is_refused_naming_the_source(small
     other = make_tree(tmp_path / "other", {"c": 2, "d": 2, "e": 2})
     rc, stdout, stderr = bench(out, "--compare", other, *FAST)
     assert rc == 1 and "Traceback" not in stderr and stdout == "", stdout + stderr
-    assert stderr.strip().splitlines()[-1] == (f"Error: --compare {other}: its 3 classes are not the 2 of {out}; "
-                                               f"give the tree it was packed from ({src})"), stderr
+    assert stderr.strip().splitlines()[-1] == (f"Error: --compare {other}: its classes (3) are not those of {out} "
+                                               f"(2); give the tree it was packed from ({src})"), stderr
 
 
 def test_workers_dropped_by_mode_main_are_said_and_a_lone_cell_claims_no_comparison(small):

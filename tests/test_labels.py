@@ -233,3 +233,23 @@ def test_quiet_still_says_which_images_are_left_out(tmp_path):
                                   "stray.png"), res.stderr
     from shardpack.readers import ShardDataset
     assert len(ShardDataset(tmp_path / "f.npy")) == 2 and len(ShardDataset(tmp_path / "t.npy")) == 2
+
+
+def test_quiet_names_listed_files_that_are_missing_and_strict_names_the_mismatch(tmp_path):
+    """A labels file listing a file that is not there: --quiet says so on stderr (only the hidden
+    plan did), and --strict's refusal names the mismatch itself (it said "see the plan above",
+    which --quiet does not print)."""
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for k, name in enumerate(["a1.jpg", "a2.jpg"]):
+        noise_image(16, 16, k).save(flat / name)
+    labels = tmp_path / "l.csv"
+    labels.write_text("file,label\na1.jpg,cat\na2.jpg,dog\ngone.jpg,dog\n")
+    args = [flat, "--labels", labels, "--format", "npy", "--size", 8, "--quiet"]
+    res = run_cli(*args, "-o", tmp_path / "f.npy", fresh=True)
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.strip() == f"shardpack: 1 file listed in {labels} not in {flat}: gone.jpg", res.stderr
+    res = run_cli(*args, "-o", tmp_path / "s.npy", "--strict", fresh=True)
+    assert res.returncode == 1 and not (tmp_path / "s.npy").exists()
+    assert res.stderr.strip().splitlines()[-1] == (f"Error: --strict: the labels of {flat} do not match its files "
+                                                   "(1 listed but missing: gone.jpg); no output written"), res.stderr

@@ -111,8 +111,8 @@ def run_bench(path, *, batch_size: int | None = None, modes=MODES, workers=None,
             raise ValueError(f"--compare {compare}: give the raw ImageFolder tree, not a packed output")
         if list(raw[0].classes) != list(ds.classes):  # another tree: its speed-ups would compare unlike data
             source = ds.manifest.get("run", {}).get("source_root")
-            raise ValueError(f"--compare {compare}: its {len(raw[0].classes)} classes are not the "
-                             f"{len(ds.classes)} of {path}; give the tree it was packed from"
+            raise ValueError(f"--compare {compare}: its classes ({len(raw[0].classes)}) are not those of {path} "
+                             f"({len(ds.classes)}); give the tree it was packed from"
                              + (f" ({source})" if source else ""))
     batch_size, capped = batch_for(batch_size, path, len(ds), None if raw is None else (compare, len(raw[0])))
     module = None

@@ -26,7 +26,7 @@ from ..packer.run import prepare
 from ..packer.scan import ScanError, SplitsError
 from ..packer.ledger import ignored_row
 from ..packer.sizing import imagenet_text, workers_refusal, workers_warning
-from ..packer.plan import not_packed_notes, plan_text
+from ..packer.plan import labels_mismatch, not_packed_notes, plan_text
 from ..readers.objects import is_url
 from ..readers.text import plural, size_text
 from ..readers.encoding import DEFAULT_QUALITY, DEFAULT_SUBSAMPLING, ENCODINGS, JPEG, QUALITY_RANGE, RAW, SUBSAMPLINGS
@@ -250,10 +250,10 @@ def run_pack(src, config, fmt, size, out, workers, resize, max_pixels, shard_siz
             if not quiet:  # a passing --dry-run --quiet prints nothing (docs/cli.md)
                 click.echo("dry run: every check passed; nothing written (pack it without --dry-run)")
             return None
-        unmatched = [p for p in plan.parts if p.labels and (p.labels.missing or p.labels.unlisted)]
+        unmatched = [p for p in plan.parts if labels_mismatch(p)]
         if strict and unmatched:
             raise PackError(f"--strict: the labels of {unmatched[0].split or src} do not match its "
-                            "files (see the plan above); no output written")
+                            f"files ({labels_mismatch(unmatched[0])}); no output written")
         reports = pack_plan(plan, out, recipe, opts, extra={"settings": settings}, setup=setup)
     except AlreadyComplete as err:
         click.echo(str(err))
